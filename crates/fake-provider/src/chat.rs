@@ -1,0 +1,624 @@
+//! Chat completions (JSON and SSE), summaries and embeddings of the fake provider.
+
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use http::{StatusCode, header};
+use serde_json::{Value, json};
+
+use crate::{Behavior, Completion, Stall, SummaryMode, channel_body, error};
+
+const CREATED: u64 = 1_700_000_000;
+const ROLES: [&str; 6] = [
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
+/// Prompt tokens as the fake counts them: 3 per request, and per message 4 + ⌈bytes/4⌉
+/// of its text content, name, tool-call names and arguments.
+pub fn count_tokens(messages: &[Value]) -> u64 {
+    let tokens = |s: &str| (s.len() as u64).div_ceil(4);
+    3 + messages
+        .iter()
+        .map(|m| {
+            let mut n = 4 + tokens(&text_of(m)) + m["name"].as_str().map_or(0, tokens);
+            if let Some(calls) = m["tool_calls"].as_array() {
+                for call in calls {
+                    n += call["function"]["name"].as_str().map_or(0, tokens);
+                    n += call["function"]["arguments"].as_str().map_or(0, tokens);
+                }
+            }
+            n
+        })
+        .sum::<u64>()
+}
+
+/// The text of a message: a string content, or its text parts joined by newlines.
+fn text_of(message: &Value) -> String {
+    match &message["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// A summarisation prompt: the last message asks to summarise a transcript.
+pub fn is_summary_request(messages: &[Value]) -> bool {
+    messages.last().is_some_and(|m| {
+        let text = text_of(m).to_lowercase();
+        text.contains("summar")
+            && (text.contains("transcript") || text.contains("previous summary"))
+    })
+}
+
+enum Reply {
+    Text {
+        text: String,
+        finish: &'static str,
+    },
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: String,
+    },
+}
+
+impl Reply {
+    fn completion_tokens(&self) -> u64 {
+        match self {
+            Reply::Text { text, .. } => text.split_whitespace().count() as u64,
+            Reply::ToolCall {
+                name, arguments, ..
+            } => ((name.len() + arguments.len()) as u64).div_ceil(4),
+        }
+    }
+}
+
+pub(crate) fn completions(b: &Behavior, body: &Bytes, completion: Completion) -> Response {
+    let request: Value = match serde_json::from_slice(body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            completion.complete();
+            return error(
+                StatusCode::BAD_REQUEST,
+                "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly.)",
+                "invalid_request_error",
+                None,
+                None,
+            );
+        }
+    };
+    let Some(messages) = request["messages"].as_array() else {
+        completion.complete();
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Invalid type for 'messages': expected an array of objects.",
+            "invalid_request_error",
+            Some("messages"),
+            Some("invalid_type"),
+        );
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let role = m["role"].as_str().unwrap_or("");
+        if !ROLES.contains(&role) {
+            completion.complete();
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and 'developer'."
+                ),
+                "invalid_request_error",
+                Some(&format!("messages[{i}].role")),
+                Some("invalid_value"),
+            );
+        }
+    }
+    let prompt_tokens = count_tokens(messages);
+    if let Some(window) = b.context_window
+        && prompt_tokens > window
+    {
+        completion.complete();
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "This model's maximum context length is {window} tokens. However, your messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+            ),
+            "invalid_request_error",
+            Some("messages"),
+            Some("context_length_exceeded"),
+        );
+    }
+
+    let summary = is_summary_request(messages);
+    if summary && b.summary == SummaryMode::Error {
+        completion.complete();
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "The summariser failed (as told).",
+            "server_error",
+            None,
+            None,
+        );
+    }
+    let max_tokens = request["max_completion_tokens"]
+        .as_u64()
+        .or(request["max_tokens"].as_u64());
+    let reply = if summary {
+        Reply::Text {
+            text: summarise(messages, b.summary),
+            finish: "stop",
+        }
+    } else if wants_tool_call(&request, messages) {
+        let name = request["tools"][0]["function"]["name"]
+            .as_str()
+            .unwrap_or("tool")
+            .to_owned();
+        Reply::ToolCall {
+            id: format!(
+                "call_{:08x}",
+                fnv(request["messages"].to_string().as_bytes()) as u32
+            ),
+            name,
+            arguments: r#"{"path":"/tmp/fake.txt"}"#.to_owned(),
+        }
+    } else {
+        text_reply(messages, b.reply_words, max_tokens)
+    };
+
+    let model = request["model"].as_str().unwrap_or("fake-model").to_owned();
+    let id = format!(
+        "chatcmpl-fake-{:016x}",
+        fnv(request["messages"].to_string().as_bytes())
+    );
+    let usage = usage(
+        prompt_tokens,
+        reply.completion_tokens(),
+        b.input_tokens_naming,
+    );
+    if request["stream"] == Value::Bool(true) {
+        let include_usage = request["stream_options"]["include_usage"] == Value::Bool(true);
+        stream(
+            b,
+            Chunks {
+                id,
+                model,
+                reply,
+                usage,
+                include_usage,
+            },
+            completion,
+        )
+    } else {
+        let message = match &reply {
+            Reply::Text { text, .. } => {
+                json!({"role": "assistant", "content": text, "refusal": null, "annotations": []})
+            }
+            Reply::ToolCall {
+                id,
+                name,
+                arguments,
+            } => json!({"role": "assistant", "content": null, "refusal": null,
+                "tool_calls": [{"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}]}),
+        };
+        let finish = match &reply {
+            Reply::Text { finish, .. } => *finish,
+            Reply::ToolCall { .. } => "tool_calls",
+        };
+        let body = json!({
+            "id": id, "object": "chat.completion", "created": CREATED, "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+            "usage": usage, "service_tier": "default", "system_fingerprint": "fp_fake",
+        });
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        completion.complete();
+        if b.gzip {
+            let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+            let compressed = std::io::Write::write_all(&mut gz, &bytes)
+                .and_then(|()| gz.finish())
+                .unwrap_or_default();
+            (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, "application/json"),
+                    (header::CONTENT_ENCODING, "gzip"),
+                ],
+                compressed,
+            )
+                .into_response()
+        } else {
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                bytes,
+            )
+                .into_response()
+        }
+    }
+}
+
+fn wants_tool_call(request: &Value, messages: &[Value]) -> bool {
+    let has_tools = request["tools"].as_array().is_some_and(|t| !t.is_empty());
+    let last_is_user = messages.last().is_some_and(|m| m["role"] == "user");
+    has_tools && last_is_user && request["tool_choice"] != "none"
+}
+
+fn text_reply(messages: &[Value], words: usize, max_tokens: Option<u64>) -> Reply {
+    let asked = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .map(text_of)
+        .unwrap_or_default();
+    let mut out: Vec<String> = ["Fake", "reply", "to:"].map(str::to_owned).to_vec();
+    out.extend(asked.split_whitespace().take(6).map(str::to_owned));
+    let filler = ["lorem", "ipsum", "dolor", "sit", "amet"];
+    let mut i = 0;
+    while out.len() < words {
+        out.push(filler[i % filler.len()].to_owned());
+        i += 1;
+    }
+    out.truncate(words.max(1));
+    let mut finish = "stop";
+    if let Some(max) = max_tokens
+        && (out.len() as u64) > max
+    {
+        out.truncate(max.max(1) as usize);
+        finish = "length";
+    }
+    Reply::Text {
+        text: out.join(" "),
+        finish,
+    }
+}
+
+fn usage(prompt: u64, completion: u64, input_naming: bool) -> Value {
+    if input_naming {
+        json!({"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion})
+    } else {
+        json!({
+            "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
+        })
+    }
+}
+
+struct Chunks {
+    id: String,
+    model: String,
+    reply: Reply,
+    usage: Value,
+    include_usage: bool,
+}
+
+impl Chunks {
+    /// The `data:` payloads of the stream, in order, as OpenAI sends them.
+    fn payloads(&self) -> Vec<String> {
+        let chunk = |choices: Value, usage: Option<&Value>| {
+            let mut v = json!({
+                "id": self.id, "object": "chat.completion.chunk", "created": CREATED, "model": self.model,
+                "service_tier": "default", "system_fingerprint": "fp_fake", "choices": choices,
+            });
+            if self.include_usage {
+                v["usage"] = usage.cloned().unwrap_or(Value::Null);
+            }
+            // serde_json's map is ordered by key, so "usage" comes last, as with OpenAI.
+            v.to_string()
+        };
+        let choice = |delta: Value, finish: Value| json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]);
+        let mut out = Vec::new();
+        match &self.reply {
+            Reply::Text { text, finish } => {
+                out.push(chunk(
+                    choice(
+                        json!({"role": "assistant", "content": "", "refusal": null}),
+                        Value::Null,
+                    ),
+                    None,
+                ));
+                let words: Vec<&str> = text.split(' ').collect();
+                for (i, w) in words.iter().enumerate() {
+                    let piece = if i + 1 < words.len() {
+                        format!("{w} ")
+                    } else {
+                        (*w).to_owned()
+                    };
+                    out.push(chunk(choice(json!({"content": piece}), Value::Null), None));
+                }
+                out.push(chunk(choice(json!({}), json!(finish)), None));
+            }
+            Reply::ToolCall {
+                id,
+                name,
+                arguments,
+            } => {
+                out.push(chunk(
+                    choice(
+                        json!({"role": "assistant", "content": null, "tool_calls": [
+                            {"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                        Value::Null,
+                    ),
+                    None,
+                ));
+                let (a, b) = arguments.split_at(arguments.len() / 2);
+                for part in [a, b] {
+                    out.push(chunk(
+                        choice(
+                            json!({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}),
+                            Value::Null,
+                        ),
+                        None,
+                    ));
+                }
+                out.push(chunk(choice(json!({}), json!("tool_calls")), None));
+            }
+        }
+        if self.include_usage {
+            out.push(chunk(json!([]), Some(&self.usage)));
+        }
+        out
+    }
+}
+
+fn frame(payload: &str, multiline: bool) -> String {
+    match (multiline, payload.find(',')) {
+        (true, Some(i)) => format!("data: {}\ndata: {}\n\n", &payload[..=i], &payload[i + 1..]),
+        _ => format!("data: {payload}\n\n"),
+    }
+}
+
+fn stream(b: &Behavior, chunks: Chunks, completion: Completion) -> Response {
+    let mut events: Vec<String> = chunks
+        .payloads()
+        .iter()
+        .map(|p| frame(p, b.multiline_data))
+        .collect();
+    events.push("data: [DONE]\n\n".to_owned());
+    let (tx, body) = channel_body();
+    let b = b.clone();
+    tokio::spawn(async move {
+        let mut gz = b
+            .gzip
+            .then(|| GzEncoder::new(Vec::new(), Compression::fast()));
+        for (i, event) in events.iter().enumerate() {
+            if i > 0 && !b.chunk_delay.is_zero() {
+                tokio::select! {
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(b.chunk_delay) => {}
+                }
+            }
+            let pieces: Vec<&[u8]> = if b.split_events {
+                let (x, y) = event.as_bytes().split_at(event.len() / 2);
+                vec![x, y]
+            } else {
+                vec![event.as_bytes()]
+            };
+            for piece in pieces {
+                let bytes = match &mut gz {
+                    None => Bytes::copy_from_slice(piece),
+                    Some(gz) => {
+                        use std::io::Write;
+                        if gz.write_all(piece).and_then(|()| gz.flush()).is_err() {
+                            return;
+                        }
+                        Bytes::from(std::mem::take(gz.get_mut()))
+                    }
+                };
+                if tx.send(bytes).await.is_err() {
+                    return;
+                }
+                if b.split_events {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            if i == 0 && b.stall == Some(Stall::AfterFirstEvent) {
+                tx.closed().await;
+                return;
+            }
+        }
+        let rest = gz.and_then(|gz| gz.finish().ok()).filter(|r| !r.is_empty());
+        if let Some(rest) = rest
+            && tx.send(Bytes::from(rest)).await.is_err()
+        {
+            return;
+        }
+        completion.complete();
+    });
+    let mut response = (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response();
+    if b.gzip {
+        response.headers_mut().insert(
+            header::CONTENT_ENCODING,
+            header::HeaderValue::from_static("gzip"),
+        );
+    }
+    response
+}
+
+/// A summary in the structured template, built from the transcript in the last message.
+fn summarise(messages: &[Value], mode: SummaryMode) -> String {
+    let transcript = messages.last().map(text_of).unwrap_or_default();
+    let user_lines: Vec<&str> = transcript
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("[USER]"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let goal = user_lines
+        .first()
+        .copied()
+        .unwrap_or("continue the conversation");
+    let latest = user_lines.last().copied().unwrap_or(goal);
+    let mut identifiers: Vec<String> = Vec::new();
+    for token in transcript.split_whitespace() {
+        let t = token.trim_matches(|c: char| ",.;:()[]{}\"'`".contains(c));
+        let looks_like_id = t.contains('/')
+            || t.contains('_')
+            || t.contains("://")
+            || t.chars().any(|c| c.is_ascii_digit());
+        if looks_like_id
+            && t.len() > 1
+            && !identifiers.iter().any(|i| i == t)
+            && identifiers.len() < 60
+        {
+            identifiers.push(t.to_owned());
+        }
+    }
+    let files: Vec<&String> = identifiers
+        .iter()
+        .filter(|i| i.contains('/') && !i.contains("://"))
+        .collect();
+    let list = |items: &[&String]| {
+        if items.is_empty() {
+            "- none".to_owned()
+        } else {
+            items
+                .iter()
+                .map(|i| format!("- {i}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    };
+    match mode {
+        SummaryMode::Empty => String::new(),
+        SummaryMode::MissingSections => format!("## Goal\n{goal}\n"),
+        SummaryMode::Good | SummaryMode::Error => format!(
+            "## Goal\n{goal}\n\n## Constraints & Preferences\n- none recorded\n\n## Progress\n### Done\n- {} user requests handled\n### In Progress\n- {latest}\n### Blocked\n- none\n\n## Key Decisions\n- none recorded\n\n## Relevant Files\n{}\n\n## Next Steps\n- {latest}\n\n## Critical Context\n{}\n",
+            user_lines.len(),
+            list(&files),
+            list(&identifiers.iter().collect::<Vec<_>>()),
+        ),
+    }
+}
+
+pub(crate) fn embeddings(body: &Bytes) -> Response {
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let inputs: Vec<String> = match &request["input"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_owned))
+            .collect(),
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "'input' is a required property",
+                "invalid_request_error",
+                Some("input"),
+                None,
+            );
+        }
+    };
+    let tokens: u64 = inputs.iter().map(|s| (s.len() as u64).div_ceil(4)).sum();
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let h = fnv(s.as_bytes());
+            let embedding: Vec<f64> = (0..8)
+                .map(|k| ((h >> (k * 8)) & 0xff) as f64 / 255.0)
+                .collect();
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    let model = request["model"].as_str().unwrap_or("fake-embedding");
+    crate::json(
+        StatusCode::OK,
+        &json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
+    )
+}
+
+/// FNV-1a: a stable id for identical requests, so two streams can be compared byte for byte.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_tokens_as_documented() {
+        let messages = vec![
+            json!({"role": "system", "content": "12345678"}),
+            json!({"role": "user", "content": [{"type": "text", "text": "abc"}]}),
+        ];
+        assert_eq!(count_tokens(&messages), 3 + (4 + 2) + (4 + 1));
+    }
+
+    #[test]
+    fn stream_payloads_carry_usage_only_when_asked() {
+        let mut chunks = Chunks {
+            id: "x".into(),
+            model: "m".into(),
+            reply: Reply::Text {
+                text: "a b".into(),
+                finish: "stop",
+            },
+            usage: usage(5, 2, false),
+            include_usage: false,
+        };
+        let plain = chunks.payloads();
+        assert!(plain.iter().all(|p| !p.contains("usage")));
+        chunks.include_usage = true;
+        let with = chunks.payloads();
+        assert_eq!(with.len(), plain.len() + 1);
+        assert!(
+            with[..plain.len()]
+                .iter()
+                .all(|p| p.ends_with(r#","usage":null}"#))
+        );
+        assert!(with.last().unwrap().contains(r#""choices":[]"#));
+        // Removing the member gives back exactly the plain stream.
+        let stripped: Vec<String> = with[..plain.len()]
+            .iter()
+            .map(|p| p.replace(r#","usage":null"#, ""))
+            .collect();
+        assert_eq!(stripped, plain);
+    }
+
+    #[test]
+    fn summary_has_every_section_and_the_identifiers() {
+        let prompt = "Summarise this transcript.\n[USER] fix src/main.rs line 42\n[ASSISTANT] done\n[USER] now deploy to https://example.com/v2";
+        let s = summarise(
+            &[json!({"role": "user", "content": prompt})],
+            SummaryMode::Good,
+        );
+        for section in [
+            "## Goal",
+            "## Constraints & Preferences",
+            "## Progress",
+            "## Key Decisions",
+            "## Relevant Files",
+            "## Next Steps",
+            "## Critical Context",
+        ] {
+            assert!(s.contains(section), "{section} missing in {s}");
+        }
+        assert!(
+            s.contains("src/main.rs") && s.contains("42") && s.contains("https://example.com/v2")
+        );
+        assert!(s.contains("- now deploy to https://example.com/v2"));
+    }
+}

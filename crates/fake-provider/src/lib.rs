@@ -1,0 +1,438 @@
+//! A fake OpenAI-compatible provider: abridge's test apparatus and an offline demo
+//! upstream.
+//!
+//! It behaves like the real API where abridge cares: it counts prompt tokens, enforces a
+//! context window with OpenAI's `context_length_exceeded` error, answers chat completions
+//! as JSON or as SSE framed exactly like OpenAI (role chunk, content chunks, finish chunk,
+//! a usage chunk and `"usage":null` members only when `stream_options.include_usage` is
+//! set, `data: [DONE]`), makes tool calls when given tools, answers summarisation
+//! prompts with a sectioned summary, serves `/models` and `/embeddings`, and records every
+//! request it receives (method, URI, headers, raw body) for assertions.
+//!
+//! It can be told to misbehave, for the whole instance ([`Behavior`]) or per request with
+//! `x-fake-*` headers: `x-fake-status: 503` (fail), `x-fake-stall: headers|body` (hang
+//! before the response headers / after the first SSE event), `x-fake-delay-ms` (between
+//! SSE events), `x-fake-latency-ms` (before the headers), `x-fake-words` (reply length),
+//! `x-fake-gzip: 1`, `x-fake-split: 1` (every SSE event in two TCP writes),
+//! `x-fake-multiline: 1` (JSON spread over several `data:` lines),
+//! `x-fake-usage: input` (`input_tokens` naming), `x-fake-leak-headers: 1` (hop-by-hop and
+//! `x-abridge-*` response headers a proxy must not pass on).
+//!
+//! Token counting (documented so tests can predict it): 3 per request + for each message
+//! 4 + ⌈bytes/4⌉ of its text content, name, and tool-call names and arguments.
+
+mod chat;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode, Uri, header};
+use http_body_util::BodyExt;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+pub use chat::{count_tokens, is_summary_request};
+
+/// Where the fake stalls when told to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    /// Never send response headers.
+    BeforeHeaders,
+    /// Send headers and the first SSE event (or nothing of a JSON body), then hang.
+    AfterFirstEvent,
+}
+
+/// What summaries look like (for testing a summariser's fallbacks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SummaryMode {
+    /// All template sections, with the transcript's identifiers and latest ask.
+    Good,
+    /// Only the first section.
+    MissingSections,
+    /// An empty message.
+    Empty,
+    /// HTTP 500.
+    Error,
+}
+
+/// Instance-wide behaviour; `x-fake-*` request headers override it per request.
+#[derive(Debug, Clone)]
+pub struct Behavior {
+    /// Prompt tokens above this → 400 `context_length_exceeded`.
+    pub context_window: Option<u64>,
+    /// Pause between SSE events.
+    pub chunk_delay: Duration,
+    /// Pause before the response headers.
+    pub latency: Duration,
+    /// Words in a normal reply.
+    pub reply_words: usize,
+    /// Answer every request with this status and an OpenAI error body.
+    pub fail_status: Option<u16>,
+    pub stall: Option<Stall>,
+    pub gzip: bool,
+    pub split_events: bool,
+    pub multiline_data: bool,
+    /// Report `input_tokens`/`output_tokens` instead of `prompt_tokens`/`completion_tokens`.
+    pub input_tokens_naming: bool,
+    pub leak_headers: bool,
+    pub summary: SummaryMode,
+}
+
+impl Default for Behavior {
+    fn default() -> Self {
+        Self {
+            context_window: None,
+            chunk_delay: Duration::ZERO,
+            latency: Duration::ZERO,
+            reply_words: 12,
+            fail_status: None,
+            stall: None,
+            gzip: false,
+            split_events: false,
+            multiline_data: false,
+            input_tokens_naming: false,
+            leak_headers: false,
+            summary: SummaryMode::Good,
+        }
+    }
+}
+
+impl Behavior {
+    /// This behaviour with the request's `x-fake-*` overrides applied.
+    fn for_request(&self, headers: &HeaderMap) -> Behavior {
+        let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let flag = |name: &str| get(name).map(|v| v == "1" || v == "true");
+        let millis = |name: &str| {
+            get(name)
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis)
+        };
+        let mut b = self.clone();
+        if let Some(status) = get("x-fake-status").and_then(|v| v.parse().ok()) {
+            b.fail_status = Some(status);
+        }
+        match get("x-fake-stall") {
+            Some("headers") => b.stall = Some(Stall::BeforeHeaders),
+            Some("body") => b.stall = Some(Stall::AfterFirstEvent),
+            _ => {}
+        }
+        if let Some(d) = millis("x-fake-delay-ms") {
+            b.chunk_delay = d;
+        }
+        if let Some(d) = millis("x-fake-latency-ms") {
+            b.latency = d;
+        }
+        if let Some(words) = get("x-fake-words").and_then(|v| v.parse().ok()) {
+            b.reply_words = words;
+        }
+        if let Some(v) = flag("x-fake-gzip") {
+            b.gzip = v;
+        }
+        if let Some(v) = flag("x-fake-split") {
+            b.split_events = v;
+        }
+        if let Some(v) = flag("x-fake-multiline") {
+            b.multiline_data = v;
+        }
+        if let Some(v) = flag("x-fake-leak-headers") {
+            b.leak_headers = v;
+        }
+        if get("x-fake-usage") == Some("input") {
+            b.input_tokens_naming = true;
+        }
+        b
+    }
+}
+
+/// One request as the fake received it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Recorded {
+    /// The body as JSON (panics in tests when it is not).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// State shared by the handlers and the [`FakeProvider`] handle.
+#[derive(Default)]
+pub struct Shared {
+    behavior: Mutex<Behavior>,
+    requests: Mutex<Vec<Recorded>>,
+    /// Responses abandoned by the peer (connection closed) before they were complete.
+    cancelled: AtomicU64,
+    /// Responses sent to the end.
+    completed: AtomicU64,
+    changed: Notify,
+    sequence: AtomicU64,
+}
+
+/// Locks a mutex even if a panicking test poisoned it (the data is plain records).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    pub fn new(behavior: Behavior) -> Arc<Self> {
+        Arc::new(Self {
+            behavior: Mutex::new(behavior),
+            ..Self::default()
+        })
+    }
+
+    fn record(&self, r: Recorded) {
+        lock(&self.requests).push(r);
+        self.changed.notify_waiters();
+    }
+
+    fn finished(&self, complete: bool) {
+        let counter = if complete {
+            &self.completed
+        } else {
+            &self.cancelled
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    fn next_id(&self) -> u64 {
+        self.sequence.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// Marks a response cancelled when dropped before [`Completion::complete`] is called.
+struct Completion {
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl Completion {
+    fn new(shared: &Arc<Shared>) -> Self {
+        Self {
+            shared: shared.clone(),
+            done: false,
+        }
+    }
+
+    fn complete(mut self) {
+        self.done = true;
+        self.shared.finished(true);
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if !self.done {
+            self.shared.finished(false);
+        }
+    }
+}
+
+/// A running fake provider on `127.0.0.1:<ephemeral>`; stops when dropped.
+pub struct FakeProvider {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl FakeProvider {
+    pub async fn start(behavior: Behavior) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Shared::new(behavior);
+        let app = router(shared.clone());
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "fake provider stopped");
+            }
+        });
+        Ok(Self { addr, shared, task })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL as an SDK would be given it: `http://127.0.0.1:<port>/v1`.
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn set_behavior(&self, f: impl FnOnce(&mut Behavior)) {
+        f(&mut lock(&self.shared.behavior));
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        lock(&self.shared.requests).clone()
+    }
+
+    pub fn last_request(&self) -> Option<Recorded> {
+        lock(&self.shared.requests).last().cloned()
+    }
+
+    pub fn cancelled(&self) -> u64 {
+        self.shared.cancelled.load(Ordering::SeqCst)
+    }
+
+    pub fn completed(&self) -> u64 {
+        self.shared.completed.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `check` holds (re-checked whenever a request arrives or ends), at most
+    /// `timeout`; returns whether it held.
+    pub async fn wait_until(&self, timeout: Duration, check: impl Fn(&Self) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.shared.changed.notified();
+            if check(self) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return check(self);
+            }
+        }
+    }
+}
+
+impl Drop for FakeProvider {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Every route the fake serves; the path prefix before the OpenAI path is free, so
+/// `/v1/models` and `/api/v1/models` both work (OpenRouter-style bases).
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(handle).with_state(shared)
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return StatusCode::BAD_REQUEST.into_response(),
+    };
+    shared.record(Recorded {
+        method: parts.method.clone(),
+        uri: parts.uri.clone(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    let behavior = lock(&shared.behavior).for_request(&parts.headers);
+    let completion = Completion::new(&shared);
+
+    if !behavior.latency.is_zero() {
+        tokio::time::sleep(behavior.latency).await;
+    }
+    if behavior.stall == Some(Stall::BeforeHeaders) {
+        // Hang until the peer goes away; `completion` then records the cancel.
+        std::future::pending::<()>().await;
+    }
+
+    let path = parts.uri.path();
+    let mut response = if let Some(status) = behavior.fail_status {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        completion.complete();
+        error(
+            status,
+            "The fake provider was told to fail this request.",
+            "server_error",
+            None,
+            None,
+        )
+    } else if parts.method == Method::POST && path.ends_with("/chat/completions") {
+        chat::completions(&behavior, &body, completion)
+    } else if parts.method == Method::GET && path.ends_with("/models") {
+        completion.complete();
+        json(
+            StatusCode::OK,
+            &serde_json::json!({"object": "list", "data": [
+                {"id": "fake-model", "object": "model", "created": 1_700_000_000, "owned_by": "fake-provider"}
+            ]}),
+        )
+    } else if parts.method == Method::POST && path.ends_with("/embeddings") {
+        completion.complete();
+        chat::embeddings(&body)
+    } else {
+        completion.complete();
+        error(
+            StatusCode::NOT_FOUND,
+            &format!("Invalid URL ({} {})", parts.method, path),
+            "invalid_request_error",
+            None,
+            None,
+        )
+    };
+
+    let headers = response.headers_mut();
+    headers.insert("x-request-id", header::HeaderValue::from(shared.next_id()));
+    if behavior.leak_headers {
+        for (name, value) in [
+            ("connection", "x-fake-hop"),
+            ("x-fake-hop", "must-not-cross"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authenticate", "Basic realm=\"fake\""),
+            ("x-abridge-compacted", "forged"),
+        ] {
+            headers.insert(name, header::HeaderValue::from_static(value));
+        }
+    }
+    response
+}
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// An error in OpenAI's shape.
+fn error(
+    status: StatusCode,
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Response {
+    json(
+        status,
+        &serde_json::json!({"error": {"message": message, "type": kind, "param": param, "code": code}}),
+    )
+}
+
+/// A response body fed by a channel, so the producer learns when the client is gone.
+struct ChannelBody {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+}
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|o| o.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+fn channel_body() -> (tokio::sync::mpsc::Sender<Bytes>, Body) {
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    (tx, Body::new(ChannelBody { rx }))
+}

@@ -1,0 +1,545 @@
+//! Configuration: one TOML file (optional) overlaid by `ABRIDGE_*` environment variables,
+//! deserialised once and validated once.
+//!
+//! Every key has a default, so abridge starts with no file at all. `config/abridge.toml`
+//! in the repository lists every key with its default and a comment; a unit test keeps
+//! that file and [`Config::default`] equal.
+//!
+//! Environment variables: `ABRIDGE_` + the key path in upper case, `__` between levels,
+//! e.g. `ABRIDGE_ADMIN__TOKEN`, `ABRIDGE_TIMEOUTS__CONNECT_MS`. An environment value is
+//! read as text and converted to the type of the key it sets (the defaults tell which),
+//! so a token of digits stays the exact string it was and a port is checked as a number.
+//!
+//! Unknown keys are errors that name the key and where it came from (the file or the
+//! variable): a typo must not silently run with a default.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme, Uri};
+use serde::{Deserialize, Serialize};
+
+use crate::secret::Secret;
+
+/// Prefix of every environment variable abridge reads as configuration.
+pub const ENV_PREFIX: &str = "ABRIDGE_";
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address the proxy listens on. Clients use `http://<listen>/v1` as their base URL.
+    pub listen: SocketAddr,
+    /// The provider's base URL as its SDKs know it, including `/v1`.
+    pub upstream: UpstreamBase,
+    pub admin: AdminConfig,
+    pub timeouts: Timeouts,
+    pub limits: Limits,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address of the admin listener (health, later stats and metrics). Keep it private.
+    pub listen: SocketAddr,
+    /// Bearer token for `/admin/*`. Unset means the admin API answers 403.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// TCP (and TLS) connect to the provider.
+    pub connect_ms: u64,
+    /// From sending the request to the provider's response headers. Non-streaming
+    /// completions send headers only when generation is done, so this is generous.
+    pub first_byte_ms: u64,
+    /// Longest silence between two chunks of a response body before the stream is cut.
+    pub stream_idle_ms: u64,
+    /// On SIGTERM/SIGINT: how long in-flight requests may take to finish.
+    pub shutdown_grace_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest chat request body abridge reads (it must read it whole to parse it).
+    /// Other routes stream their bodies and leave limits to the provider.
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Log filter: a level (`info`) or per-target directives (`warn,abridge=debug`).
+    pub filter: LogFilter,
+    /// Colour codes in log lines (stderr).
+    pub ansi: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            upstream: UpstreamBase::from_str("https://api.openai.com/v1")
+                .unwrap_or_else(|e| unreachable!("default upstream is valid: {e}")),
+            admin: AdminConfig::default(),
+            timeouts: Timeouts::default(),
+            limits: Limits::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            token: None,
+        }
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect_ms: 10_000,
+            first_byte_ms: 600_000,
+            stream_idle_ms: 300_000,
+            shutdown_grace_ms: 30_000,
+        }
+    }
+}
+
+impl Timeouts {
+    pub fn connect(&self) -> Duration {
+        Duration::from_millis(self.connect_ms)
+    }
+    pub fn first_byte(&self) -> Duration {
+        Duration::from_millis(self.first_byte_ms)
+    }
+    pub fn stream_idle(&self) -> Duration {
+        Duration::from_millis(self.stream_idle_ms)
+    }
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            filter: LogFilter("info".to_owned()),
+            ansi: false,
+        }
+    }
+}
+
+/// The provider base URL, split once at load time: scheme, authority and the path prefix
+/// (without trailing slash) that the part of a client's path after `/v1` is appended to.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UpstreamBase {
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// e.g. `/v1`, `/api/v1`, or empty.
+    pub path: String,
+}
+
+impl FromStr for UpstreamBase {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let uri: Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| format!("`{s}` has no scheme; write e.g. https://api.openai.com/v1"))?;
+        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
+            return Err(format!(
+                "`{s}`: only http and https upstreams are supported"
+            ));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("`{s}` has no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "`{s}`: credentials in the upstream URL are not supported; clients send their own"
+            ));
+        }
+        if uri.query().is_some() {
+            return Err(format!("`{s}`: the upstream base URL cannot carry a query"));
+        }
+        let path = uri.path().trim_end_matches('/').to_owned();
+        Ok(Self {
+            scheme,
+            authority,
+            path,
+        })
+    }
+}
+
+impl fmt::Display for UpstreamBase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.path)
+    }
+}
+
+impl fmt::Debug for UpstreamBase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{self}\"")
+    }
+}
+
+impl<'de> Deserialize<'de> for UpstreamBase {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for UpstreamBase {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A tracing filter (`info`, `warn,abridge=debug`), checked at load time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct LogFilter(String);
+
+impl LogFilter {
+    pub fn targets(&self) -> tracing_subscriber::filter::Targets {
+        // Checked in `Deserialize`; the default is valid.
+        self.0.parse().unwrap_or_default()
+    }
+}
+
+impl<'de> Deserialize<'de> for LogFilter {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse::<tracing_subscriber::filter::Targets>()
+            .map_err(|e| serde::de::Error::custom(format!("invalid log filter `{s}`: {e}")))?;
+        Ok(Self(s))
+    }
+}
+
+impl Serialize for Secret {
+    /// Only the key's type is ever needed from a serialised config (see
+    /// [`Config::from_sources`]); the value stays hidden.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("*****")
+    }
+}
+
+/// A configuration error, naming the key and where its value came from.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("{origin}: key `{key}`: {message}")]
+    Key {
+        key: String,
+        origin: String,
+        message: String,
+    },
+}
+
+impl Config {
+    /// Loads the configuration: defaults, then the file (if given), then the process
+    /// environment's `ABRIDGE_*` variables.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let text = match file {
+            Some(path) => {
+                Some(
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                        path: path.to_owned(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let source = text.as_deref().zip(file);
+        Self::from_sources(source.map(|(t, p)| (p, t)), std::env::vars())
+    }
+
+    /// Loads from a file's text (with its path, for messages) and an environment.
+    pub fn from_sources(
+        file: Option<(&Path, &str)>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut table = match file {
+            Some((path, text)) => {
+                toml::from_str::<toml::Table>(text).map_err(|e| ConfigError::Syntax {
+                    path: path.to_owned(),
+                    message: e.to_string(),
+                })?
+            }
+            None => toml::Table::new(),
+        };
+        let file_origin = match file {
+            Some((path, _)) => format!("config file {}", path.display()),
+            None => "configuration".to_owned(),
+        };
+
+        // Which key paths the environment set, to name the variable in errors.
+        let mut env_keys: BTreeMap<String, String> = BTreeMap::new();
+        let schema = toml::Table::try_from(Config::default()).unwrap_or_default();
+        for (var, value) in env {
+            let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+            let key = path.join(".");
+            let origin = format!("environment variable {var}");
+            let value =
+                typed_env_value(&schema, &path, &value).map_err(|message| ConfigError::Key {
+                    key: key.clone(),
+                    origin: origin.clone(),
+                    message,
+                })?;
+            insert_path(&mut table, &path, value).map_err(|message| ConfigError::Key {
+                key: key.clone(),
+                origin: origin.clone(),
+                message,
+            })?;
+            env_keys.insert(key, var);
+        }
+
+        serde_path_to_error::deserialize::<_, Config>(table).map_err(|e| {
+            let key = e.path().to_string();
+            let origin = env_keys
+                .iter()
+                .find(|(k, _)| key == **k || key.starts_with(&format!("{k}.")))
+                .map(|(_, var)| format!("environment variable {var}"))
+                .unwrap_or(file_origin);
+            ConfigError::Key {
+                key,
+                origin,
+                message: e.into_inner().message().to_owned(),
+            }
+        })
+    }
+}
+
+/// Converts an environment value (text) to the TOML type of the key it sets. Keys the
+/// defaults do not show (unset optionals) are taken as text; unknown keys are rejected
+/// later by `deny_unknown_fields` with the variable named.
+fn typed_env_value(
+    schema: &toml::Table,
+    path: &[String],
+    raw: &str,
+) -> Result<toml::Value, String> {
+    let mut node: Option<&toml::Value> = None;
+    let mut table = Some(schema);
+    for part in path {
+        node = table.and_then(|t| t.get(part));
+        table = node.and_then(toml::Value::as_table);
+    }
+    let bad = |what: &str| format!("`{raw}` is not {what}");
+    Ok(match node {
+        Some(toml::Value::Integer(_)) => {
+            toml::Value::Integer(raw.trim().parse().map_err(|_| bad("an integer"))?)
+        }
+        Some(toml::Value::Float(_)) => {
+            toml::Value::Float(raw.trim().parse().map_err(|_| bad("a number"))?)
+        }
+        Some(toml::Value::Boolean(_)) => {
+            toml::Value::Boolean(raw.trim().parse().map_err(|_| bad("true or false"))?)
+        }
+        Some(toml::Value::Array(_)) => {
+            // A TOML array literal (`["a", "b"]`) or a comma-separated list.
+            let literal = format!("v = {raw}");
+            match toml::from_str::<toml::Table>(&literal)
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+            {
+                Some(v @ toml::Value::Array(_)) => v,
+                _ => toml::Value::Array(
+                    raw.split(',')
+                        .map(|s| toml::Value::String(s.trim().to_owned()))
+                        .filter(|v| v.as_str() != Some(""))
+                        .collect(),
+                ),
+            }
+        }
+        Some(toml::Value::Table(_)) => {
+            return Err("is a section; set its keys (with `__` between levels)".to_owned());
+        }
+        _ => toml::Value::String(raw.to_owned()),
+    })
+}
+
+fn insert_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), String> {
+    let Some((last, parents)) = path.split_last() else {
+        return Err("empty key".to_owned());
+    };
+    let mut cur = table;
+    for part in parents {
+        let entry = cur
+            .entry(part.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("`{part}` is not a section"))?;
+    }
+    cur.insert(last.clone(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn load(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_sources(Some((Path::new("/etc/abridge.toml"), text)), env(vars))
+    }
+
+    #[test]
+    fn the_documented_file_lists_exactly_the_defaults() {
+        let text = include_str!("../config/abridge.toml");
+        let config = load(text, &[]).unwrap();
+        assert_eq!(config, Config::default());
+        // Every key of the defaults appears in the file (and unknown keys would fail).
+        let documented: toml::Table = toml::from_str(text).unwrap();
+        let defaults = toml::Table::try_from(Config::default()).unwrap();
+        fn keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+            for (k, v) in t {
+                let k = format!("{prefix}{k}");
+                match v {
+                    toml::Value::Table(inner) => keys(inner, &format!("{k}."), out),
+                    _ => out.push(k),
+                }
+            }
+        }
+        let (mut a, mut b) = (vec![], vec![]);
+        keys(&documented, "", &mut a);
+        keys(&defaults, "", &mut b);
+        a.sort();
+        b.sort();
+        assert_eq!(
+            a, b,
+            "config/abridge.toml must list every key with its default"
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_file() {
+        let err = load("[admin]\ntokn = \"x\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("admin.tokn"), "{err}");
+        assert!(err.contains("/etc/abridge.toml"), "{err}");
+        assert!(err.contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn unknown_top_level_key_is_named() {
+        let err = load("lisen = \"127.0.0.1:1\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`lisen`"), "{err}");
+    }
+
+    #[test]
+    fn unknown_env_key_names_the_variable() {
+        let err = load("", &[("ABRIDGE_ADMIN__TOKN", "x")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ABRIDGE_ADMIN__TOKN"), "{err}");
+        assert!(err.contains("admin.tokn"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_names_key_and_file() {
+        let err = load("[timeouts]\nconnect_ms = \"soon\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("timeouts.connect_ms"), "{err}");
+        assert!(err.contains("/etc/abridge.toml"), "{err}");
+        let err = load("upstream = \"ftp://x/v1\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("upstream") && err.contains("http"), "{err}");
+        let err = load("", &[("ABRIDGE_TIMEOUTS__CONNECT_MS", "soon")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ABRIDGE_TIMEOUTS__CONNECT_MS"), "{err}");
+        assert!(err.contains("not an integer"), "{err}");
+        let err = load("[log]\nfilter = \"info,abridge=loud\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("log.filter"), "{err}");
+    }
+
+    #[test]
+    fn syntax_error_names_the_file() {
+        let err = load("listen = \n", &[]).unwrap_err().to_string();
+        assert!(err.contains("/etc/abridge.toml"), "{err}");
+    }
+
+    #[test]
+    fn environment_overrides_file_and_keeps_strings_exact() {
+        let config = load(
+            "listen = \"127.0.0.1:1\"\n[admin]\ntoken = \"from-file\"\n",
+            &[
+                ("ABRIDGE_LISTEN", "0.0.0.0:8081"),
+                ("ABRIDGE_ADMIN__TOKEN", "007"),
+                ("ABRIDGE_TIMEOUTS__CONNECT_MS", "250"),
+                ("ABRIDGE_LOG__ANSI", "true"),
+                ("OTHER_VAR", "ignored"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.listen, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(config.admin.token.as_ref().map(Secret::expose), Some("007"));
+        assert_eq!(config.timeouts.connect_ms, 250);
+        assert!(config.log.ansi);
+    }
+
+    #[test]
+    fn upstream_keeps_its_path_prefix() {
+        let config = load("upstream = \"https://openrouter.ai/api/v1/\"\n", &[]).unwrap();
+        assert_eq!(config.upstream.path, "/api/v1");
+        assert_eq!(config.upstream.authority.as_str(), "openrouter.ai");
+        assert_eq!(config.upstream.to_string(), "https://openrouter.ai/api/v1");
+        let bare: UpstreamBase = "http://127.0.0.1:9000".parse().unwrap();
+        assert_eq!(bare.path, "");
+        assert!("https://user:pw@host/v1".parse::<UpstreamBase>().is_err());
+        assert!("host/v1".parse::<UpstreamBase>().is_err());
+    }
+
+    #[test]
+    fn debug_output_hides_the_admin_token() {
+        let config = load("[admin]\ntoken = \"s3cret-admin\"\n", &[]).unwrap();
+        assert!(!format!("{config:?}").contains("s3cret-admin"));
+    }
+}

@@ -1,0 +1,54 @@
+//! abridge: an OpenAI-compatible reverse proxy that keeps long conversations inside the
+//! model's context window. Apps change only their base URL.
+//!
+//! # Layout
+//!
+//! - `main.rs`     — thin binary: arguments, config, logging, bind, [`run`] until a signal.
+//! - [`config`]    — the configuration: TOML file + `ABRIDGE_*` environment, checked once.
+//! - [`server`]    — [`AppState`] (one `Arc`), the proxy [`router`], and [`run`].
+//! - [`proxy`]     — request handlers: chat completions (read) and pass-through (rest).
+//! - [`proxy::headers`] — hop-by-hop and `x-abridge-*` header hygiene, both directions.
+//! - [`chat`]      — the chat request parsed by borrowing; edits are splices of the bytes.
+//! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
+//! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
+//!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads both namings.
+//! - [`stats`]     — lock-free counters of what happened.
+//! - [`admin`]     — the admin listener (`/healthz`).
+//! - [`error`]     — abridge's own errors, answered in OpenAI's error shape.
+//! - [`secret`]    — a string type whose `Debug`/`Display` print `*****`.
+//!
+//! The fake OpenAI-compatible provider used by the tests (and as an offline demo
+//! upstream) is the workspace crate `crates/fake-provider`.
+//!
+//! # Request flow
+//!
+//! ```text
+//! client ─► ingress ─► parse ─► identify ─► plan ─► rewrite ─► forward ─► relay ─► client
+//!            │          │          │          │        │           │         │
+//!       limits, route  ChatRequest (later    (later   (later     hyper,     bytes out as
+//!       x-abridge-*    borrowed,   issue)    issue)   issue)     timeouts,  they arrive;
+//!       stripped       unknown                                   cancel on  usage tee from
+//!                      fields kept                               drop       JSON / SSE
+//!                                                                              │
+//!                                                                              ▼
+//!                                                                   record: usage, stats
+//! ```
+//!
+//! Every other route under `/v1` is forward → relay with nothing read. Nothing that can
+//! fail in abridge's own machinery fails the user's request: a body abridge does not
+//! understand is forwarded untouched.
+
+pub mod admin;
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod proxy;
+pub mod relay;
+pub mod secret;
+pub mod server;
+pub mod stats;
+pub mod upstream;
+
+pub use config::Config;
+pub use error::Error;
+pub use server::{AppState, Listeners, router, run};

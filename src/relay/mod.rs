@@ -1,0 +1,412 @@
+//! Relay: the provider's response to the client, byte for byte as it arrives, with the
+//! usage tee on the side.
+//!
+//! [`respond`] turns the upstream response into the client's: hop-by-hop and
+//! `x-abridge-*` headers removed, the body wrapped in [`RelayBody`], which forwards each
+//! frame the moment it arrives (no buffering), cuts the stream after
+//! `timeouts.stream_idle_ms` of silence, and feeds a [`Tap`] that reads `usage`:
+//! - JSON bodies: the chunks are kept as cheap `Bytes` clones and parsed once at the end;
+//! - SSE bodies: [`sse::SseTap`] scans events as they pass (and strips what abridge added).
+//!
+//! Compressed responses: abridge asks for `Accept-Encoding: identity` on the routes it
+//! reads, and if a provider compresses anyway (gzip or deflate) the relay decodes the
+//! stream for the client and drops `Content-Encoding`, so usage is still read and the
+//! client gets what its HTTP library would have decoded. Other encodings pass untouched
+//! and their usage is not read (counted as `usage_unreadable`).
+//!
+//! When the body ends, errors or is dropped (client gone) the `on_done` callback gets
+//! the [`Outcome`] once — the "record" stage of the request path.
+
+pub mod sse;
+pub mod usage;
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, header};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+use crate::proxy::headers;
+use sse::SseTap;
+pub use usage::Usage;
+
+/// Largest non-streaming response kept aside to read its `usage`; larger bodies are
+/// relayed without it.
+const MAX_JSON_TAP_BYTES: usize = 16 * 1024 * 1024;
+
+/// What the relay should look for in a successful response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watch {
+    /// Nothing: a plain pass-through route.
+    Nothing,
+    /// A chat completion: read usage; `strip` when abridge asked for it on the client's
+    /// behalf and must remove it again.
+    Usage { strip: bool },
+}
+
+/// How a relayed response ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub usage: Option<Usage>,
+    pub end: End,
+    /// The response carried usage abridge could not read (unknown content encoding).
+    pub usage_unreadable: bool,
+    /// Events removed in strip mode.
+    pub stripped_events: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The provider finished the body and the client received all of it.
+    Complete,
+    /// The client went away first; the upstream connection was dropped with it.
+    ClientGone,
+    /// The provider's body failed (reset, bad encoding).
+    UpstreamError,
+    /// No byte for `timeouts.stream_idle_ms`.
+    IdleTimeout,
+}
+
+pub type OnDone = Box<dyn FnOnce(Outcome) + Send>;
+
+/// Builds the client's response from the provider's.
+pub fn respond(
+    upstream: http::Response<Incoming>,
+    watch: Watch,
+    idle: Duration,
+    on_done: OnDone,
+) -> Response {
+    let (mut parts, body) = upstream.into_parts();
+    headers::strip_response(&mut parts.headers);
+
+    let mut tap = Tap::None;
+    let mut decoder = None;
+    let mut usage_unreadable = false;
+    if let Watch::Usage { strip } = watch
+        && parts.status.is_success()
+    {
+        match Decoder::for_encoding(&parts.headers) {
+            Ok(d) => {
+                decoder = d;
+                tap = Tap::for_content_type(&parts.headers, strip);
+            }
+            Err(encoding) => {
+                tracing::warn!(%encoding, "response encoding abridge cannot decode; usage not read");
+                usage_unreadable = true;
+            }
+        }
+    }
+    if decoder.is_some() {
+        parts.headers.remove(header::CONTENT_ENCODING);
+    }
+    if decoder.is_some() || tap.rewrites() {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+
+    let relay = RelayBody {
+        inner: body,
+        idle,
+        timer: Box::pin(tokio::time::sleep(idle)),
+        decoder,
+        tap,
+        ended: false,
+        usage_unreadable,
+        on_done: Some(on_done),
+    };
+    Response::from_parts(parts, Body::new(relay))
+}
+
+enum Tap {
+    None,
+    Json { chunks: Vec<Bytes>, size: usize },
+    Sse(SseTap),
+}
+
+impl Tap {
+    fn for_content_type(headers: &HeaderMap, strip: bool) -> Tap {
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let mime = content_type.split(';').next().unwrap_or("").trim();
+        if mime.eq_ignore_ascii_case("text/event-stream") {
+            Tap::Sse(SseTap::new(strip))
+        } else if mime.eq_ignore_ascii_case("application/json") {
+            Tap::Json {
+                chunks: Vec::new(),
+                size: 0,
+            }
+        } else {
+            Tap::None
+        }
+    }
+
+    /// Whether the tap may change the bytes (so `Content-Length` no longer holds).
+    fn rewrites(&self) -> bool {
+        matches!(self, Tap::Sse(sse) if sse.strips())
+    }
+
+    fn feed(&mut self, data: Bytes) -> Bytes {
+        match self {
+            Tap::None => data,
+            Tap::Json { chunks, size } => {
+                *size += data.len();
+                if *size <= MAX_JSON_TAP_BYTES {
+                    chunks.push(data.clone());
+                } else {
+                    chunks.clear();
+                }
+                data
+            }
+            Tap::Sse(sse) => sse.feed(data),
+        }
+    }
+
+    /// The usage seen so far (for a body that did not end normally).
+    fn usage_so_far(&self) -> (Option<Usage>, u32) {
+        match self {
+            Tap::Sse(sse) => (sse.usage(), sse.dropped_events()),
+            Tap::None | Tap::Json { .. } => (None, 0),
+        }
+    }
+
+    /// End of body: the usage found, and any bytes still held back.
+    fn finish(&mut self) -> (Option<Usage>, Bytes, u32) {
+        match self {
+            Tap::None => (None, Bytes::new(), 0),
+            Tap::Json { chunks, size } => {
+                if *size > MAX_JSON_TAP_BYTES {
+                    return (None, Bytes::new(), 0);
+                }
+                let usage = match chunks.as_slice() {
+                    [one] => usage::from_json(one),
+                    many => usage::from_json(&many.concat()),
+                };
+                (usage, Bytes::new(), 0)
+            }
+            Tap::Sse(sse) => {
+                let tail = sse.finish();
+                (sse.usage(), tail, sse.dropped_events())
+            }
+        }
+    }
+}
+
+/// Streaming decoder for a compressed provider response.
+enum Decoder {
+    Gzip(flate2::write::GzDecoder<Vec<u8>>),
+    Deflate(flate2::write::ZlibDecoder<Vec<u8>>),
+}
+
+impl Decoder {
+    /// `Ok(None)` for identity, `Err(encoding)` for an encoding abridge cannot decode.
+    fn for_encoding(headers: &HeaderMap) -> Result<Option<Decoder>, String> {
+        let Some(value) = headers.get(header::CONTENT_ENCODING) else {
+            return Ok(None);
+        };
+        let encoding = value.to_str().unwrap_or("").trim().to_ascii_lowercase();
+        match encoding.as_str() {
+            "" | "identity" => Ok(None),
+            "gzip" | "x-gzip" => Ok(Some(Decoder::Gzip(flate2::write::GzDecoder::new(
+                Vec::new(),
+            )))),
+            "deflate" => Ok(Some(Decoder::Deflate(flate2::write::ZlibDecoder::new(
+                Vec::new(),
+            )))),
+            _ => Err(encoding),
+        }
+    }
+
+    fn decode(&mut self, data: &[u8]) -> std::io::Result<Bytes> {
+        use std::io::Write;
+        let out = match self {
+            Decoder::Gzip(d) => {
+                d.write_all(data)?;
+                d.flush()?;
+                std::mem::take(d.get_mut())
+            }
+            Decoder::Deflate(d) => {
+                d.write_all(data)?;
+                d.flush()?;
+                std::mem::take(d.get_mut())
+            }
+        };
+        Ok(Bytes::from(out))
+    }
+
+    fn finish(&mut self) -> std::io::Result<Bytes> {
+        let out = match self {
+            Decoder::Gzip(d) => {
+                d.try_finish()?;
+                std::mem::take(d.get_mut())
+            }
+            Decoder::Deflate(d) => {
+                d.try_finish()?;
+                std::mem::take(d.get_mut())
+            }
+        };
+        Ok(Bytes::from(out))
+    }
+}
+
+/// The body sent to the client. See the module docs.
+pub struct RelayBody {
+    inner: Incoming,
+    idle: Duration,
+    timer: Pin<Box<Sleep>>,
+    decoder: Option<Decoder>,
+    tap: Tap,
+    ended: bool,
+    usage_unreadable: bool,
+    on_done: Option<OnDone>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("upstream body failed: {0}")]
+    Upstream(#[from] hyper::Error),
+    #[error("upstream response could not be decoded: {0}")]
+    Decode(#[from] std::io::Error),
+    #[error("upstream sent nothing for {0:?} (timeouts.stream_idle_ms)")]
+    Idle(Duration),
+}
+
+impl RelayBody {
+    fn report(&mut self, end: End, usage: Option<Usage>, stripped_events: u32) {
+        self.ended = true;
+        if let Some(on_done) = self.on_done.take() {
+            on_done(Outcome {
+                usage,
+                end,
+                usage_unreadable: self.usage_unreadable,
+                stripped_events,
+            });
+        }
+    }
+
+    /// The body stopped early: report what was seen up to here.
+    fn abort(&mut self, end: End) {
+        let (usage, stripped) = self.tap.usage_so_far();
+        self.report(end, usage, stripped);
+    }
+
+    /// The provider's body is complete: flush the decoder and the tap, report, and return
+    /// the bytes still to send.
+    fn finish(&mut self) -> Result<Bytes, RelayError> {
+        let mut tail = Bytes::new();
+        if let Some(decoder) = &mut self.decoder {
+            match decoder.finish() {
+                Ok(rest) => tail = self.tap.feed(rest),
+                Err(e) => {
+                    self.abort(End::UpstreamError);
+                    return Err(e.into());
+                }
+            }
+        }
+        let (usage, held, stripped) = self.tap.finish();
+        self.report(End::Complete, usage, stripped);
+        Ok(join(tail, held))
+    }
+
+    /// One data frame from the provider → the bytes for the client.
+    fn on_data(&mut self, data: Bytes) -> Result<Bytes, RelayError> {
+        let data = match &mut self.decoder {
+            None => data,
+            Some(decoder) => match decoder.decode(&data) {
+                Ok(decoded) => decoded,
+                Err(e) => {
+                    self.abort(End::UpstreamError);
+                    return Err(e.into());
+                }
+            },
+        };
+        let out = self.tap.feed(data);
+        // With a known length the last frame is known: finish now, so usage is recorded
+        // even if the server never polls again.
+        if self.inner.is_end_stream() {
+            return Ok(join(out, self.finish()?));
+        }
+        Ok(out)
+    }
+}
+
+fn join(a: Bytes, b: Bytes) -> Bytes {
+    match (a.is_empty(), b.is_empty()) {
+        (_, true) => a,
+        (true, false) => b,
+        (false, false) => Bytes::from([a, b].concat()),
+    }
+}
+
+impl HttpBody for RelayBody {
+    type Data = Bytes;
+    type Error = RelayError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        let this = &mut *self;
+        loop {
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.timer.as_mut().reset(Instant::now() + this.idle);
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                    };
+                    match this.on_data(data) {
+                        Ok(out) if out.is_empty() => continue,
+                        Ok(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
+                        Err(e) => return Poll::Ready(Some(Err(e))),
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.abort(End::UpstreamError);
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                Poll::Ready(None) => {
+                    return match this.finish() {
+                        Ok(tail) if tail.is_empty() => Poll::Ready(None),
+                        Ok(tail) => Poll::Ready(Some(Ok(Frame::data(tail)))),
+                        Err(e) => Poll::Ready(Some(Err(e))),
+                    };
+                }
+                Poll::Pending => {
+                    ready!(this.timer.as_mut().poll(cx));
+                    this.abort(End::IdleTimeout);
+                    return Poll::Ready(Some(Err(RelayError::Idle(this.idle))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.decoder.is_none() && !self.tap.rewrites() {
+            self.inner.size_hint()
+        } else {
+            SizeHint::default()
+        }
+    }
+}
+
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.abort(End::ClientGone);
+        }
+    }
+}

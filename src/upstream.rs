@@ -1,0 +1,196 @@
+//! The one upstream: a pooled HTTP/1.1 client (hyper, rustls with Mozilla's roots) for the
+//! configured provider base URL, with connect and first-byte timeouts.
+//!
+//! The target is fixed by configuration: a client's path is appended to the base path and
+//! nothing in a request can change scheme, host or port.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::uri::{PathAndQuery, Uri};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::{Config, UpstreamBase};
+use crate::error::Error;
+
+/// Path prefix clients use; the rest of their path is appended to the upstream base.
+pub const API_PREFIX: &str = "/v1";
+
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpsConnector<HttpConnector>, Body>,
+    base: UpstreamBase,
+    first_byte: Duration,
+}
+
+impl Upstream {
+    pub fn new(config: &Config) -> Result<Self, rustls::Error> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.timeouts.connect()));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(https);
+        Ok(Self {
+            client,
+            base: config.upstream.clone(),
+            first_byte: config.timeouts.first_byte(),
+        })
+    }
+
+    pub fn base(&self) -> &UpstreamBase {
+        &self.base
+    }
+
+    /// The upstream URI for a client request URI: `/v1/<rest>?<query>` becomes
+    /// `<base>/<rest>?<query>`. Paths outside `/v1` are unknown (404); dot segments are
+    /// refused (400) so a path cannot climb out of the base path.
+    pub fn uri_for(&self, method: &http::Method, uri: &Uri) -> Result<Uri, Error> {
+        let path = uri.path();
+        let rest = match path.strip_prefix(API_PREFIX) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
+            _ => {
+                return Err(Error::NotFound {
+                    method: method.to_string(),
+                    path: path.to_owned(),
+                });
+            }
+        };
+        if rest.split('/').any(is_dot_segment) {
+            return Err(Error::BadPath);
+        }
+        let mut target = String::with_capacity(
+            self.base.path.len() + rest.len() + 1 + uri.query().map_or(0, str::len),
+        );
+        target.push_str(&self.base.path);
+        target.push_str(rest);
+        if target.is_empty() {
+            target.push('/');
+        }
+        if let Some(query) = uri.query() {
+            target.push('?');
+            target.push_str(query);
+        }
+        let path_and_query = PathAndQuery::try_from(target).map_err(|_| Error::BadPath)?;
+        Uri::builder()
+            .scheme(self.base.scheme.clone())
+            .authority(self.base.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|e| Error::Internal(format!("building upstream URI: {e}")))
+    }
+
+    /// Sends a request and waits for the response headers, at most
+    /// `timeouts.first_byte_ms`. Dropping the returned future (client gone) drops the
+    /// upstream connection with it.
+    pub async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, Error> {
+        match tokio::time::timeout(self.first_byte, self.client.request(request)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => Err(Error::UpstreamUnreachable(error_chain(&e))),
+            Err(_) => Err(Error::UpstreamTimeout(self.first_byte)),
+        }
+    }
+}
+
+/// `.`/`..` literally or percent-encoded (`%2e`), which some servers decode.
+fn is_dot_segment(segment: &str) -> bool {
+    let lower = segment.to_ascii_lowercase();
+    let decoded = lower.replace("%2e", ".");
+    decoded == "." || decoded == ".."
+}
+
+/// An error with its causes, for a message that says what actually happened
+/// ("connection refused") and not only the outermost layer ("client error (Connect)").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Method;
+
+    fn upstream(base: &str) -> Upstream {
+        let config = Config {
+            upstream: base.parse().unwrap(),
+            ..Config::default()
+        };
+        Upstream::new(&config).unwrap()
+    }
+
+    fn target(base: &str, uri: &str) -> Result<String, Error> {
+        upstream(base)
+            .uri_for(&Method::POST, &uri.parse().unwrap())
+            .map(|u| u.to_string())
+    }
+
+    #[test]
+    fn appends_the_path_after_v1_to_the_base() {
+        assert_eq!(
+            target("https://api.openai.com/v1", "/v1/chat/completions").unwrap(),
+            "https://api.openai.com/v1/chat/completions"
+        );
+        assert_eq!(
+            target("https://openrouter.ai/api/v1", "/v1/models?limit=2").unwrap(),
+            "https://openrouter.ai/api/v1/models?limit=2"
+        );
+        assert_eq!(
+            target("http://127.0.0.1:9/", "/v1/models").unwrap(),
+            "http://127.0.0.1:9/models"
+        );
+        assert_eq!(
+            target("http://127.0.0.1:9/v1", "/v1").unwrap(),
+            "http://127.0.0.1:9/v1"
+        );
+    }
+
+    #[test]
+    fn refuses_paths_outside_v1_and_dot_segments() {
+        assert!(matches!(
+            target("https://a/v1", "/v2/models"),
+            Err(Error::NotFound { .. })
+        ));
+        assert!(matches!(
+            target("https://a/v1", "/v1models"),
+            Err(Error::NotFound { .. })
+        ));
+        assert!(matches!(
+            target("https://a/v1", "/admin"),
+            Err(Error::NotFound { .. })
+        ));
+        assert!(matches!(
+            target("https://a/v1", "/v1/../admin"),
+            Err(Error::BadPath)
+        ));
+        assert!(matches!(
+            target("https://a/v1", "/v1/%2E%2e/x"),
+            Err(Error::BadPath)
+        ));
+        // The authority never changes, whatever the path looks like.
+        assert_eq!(
+            target("https://a/v1", "/v1//evil.example/x").unwrap(),
+            "https://a/v1//evil.example/x"
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! Real Redis for tests: a `redis-server` (or a 3-node Redis Cluster) on ephemeral
+//! loopback ports, in a temporary directory, without persistence.
+//!
+//! Each server runs under a tiny `sh` watchdog that holds our end of a pipe: when the
+//! test binary exits for any reason, the pipe closes and the watchdog kills the server,
+//! so nothing is left running. [`shared`] and [`shared_cluster`] start one per test
+//! binary on first use; tests that stop or pause Redis start their own with
+//! [`RedisServer::start`].
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    pub port: u16,
+    pid: u32,
+    watchdog: Child,
+    stdin: Option<ChildStdin>,
+    dir: tempfile::TempDir,
+    cluster: bool,
+}
+
+impl RedisServer {
+    /// A standalone server on a free port.
+    pub fn start() -> Self {
+        Self::spawn(free_port(false), false, tempfile::tempdir().unwrap())
+    }
+
+    /// A cluster-enabled node (its bus port, +10000, is free too).
+    fn start_cluster_node() -> Self {
+        Self::spawn(free_port(true), true, tempfile::tempdir().unwrap())
+    }
+
+    fn spawn(port: u16, cluster: bool, dir: tempfile::TempDir) -> Self {
+        let server = which("redis-server");
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+            "--logfile".into(),
+            dir.path().join("redis.log").display().to_string(),
+        ];
+        if cluster {
+            args.extend(
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ]
+                .map(String::from),
+            );
+        }
+        // Prints the server's pid, then kills it when our end of stdin closes.
+        let script = r#"server="$1"; shift; "$server" "$@" & pid=$!; echo "$pid"; read -r _; kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; exit 0"#;
+        let mut watchdog = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg("sh")
+            .arg(&server)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server watchdog");
+        let stdin = watchdog.stdin.take();
+        let mut line = String::new();
+        BufReader::new(watchdog.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let pid: u32 = line.trim().parse().expect("redis-server pid");
+        let server = Self {
+            port,
+            pid,
+            watchdog,
+            stdin,
+            dir,
+            cluster,
+        };
+        server.wait_ready();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn log_path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if command(self.port, &["PING"]).as_deref() == Ok("PONG") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+        panic!("redis-server on port {} did not start:\n{log}", self.port);
+    }
+
+    /// Stops the server (as if it crashed: no goodbye to clients) and waits for it.
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .arg(self.pid.to_string())
+            .status();
+        self.stdin.take();
+        let _ = self.watchdog.wait();
+    }
+
+    /// Starts it again on the same port and data directory.
+    pub fn restart(&mut self) {
+        self.stop();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        *self = Self::spawn(self.port, self.cluster, dir);
+    }
+
+    /// SIGSTOP: the server keeps its sockets open but answers nothing.
+    pub fn pause(&self) {
+        let _ = Command::new("kill")
+            .arg("-STOP")
+            .arg(self.pid.to_string())
+            .status();
+    }
+
+    pub fn resume(&self) {
+        let _ = Command::new("kill")
+            .arg("-CONT")
+            .arg(self.pid.to_string())
+            .status();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.resume();
+        self.stdin.take();
+        let _ = self.watchdog.wait();
+    }
+}
+
+/// A 3-node Redis Cluster (masters only) on free ports.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new(which("redis-cli"))
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in &nodes {
+            loop {
+                let info = command(node.port, &["CLUSTER", "INFO"]).unwrap_or_default();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster did not become ready: {info}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Self { nodes }
+    }
+
+    /// Node URLs, as a cluster client takes them.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+/// One standalone Redis per test binary, started on first use.
+pub fn shared() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+/// One Redis Cluster per test binary, started on first use.
+pub fn shared_cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
+
+fn which(program: &str) -> String {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file());
+    match found {
+        Some(p) => p.display().to_string(),
+        None => panic!(
+            "{program} not found: run scripts/test (it installs it) or `apt-get install redis-server redis-tools`"
+        ),
+    }
+}
+
+/// A free loopback port; for cluster nodes, one whose bus port (+10000) is free too.
+fn free_port(cluster: bool) -> u16 {
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !cluster {
+            return port;
+        }
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair for a cluster node");
+}
+
+/// Sends one command over RESP and returns a simple reply as text (status, integer or
+/// bulk string); `Err` for an error reply or I/O failure. Enough to check the support
+/// itself; store code uses the `redis` crate.
+pub fn command(port: u16, args: &[&str]) -> Result<String, String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    let mut request = format!("*{}\r\n", args.len());
+    for a in args {
+        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).map_err(|e| e.to_string())?;
+    let line = line.trim_end();
+    match line.split_at(1.min(line.len())) {
+        ("+", rest) | (":", rest) => Ok(rest.to_owned()),
+        ("-", rest) => Err(rest.to_owned()),
+        ("$", "-1") => Ok(String::new()),
+        ("$", len) => {
+            let len: usize = len.parse().map_err(|_| format!("bad length {len}"))?;
+            let mut buf = vec![0; len + 2];
+            reader.read_exact(&mut buf).map_err(|e| e.to_string())?;
+            buf.truncate(len);
+            String::from_utf8(buf).map_err(|e| e.to_string())
+        }
+        _ => Err(format!("unexpected reply {line:?}")),
+    }
+}

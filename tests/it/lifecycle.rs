@@ -1,0 +1,348 @@
+//! Lifecycle: client disconnects cancel the upstream, the binary drains on SIGTERM,
+//! refuses bad configuration, keeps credentials out of its logs, and serves health on
+//! the admin listener only.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fake_provider::{Behavior, FakeProvider};
+
+use crate::common::{chat_body, client, closed_port, eventually, setup, setup_with};
+
+#[tokio::test]
+async fn a_client_leaving_a_stream_closes_the_upstream_connection() {
+    let (provider, proxy) = setup_with(Behavior {
+        chunk_delay: Duration::from_millis(200),
+        reply_words: 30,
+        ..Behavior::default()
+    })
+    .await;
+    let mut response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(chat_body(true))
+        .send()
+        .await
+        .unwrap();
+    response.chunk().await.unwrap().unwrap();
+    drop(response);
+    assert!(
+        provider
+            .wait_until(Duration::from_secs(5), |p| p.cancelled() == 1)
+            .await,
+        "the provider must see its connection close"
+    );
+    assert_eq!(provider.completed(), 0);
+    assert!(eventually(Duration::from_secs(2), || proxy.stats().client_gone == 1).await);
+}
+
+#[tokio::test]
+async fn a_client_leaving_before_the_response_cancels_the_upstream_request() {
+    let (provider, proxy) = setup().await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let result = impatient
+        .post(proxy.url("/v1/chat/completions"))
+        .header("x-fake-stall", "headers")
+        .body(chat_body(false))
+        .send()
+        .await;
+    assert!(result.is_err());
+    assert!(
+        provider
+            .wait_until(Duration::from_secs(5), |p| p.cancelled() == 1)
+            .await,
+        "the provider must see its connection close"
+    );
+}
+
+#[tokio::test]
+async fn health_is_on_the_admin_listener_only() {
+    let (_provider, proxy) = setup().await;
+    let response = client()
+        .get(format!("http://{}/healthz", proxy.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), r#"{"status":"ok"}"#);
+    let response = client()
+        .get(format!("http://{}/v1/models", proxy.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    assert_eq!(
+        client()
+            .get(proxy.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+}
+
+/// The real `abridge` binary with only the given environment, stderr captured.
+struct Binary {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Binary {
+    fn spawn(env: &[(&str, String)], args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_abridge"))
+            .args(args)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Self { child, stderr }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for exit, at most `timeout`; `None` if still running.
+    fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Let the reader thread take the last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the binary in front of `provider` and waits until its admin listener answers.
+async fn start_binary(provider: &FakeProvider, extra: &[(&str, String)]) -> (Binary, String) {
+    let listen = closed_port().await;
+    let admin = closed_port().await;
+    let mut env = vec![
+        ("ABRIDGE_LISTEN", listen.to_string()),
+        ("ABRIDGE_ADMIN__LISTEN", admin.to_string()),
+        ("ABRIDGE_UPSTREAM", provider.url()),
+    ];
+    env.extend(extra.iter().cloned());
+    let binary = Binary::spawn(&env, &[]);
+    let health = format!("http://{admin}/healthz");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client().get(&health).send().await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "abridge did not start: {}",
+            binary.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (binary, format!("http://{listen}"))
+}
+
+#[tokio::test]
+async fn sigterm_stops_accepting_and_drains_in_flight_streams() {
+    let provider = FakeProvider::start(Behavior {
+        chunk_delay: Duration::from_millis(100),
+        reply_words: 12,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let (mut binary, base) = start_binary(
+        &provider,
+        &[("ABRIDGE_TIMEOUTS__SHUTDOWN_GRACE_MS", "10000".into())],
+    )
+    .await;
+    let mut response = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .body(chat_body(true))
+        .send()
+        .await
+        .unwrap();
+    let mut received = response.chunk().await.unwrap().unwrap().to_vec();
+
+    binary.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fresh = reqwest::Client::new()
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await;
+    assert!(
+        fresh.is_err(),
+        "a new connection after SIGTERM must be refused"
+    );
+
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        received.extend_from_slice(&chunk);
+    }
+    assert!(
+        String::from_utf8_lossy(&received).ends_with("data: [DONE]\n\n"),
+        "the in-flight stream completed"
+    );
+    let status = binary
+        .wait(Duration::from_secs(5))
+        .expect("abridge exits after draining");
+    assert!(status.success(), "{status:?}: {}", binary.stderr());
+    assert!(binary.stderr().contains("draining"), "{}", binary.stderr());
+}
+
+#[tokio::test]
+async fn the_grace_period_bounds_the_drain() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let (mut binary, base) = start_binary(
+        &provider,
+        &[("ABRIDGE_TIMEOUTS__SHUTDOWN_GRACE_MS", "300".into())],
+    )
+    .await;
+    let stalled = tokio::spawn(
+        client()
+            .post(format!("{base}/v1/chat/completions"))
+            .header("x-fake-stall", "body")
+            .body(chat_body(true))
+            .send(),
+    );
+    assert!(
+        provider
+            .wait_until(Duration::from_secs(5), |p| p.requests().len() == 1)
+            .await
+    );
+    binary.signal("TERM");
+    let status = binary
+        .wait(Duration::from_secs(5))
+        .expect("abridge exits when the grace period ends");
+    assert!(status.success());
+    assert!(
+        binary.stderr().contains("grace period over"),
+        "{}",
+        binary.stderr()
+    );
+    stalled.abort();
+}
+
+#[test]
+fn bad_configuration_is_refused_naming_the_key_and_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("abridge.toml");
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:0\"\n[timeouts]\nconect_ms = 5\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_abridge"))
+        .arg("--config")
+        .arg(&path)
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("timeouts.conect_ms") && err.contains(&path.display().to_string()),
+        "{err}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_abridge"))
+        .env_clear()
+        .env("ABRIDGE_UPSTREAM", "not a url")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ABRIDGE_UPSTREAM") && err.contains("upstream"),
+        "{err}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_abridge"))
+        .arg("--config")
+        .arg(dir.path().join("missing.toml"))
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
+}
+
+#[tokio::test]
+async fn credentials_never_reach_the_logs() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let (mut binary, base) = start_binary(
+        &provider,
+        &[
+            ("ABRIDGE_LOG__FILTER", "trace".into()),
+            ("ABRIDGE_ADMIN__TOKEN", "admin-token-Zq81".into()),
+        ],
+    )
+    .await;
+    let secret = "sk-live-Secret0042";
+    for (stream, extra) in [
+        (false, None),
+        (true, None),
+        (false, Some(("x-fake-status", "401"))),
+    ] {
+        let mut request = client()
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(secret)
+            .header("api-key", secret)
+            .body(chat_body(stream));
+        if let Some((k, v)) = extra {
+            request = request.header(k, v);
+        }
+        request.send().await.unwrap().bytes().await.unwrap();
+    }
+    client()
+        .get(format!("{base}/v1/models"))
+        .bearer_auth(secret)
+        .send()
+        .await
+        .unwrap();
+    binary.signal("TERM");
+    binary.wait(Duration::from_secs(5)).unwrap();
+    let logs = binary.stderr();
+    assert!(logs.contains("abridge ready"), "{logs}");
+    assert!(
+        logs.lines().count() > 3,
+        "trace logging produced lines: {logs}"
+    );
+    assert!(!logs.contains(secret), "credential in logs:\n{logs}");
+    assert!(!logs.contains("Secret0042"));
+    assert!(
+        !logs.contains("admin-token-Zq81"),
+        "admin token in logs:\n{logs}"
+    );
+}

@@ -1,0 +1,16 @@
+//! abridge's integration tests: one binary, real sockets on 127.0.0.1:0, the fake
+//! provider as the upstream, real HTTP clients, real Redis where a store is involved.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
+
+mod common;
+
+mod errors;
+mod lifecycle;
+mod passthrough;
+mod redis_support;
+mod streaming;

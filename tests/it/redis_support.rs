@@ -1,0 +1,62 @@
+//! The Redis test support itself: real servers start on ephemeral ports, a real
+//! 3-node cluster forms, and a stopped server comes back on the same port.
+
+use crate::common::redis::{RedisServer, command, shared, shared_cluster};
+
+#[test]
+fn a_real_redis_answers_on_an_ephemeral_port() {
+    let redis = shared();
+    assert_eq!(command(redis.port, &["PING"]).unwrap(), "PONG");
+    assert_eq!(
+        command(redis.port, &["SET", "abridge:test", "v", "EX", "60"]).unwrap(),
+        "OK"
+    );
+    assert_eq!(command(redis.port, &["GET", "abridge:test"]).unwrap(), "v");
+    let ttl: i64 = command(redis.port, &["TTL", "abridge:test"])
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 60);
+    assert!(redis.url().starts_with("redis://127.0.0.1:"));
+}
+
+#[test]
+fn a_real_three_node_cluster_covers_every_slot() {
+    let cluster = shared_cluster();
+    assert_eq!(cluster.nodes.len(), 3);
+    let info = command(cluster.nodes[0].port, &["CLUSTER", "INFO"]).unwrap();
+    assert!(info.contains("cluster_state:ok"), "{info}");
+    assert!(info.contains("cluster_slots_assigned:16384"), "{info}");
+    assert!(info.contains("cluster_known_nodes:3"), "{info}");
+    // A key is served by exactly one node; the others redirect.
+    let answers: Vec<Result<String, String>> = cluster
+        .nodes
+        .iter()
+        .map(|n| command(n.port, &["SET", "k", "1"]))
+        .collect();
+    assert_eq!(
+        answers.iter().filter(|a| a.is_ok()).count(),
+        1,
+        "{answers:?}"
+    );
+    assert!(
+        answers
+            .iter()
+            .filter_map(|a| a.as_ref().err())
+            .all(|e| e.starts_with("MOVED"))
+    );
+}
+
+#[test]
+fn a_stopped_server_is_down_until_restarted_on_the_same_port() {
+    let mut redis = RedisServer::start();
+    let port = redis.port;
+    command(port, &["SET", "k", "v"]).unwrap();
+    redis.stop();
+    assert!(command(port, &["PING"]).is_err());
+    redis.restart();
+    assert_eq!(redis.port, port);
+    assert_eq!(command(port, &["PING"]).unwrap(), "PONG");
+    // No persistence: a restarted server starts empty.
+    assert_eq!(command(port, &["GET", "k"]).unwrap(), "");
+}

@@ -1,0 +1,223 @@
+//! Streaming: events reach the client as the provider sends them; usage is read from the
+//! stream, and what abridge adds to read it is taken out again.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use fake_provider::Behavior;
+
+use crate::common::{chat_body, client, setup, setup_with};
+
+/// Sends `body` with `headers` to `url` and returns the whole streamed body.
+async fn fetch(url: &str, body: &str, headers: &[(&str, &str)]) -> (u16, String, Vec<u8>) {
+    let mut request = client().post(url).body(body.to_owned());
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (
+        status,
+        content_type,
+        response.bytes().await.unwrap().to_vec(),
+    )
+}
+
+fn expected_prompt_tokens(stream: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(stream);
+    text.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| v["usage"]["prompt_tokens"].as_u64())
+        .last()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_first_event_reaches_the_client_before_the_provider_has_finished() {
+    let behavior = Behavior {
+        chunk_delay: Duration::from_millis(150),
+        reply_words: 8,
+        ..Behavior::default()
+    };
+    let (provider, proxy) = setup_with(behavior).await;
+    let started = Instant::now();
+    let mut response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(chat_body(true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
+    let first = response.chunk().await.unwrap().unwrap();
+    let first_at = started.elapsed();
+    assert!(
+        String::from_utf8_lossy(&first).starts_with("data: {"),
+        "{first:?}"
+    );
+    assert_eq!(
+        provider.completed(),
+        0,
+        "the provider was still streaming when the first event arrived"
+    );
+    // 11 events at 150 ms: the whole stream takes ≥ 1.5 s; the first event came at once.
+    assert!(
+        first_at < Duration::from_millis(700),
+        "first event after {first_at:?}"
+    );
+    let mut chunks = 1;
+    while response.chunk().await.unwrap().is_some() {
+        chunks += 1;
+    }
+    assert!(
+        chunks >= 10,
+        "events arrived one by one, not as one buffered body ({chunks} chunks)"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    assert_eq!(provider.completed(), 1);
+}
+
+#[tokio::test]
+async fn include_usage_is_added_upstream_and_its_traces_removed_downstream() {
+    let (provider, proxy) = setup().await;
+    let body = chat_body(true);
+    let url = format!("{}/chat/completions", provider.url());
+    let (_, _, direct) = fetch(&url, &body, &[]).await;
+    assert!(!String::from_utf8_lossy(&direct).contains("usage"));
+
+    let (status, content_type, via) = fetch(&proxy.url("/v1/chat/completions"), &body, &[]).await;
+    assert_eq!(
+        (status, content_type.as_str()),
+        (200, "text/event-stream; charset=utf-8")
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&via),
+        String::from_utf8_lossy(&direct),
+        "client sees the direct stream"
+    );
+
+    let seen = provider.last_request().unwrap().json();
+    assert_eq!(seen["stream_options"]["include_usage"], true);
+    assert_eq!(
+        seen["messages"],
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["messages"]
+    );
+
+    // The usage abridge asked for was read: compare with a direct request that asks.
+    let asking = body.replace(
+        r#""stream":true"#,
+        r#""stream":true,"stream_options":{"include_usage":true}"#,
+    );
+    let (_, _, with_usage) = fetch(&url, &asking, &[]).await;
+    let stats = proxy.stats();
+    assert_eq!(stats.usage_requested, 1);
+    assert_eq!(stats.usage_reports, 1);
+    assert_eq!(stats.stripped_events, 1);
+    assert_eq!(
+        stats.prompt_tokens_reported,
+        expected_prompt_tokens(&with_usage)
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_asked_for_usage_gets_it_untouched() {
+    let (provider, proxy) = setup().await;
+    let body = chat_body(true).replace(
+        r#""stream":true"#,
+        r#""stream":true,"stream_options":{"include_usage":true}"#,
+    );
+    let (_, _, direct) = fetch(&format!("{}/chat/completions", provider.url()), &body, &[]).await;
+    let (_, _, via) = fetch(&proxy.url("/v1/chat/completions"), &body, &[]).await;
+    assert_eq!(via, direct);
+    assert!(String::from_utf8_lossy(&via).contains(r#""choices":[],"#));
+    let stats = proxy.stats();
+    assert_eq!((stats.usage_requested, stats.stripped_events), (0, 0));
+    assert_eq!(stats.prompt_tokens_reported, expected_prompt_tokens(&via));
+}
+
+#[tokio::test]
+async fn usage_is_read_from_events_split_across_chunks_and_data_lines() {
+    let (provider, proxy) = setup().await;
+    let direct_url = format!("{}/chat/completions", provider.url());
+    let flags = [("x-fake-split", "1"), ("x-fake-multiline", "1")];
+    for asks in [false, true] {
+        let mut body = chat_body(true);
+        if asks {
+            body = body.replace(
+                r#""stream":true"#,
+                r#""stream":true,"stream_options":{"include_usage":true}"#,
+            );
+        }
+        let (_, _, direct) = fetch(&direct_url, &body, &flags).await;
+        let before = proxy.stats();
+        let (_, _, via) = fetch(&proxy.url("/v1/chat/completions"), &body, &flags).await;
+        let after = proxy.stats();
+        assert!(
+            String::from_utf8_lossy(&direct).contains("\ndata: "),
+            "multi-line events were sent"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&via),
+            String::from_utf8_lossy(&direct),
+            "asks usage: {asks}"
+        );
+        assert_eq!(
+            after.usage_reports - before.usage_reports,
+            1,
+            "asks usage: {asks}"
+        );
+        assert!(after.prompt_tokens_reported > before.prompt_tokens_reported);
+    }
+}
+
+#[tokio::test]
+async fn a_gzip_stream_is_decoded_for_the_client_and_usage_read() {
+    let (provider, proxy) = setup().await;
+    let body = chat_body(true);
+    let flags = [("x-fake-gzip", "1")];
+    let (_, _, direct_gz) = fetch(
+        &format!("{}/chat/completions", provider.url()),
+        &body,
+        &flags,
+    )
+    .await;
+    let mut direct = Vec::new();
+    flate2::read::GzDecoder::new(direct_gz.as_slice())
+        .read_to_end(&mut direct)
+        .unwrap();
+
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("x-fake-gzip", "1")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers().get("content-encoding").is_none());
+    let via = response.bytes().await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&via),
+        String::from_utf8_lossy(&direct)
+    );
+    assert_eq!(proxy.stats().usage_reports, 1);
+}
+
+#[tokio::test]
+async fn streamed_tool_calls_pass_intact() {
+    let (provider, proxy) = setup().await;
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"read the file"}],
+        "tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]}"#;
+    let (_, _, direct) = fetch(&format!("{}/chat/completions", provider.url()), body, &[]).await;
+    let (_, _, via) = fetch(&proxy.url("/v1/chat/completions"), body, &[]).await;
+    assert!(String::from_utf8_lossy(&via).contains(r#""finish_reason":"tool_calls""#));
+    assert_eq!(via, direct);
+    assert_eq!(proxy.stats().usage_reports, 1);
+}
