@@ -39,6 +39,8 @@ pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Res
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    // The body is already here, whole: nothing to wait for upstream.
+    parts.headers.remove(header::EXPECT);
 
     forward(&state, parts, target, Body::from(body), watch).await
 }

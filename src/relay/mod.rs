@@ -109,7 +109,7 @@ pub fn respond(
         parts.headers.remove(header::CONTENT_LENGTH);
     }
 
-    let relay = RelayBody {
+    let mut relay = RelayBody {
         inner: body,
         idle,
         timer: Box::pin(tokio::time::sleep(idle)),
@@ -119,6 +119,10 @@ pub fn respond(
         usage_unreadable,
         on_done: Some(on_done),
     };
+    // A response without a body (HEAD, 204, 304) may never be polled: it is complete now.
+    if relay.inner.is_end_stream() {
+        let _ = relay.finish();
+    }
     Response::from_parts(parts, Body::new(relay))
 }
 

@@ -294,3 +294,43 @@ async fn other_methods_on_the_chat_path_pass_through() {
     assert_eq!(provider.requests().len(), 1);
     assert_eq!(proxy.stats().chat_requests, 0);
 }
+
+#[tokio::test]
+async fn bodyless_responses_count_as_complete() {
+    let (provider, proxy) = setup().await;
+    let response = client().head(proxy.url("/v1/models")).send().await.unwrap();
+    assert_eq!(
+        response.status(),
+        404,
+        "the fake serves GET only; HEAD gets its 404 head"
+    );
+    assert_eq!(provider.requests()[0].method, "HEAD");
+    let stats = proxy.stats();
+    assert_eq!(
+        (stats.requests, stats.client_gone, stats.upstream_errors),
+        (1, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_client_expecting_100_continue_gets_its_chat_answered() {
+    let (provider, proxy) = setup().await;
+    let body = chat_body(false);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let addr = proxy.addr;
+    let (head, response) = tokio::task::spawn_blocking(move || raw_exchange(addr, &request))
+        .await
+        .unwrap();
+    assert!(
+        head.starts_with("http/1.1 100") || head.starts_with("http/1.1 200"),
+        "{head}"
+    );
+    assert!(String::from_utf8_lossy(&response).contains("chat.completion"));
+    let seen = provider.last_request().unwrap();
+    assert!(seen.headers.get("expect").is_none());
+    assert_eq!(seen.body, body.as_bytes());
+}

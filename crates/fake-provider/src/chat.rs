@@ -307,15 +307,30 @@ impl Chunks {
     /// The `data:` payloads of the stream, in order, as OpenAI sends them.
     fn payloads(&self) -> Vec<String> {
         let chunk = |choices: Value, usage: Option<&Value>| {
-            let mut v = json!({
-                "id": self.id, "object": "chat.completion.chunk", "created": CREATED, "model": self.model,
-                "service_tier": "default", "system_fingerprint": "fp_fake", "choices": choices,
-            });
-            if self.include_usage {
-                v["usage"] = usage.cloned().unwrap_or(Value::Null);
+            /// Members in OpenAI's order; `usage` only with `include_usage`, then last.
+            #[derive(serde::Serialize)]
+            struct Chunk<'a> {
+                id: &'a str,
+                object: &'a str,
+                created: u64,
+                model: &'a str,
+                service_tier: &'a str,
+                system_fingerprint: &'a str,
+                choices: Value,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                usage: Option<Option<&'a Value>>,
             }
-            // serde_json's map is ordered by key, so "usage" comes last, as with OpenAI.
-            v.to_string()
+            serde_json::to_string(&Chunk {
+                id: &self.id,
+                object: "chat.completion.chunk",
+                created: CREATED,
+                model: &self.model,
+                service_tier: "default",
+                system_fingerprint: "fp_fake",
+                choices,
+                usage: self.include_usage.then_some(usage),
+            })
+            .unwrap_or_default()
         };
         let choice = |delta: Value, finish: Value| json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]);
         let mut out = Vec::new();
