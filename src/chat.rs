@@ -38,18 +38,205 @@ fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
     <&'a RawValue>::deserialize(d).map(Some)
 }
 
-/// A typed view of one message; the message itself stays in its raw form.
-#[derive(Debug, Deserialize)]
+/// One message: its raw JSON, which is what is forwarded when the message is kept, and a
+/// typed view of the fields abridge reads. Content and tool calls stay raw until asked
+/// for ([`Message::content`], [`Message::tool_calls`]).
+#[derive(Debug, Clone)]
 pub struct Message<'a> {
+    pub raw: &'a RawValue,
     pub role: Role,
-    #[serde(borrow, default)]
+    /// `None` when absent or `null`.
     pub content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     pub name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     pub tool_calls: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     pub tool_call_id: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct MessageFields<'a> {
+    role: Role,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_call_id: Option<Cow<'a, str>>,
+}
+
+impl<'a> Message<'a> {
+    pub fn parse(raw: &'a RawValue) -> Result<Self, serde_json::Error> {
+        let f: MessageFields<'a> = serde_json::from_str(raw.get())?;
+        Ok(Self {
+            raw,
+            role: f.role,
+            content: f.content,
+            name: f.name,
+            tool_calls: f.tool_calls,
+            tool_call_id: f.tool_call_id,
+        })
+    }
+
+    /// The content, parsed. Shapes abridge does not know are [`Content::Other`].
+    pub fn content(&self) -> Content<'a> {
+        let Some(raw) = self.content else {
+            return Content::None;
+        };
+        let text = raw.get();
+        match text.as_bytes().first() {
+            Some(b'"') => match serde_json::from_str::<Cow<'a, str>>(text) {
+                Ok(s) => Content::Text(s),
+                Err(_) => Content::Other(raw),
+            },
+            Some(b'[') => match serde_json::from_str::<Vec<&'a RawValue>>(text) {
+                Ok(parts) => Content::Parts(parts.into_iter().map(Part::parse).collect()),
+                Err(_) => Content::Other(raw),
+            },
+            _ => Content::Other(raw),
+        }
+    }
+
+    /// The assistant's tool calls (empty when there are none).
+    pub fn tool_calls(&self) -> Result<Vec<ToolCall<'a>>, serde_json::Error> {
+        let Some(raw) = self.tool_calls else {
+            return Ok(Vec::new());
+        };
+        #[derive(Deserialize)]
+        struct Call<'a> {
+            #[serde(borrow)]
+            id: Cow<'a, str>,
+            #[serde(borrow)]
+            function: Function<'a>,
+        }
+        #[derive(Deserialize)]
+        struct Function<'a> {
+            #[serde(borrow)]
+            name: Cow<'a, str>,
+            #[serde(borrow, default)]
+            arguments: Cow<'a, str>,
+        }
+        let calls: Option<Vec<Call<'a>>> = serde_json::from_str(raw.get())?;
+        Ok(calls
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| ToolCall {
+                id: c.id,
+                name: c.function.name,
+                arguments: c.function.arguments,
+            })
+            .collect())
+    }
+}
+
+/// A message's content.
+#[derive(Debug, Clone)]
+pub enum Content<'a> {
+    /// Absent or `null` (e.g. an assistant message that only calls tools).
+    None,
+    Text(Cow<'a, str>),
+    Parts(Vec<Part<'a>>),
+    /// Any other JSON value; forwarded as is.
+    Other(&'a RawValue),
+}
+
+/// One element of a content array.
+#[derive(Debug, Clone)]
+pub enum Part<'a> {
+    /// `{"type":"text","text":...}`
+    Text(Cow<'a, str>),
+    /// Images, audio, files, refusals...: kept raw.
+    Other(&'a RawValue),
+}
+
+impl PartialEq for Part<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Part::Text(a), Part::Text(b)) => a == b,
+            (Part::Other(a), Part::Other(b)) => a.get() == b.get(),
+            _ => false,
+        }
+    }
+}
+
+impl PartialEq for Content<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Content::None, Content::None) => true,
+            (Content::Text(a), Content::Text(b)) => a == b,
+            (Content::Parts(a), Content::Parts(b)) => a == b,
+            (Content::Other(a), Content::Other(b)) => a.get() == b.get(),
+            _ => false,
+        }
+    }
+}
+
+impl<'a> Part<'a> {
+    fn parse(raw: &'a RawValue) -> Self {
+        #[derive(Deserialize)]
+        struct Fields<'a> {
+            #[serde(borrow, rename = "type")]
+            kind: Cow<'a, str>,
+            #[serde(borrow, default)]
+            text: Option<Cow<'a, str>>,
+        }
+        match serde_json::from_str::<Fields<'a>>(raw.get()) {
+            Ok(Fields {
+                kind,
+                text: Some(text),
+            }) if kind == "text" => Part::Text(text),
+            _ => Part::Other(raw),
+        }
+    }
+}
+
+impl<'a> Content<'a> {
+    /// The text when the content is only text: a string, or an array whose parts are all
+    /// text (concatenated, as providers read them). `None` for anything else.
+    pub fn as_text(&self) -> Option<Cow<'a, str>> {
+        match self {
+            Content::Text(s) => Some(s.clone()),
+            Content::Parts(parts) => {
+                let mut out = String::new();
+                for part in parts {
+                    match part {
+                        Part::Text(t) => out.push_str(t),
+                        Part::Other(_) => return None,
+                    }
+                }
+                Some(Cow::Owned(out))
+            }
+            Content::None | Content::Other(_) => None,
+        }
+    }
+
+    /// All the text, non-text parts left out, parts separated by newlines: for
+    /// summaries and token estimates.
+    pub fn text_lossy(&self) -> Cow<'a, str> {
+        match self {
+            Content::Text(s) => s.clone(),
+            Content::Parts(parts) => {
+                let texts: Vec<&str> = parts
+                    .iter()
+                    .filter_map(|p| match p {
+                        Part::Text(t) => Some(t.as_ref()),
+                        Part::Other(_) => None,
+                    })
+                    .collect();
+                Cow::Owned(texts.join("\n"))
+            }
+            Content::None | Content::Other(_) => Cow::Borrowed(""),
+        }
+    }
+}
+
+/// One tool call of an assistant message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall<'a> {
+    pub id: Cow<'a, str>,
+    pub name: Cow<'a, str>,
+    /// The arguments as the model wrote them (a JSON document in a string).
+    pub arguments: Cow<'a, str>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -64,7 +251,7 @@ pub enum Role {
     Function,
 }
 
-/// A parsed request: the top level and a typed view of every message.
+/// A parsed request: the top level and every message.
 #[derive(Debug)]
 pub struct Parsed<'a> {
     pub request: ChatRequest<'a>,
@@ -89,8 +276,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
         .iter()
         .enumerate()
         .map(|(index, raw)| {
-            serde_json::from_str::<Message<'_>>(raw.get())
-                .map_err(|error| Unparseable::Message { index, error })
+            Message::parse(raw).map_err(|error| Unparseable::Message { index, error })
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Parsed { request, messages })
@@ -174,7 +360,43 @@ mod tests {
         assert_eq!(parsed.messages[1].role, Role::User);
         assert!(parsed.request.messages[1].get().contains("x_vendor"));
         assert_eq!(parsed.messages[3].tool_call_id.as_deref(), Some("c1"));
-        assert!(parsed.messages[2].tool_calls.is_some());
+        assert_eq!(
+            parsed.messages[1].raw.get(),
+            parsed.request.messages[1].get()
+        );
+        let calls = parsed.messages[2].tool_calls().unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(
+            (
+                calls[0].id.as_ref(),
+                calls[0].name.as_ref(),
+                calls[0].arguments.as_ref()
+            ),
+            ("c1", "f", "{}")
+        );
+        assert_eq!(parsed.messages[2].content(), Content::None);
+        assert!(parsed.messages[3].tool_calls().unwrap().is_empty());
+    }
+
+    #[test]
+    fn content_views() {
+        let body = br#"{"messages":[
+            {"role":"user","content":"a\nb"},
+            {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"\nb"}]},
+            {"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"data:x"}}]},
+            {"role":"user","content":42}]}"#;
+        let parsed = parse(body).unwrap();
+        let c: Vec<Content<'_>> = parsed.messages.iter().map(Message::content).collect();
+        assert_eq!(c[0].as_text().as_deref(), Some("a\nb"));
+        assert_eq!(
+            c[1].as_text(),
+            c[0].as_text(),
+            "text parts read as the equal string"
+        );
+        assert_eq!(c[2].as_text(), None);
+        assert_eq!(c[2].text_lossy(), "see");
+        assert!(matches!(c[3], Content::Other(_)));
+        assert!(matches!(&c[2], Content::Parts(p) if matches!(p[1], Part::Other(_))));
     }
 
     #[test]
