@@ -28,6 +28,9 @@ use crate::secret::Secret;
 /// Prefix of every environment variable abridge reads as configuration.
 pub const ENV_PREFIX: &str = "ABRIDGE_";
 
+/// Short environment names for keys people set most (`ABRIDGE_REDIS_URL`).
+const ENV_ALIASES: [(&str, &str); 1] = [("ABRIDGE_REDIS_URL", "store.redis_url")];
+
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -39,6 +42,42 @@ pub struct Config {
     pub timeouts: Timeouts,
     pub limits: Limits,
     pub log: LogConfig,
+    pub identity: IdentityConfig,
+    pub store: StoreConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdentityConfig {
+    /// Server secret that keys conversation namespaces. Unset: abridge creates one and
+    /// keeps it in the store, so every replica sharing the store uses the same.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<Secret>,
+    /// The request header whose value identifies the tenant (default: the credential).
+    pub tenant_header: HeaderName,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// A Redis URL (`redis://[:password@]host:port[/db]`, `rediss://` for TLS). With
+    /// neither this nor `redis_cluster`, the in-process store is used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_url: Option<Secret>,
+    /// Redis Cluster node URLs (any subset of the nodes; the rest is discovered).
+    pub redis_cluster: Vec<Secret>,
+    /// Prefix of every key abridge writes.
+    pub key_prefix: String,
+    /// Lifetime of a conversation's keys, refreshed whenever it is used.
+    pub ttl_secs: u64,
+    /// Checkpoints kept per conversation (the shallowest go first).
+    pub max_checkpoints: usize,
+    /// Longest wait for a store answer before the request goes on without it.
+    pub response_timeout_ms: u64,
+    /// Longest wait for a connection to the store.
+    pub connect_timeout_ms: u64,
+    /// In-process store only: conversations kept at most (least recently used go first).
+    pub memory_max_conversations: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -92,7 +131,45 @@ impl Default for Config {
             timeouts: Timeouts::default(),
             limits: Limits::default(),
             log: LogConfig::default(),
+            identity: IdentityConfig::default(),
+            store: StoreConfig::default(),
         }
+    }
+}
+
+impl Default for IdentityConfig {
+    fn default() -> Self {
+        Self {
+            secret: None,
+            tenant_header: HeaderName(http::header::AUTHORIZATION),
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            redis_url: None,
+            redis_cluster: Vec::new(),
+            key_prefix: "abridge".to_owned(),
+            ttl_secs: 7 * 24 * 3600,
+            max_checkpoints: 8,
+            response_timeout_ms: 200,
+            connect_timeout_ms: 1000,
+            memory_max_conversations: 100_000,
+        }
+    }
+}
+
+impl StoreConfig {
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_secs)
+    }
+    pub fn response_timeout(&self) -> Duration {
+        Duration::from_millis(self.response_timeout_ms)
+    }
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
     }
 }
 
@@ -218,6 +295,25 @@ impl Serialize for UpstreamBase {
     }
 }
 
+/// An HTTP header name, checked at load time (stored lower-case).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderName(pub http::HeaderName);
+
+impl<'de> Deserialize<'de> for HeaderName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        http::HeaderName::from_bytes(s.trim().as_bytes())
+            .map(HeaderName)
+            .map_err(|_| serde::de::Error::custom(format!("`{s}` is not a valid header name")))
+    }
+}
+
+impl Serialize for HeaderName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0.as_str())
+    }
+}
+
 /// A tracing filter (`info`, `warn,abridge=debug`), checked at load time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
@@ -310,7 +406,10 @@ impl Config {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
                 continue;
             };
-            let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+            let path: Vec<String> = match ENV_ALIASES.iter().find(|(alias, _)| *alias == var) {
+                Some((_, key)) => key.split('.').map(str::to_owned).collect(),
+                None => rest.split("__").map(str::to_ascii_lowercase).collect(),
+            };
             let key = path.join(".");
             let origin = format!("environment variable {var}");
             let value =
@@ -327,19 +426,57 @@ impl Config {
             env_keys.insert(key, var);
         }
 
-        serde_path_to_error::deserialize::<_, Config>(table).map_err(|e| {
-            let key = e.path().to_string();
-            let origin = env_keys
+        let origin_of = |key: &str| {
+            env_keys
                 .iter()
-                .find(|(k, _)| key == **k || key.starts_with(&format!("{k}.")))
+                .find(|(k, _)| key == k.as_str() || key.starts_with(&format!("{k}.")))
                 .map(|(_, var)| format!("environment variable {var}"))
-                .unwrap_or(file_origin);
+                .unwrap_or_else(|| file_origin.clone())
+        };
+        let config = serde_path_to_error::deserialize::<_, Config>(table).map_err(|e| {
+            let key = e.path().to_string();
             ConfigError::Key {
+                origin: origin_of(&key),
                 key,
-                origin,
                 message: e.into_inner().message().to_owned(),
             }
-        })
+        })?;
+        config
+            .validate()
+            .map_err(|(key, message)| ConfigError::Key {
+                origin: origin_of(key),
+                key: key.to_owned(),
+                message,
+            })?;
+        Ok(config)
+    }
+
+    /// Checks that span several keys (single values are checked as they are read).
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let store = &self.store;
+        if store.redis_url.is_some() && !store.redis_cluster.is_empty() {
+            return Err((
+                "store.redis_cluster",
+                "set either store.redis_url or store.redis_cluster, not both".to_owned(),
+            ));
+        }
+        if store.key_prefix.is_empty() || store.key_prefix.contains(['{', '}']) {
+            return Err((
+                "store.key_prefix",
+                "must be non-empty and contain no braces (they would break Redis Cluster hash tags)".to_owned(),
+            ));
+        }
+        if store.ttl_secs == 0 || store.max_checkpoints == 0 || store.response_timeout_ms == 0 {
+            let key = if store.ttl_secs == 0 {
+                "store.ttl_secs"
+            } else if store.max_checkpoints == 0 {
+                "store.max_checkpoints"
+            } else {
+                "store.response_timeout_ms"
+            };
+            return Err((key, "must be greater than 0".to_owned()));
+        }
+        Ok(())
     }
 }
 
@@ -523,6 +660,56 @@ mod tests {
         assert_eq!(config.admin.token.as_ref().map(Secret::expose), Some("007"));
         assert_eq!(config.timeouts.connect_ms, 250);
         assert!(config.log.ansi);
+    }
+
+    #[test]
+    fn store_settings_from_env_and_cross_key_checks() {
+        let config = load(
+            "",
+            &[
+                ("ABRIDGE_REDIS_URL", "redis://:pw@127.0.0.1:6379"),
+                ("ABRIDGE_STORE__TTL_SECS", "60"),
+                ("ABRIDGE_IDENTITY__TENANT_HEADER", "X-Api-Key"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            config.store.redis_url.as_ref().map(Secret::expose),
+            Some("redis://:pw@127.0.0.1:6379")
+        );
+        assert_eq!(config.store.ttl_secs, 60);
+        assert_eq!(config.identity.tenant_header.0.as_str(), "x-api-key");
+        assert!(
+            !format!("{config:?}").contains(":pw@"),
+            "store URLs may carry passwords"
+        );
+
+        let cluster = load(
+            "",
+            &[("ABRIDGE_STORE__REDIS_CLUSTER", "redis://a:1, redis://b:2")],
+        )
+        .unwrap();
+        assert_eq!(cluster.store.redis_cluster.len(), 2);
+        assert_eq!(cluster.store.redis_cluster[1].expose(), "redis://b:2");
+
+        let err = load(
+            "[store]\nredis_url = \"redis://a\"\nredis_cluster = [\"redis://b\"]\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("store.redis_cluster") && err.contains("/etc/abridge.toml"),
+            "{err}"
+        );
+        let err = load("", &[("ABRIDGE_STORE__KEY_PREFIX", "a{b}")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ABRIDGE_STORE__KEY_PREFIX"), "{err}");
+        let err = load("[identity]\ntenant_header = \"bad header\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("identity.tenant_header"), "{err}");
     }
 
     #[test]

@@ -9,6 +9,9 @@
 //! - [`proxy`]     — request handlers: chat completions (read) and pass-through (rest).
 //! - [`proxy::headers`] — hop-by-hop and `x-abridge-*` header hygiene, both directions.
 //! - [`chat`]      — the chat request parsed by borrowing; edits are splices of the bytes.
+//! - [`identity`]  — canonical message form, rolling prefix hashes, tenant namespaces.
+//! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (Cluster),
+//!   fail-open behind a timeout and a probe gate.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads both namings.
@@ -25,13 +28,14 @@
 //! ```text
 //! client ─► ingress ─► parse ─► identify ─► plan ─► rewrite ─► forward ─► relay ─► client
 //!            │          │          │          │        │           │         │
-//!       limits, route  ChatRequest (later    (later   (later     hyper,     bytes out as
-//!       x-abridge-*    borrowed,   issue)    issue)   issue)     timeouts,  they arrive;
-//!       stripped       unknown                                   cancel on  usage tee from
-//!                      fields kept                               drop       JSON / SSE
-//!                                                                              │
+//!       limits, route  ChatRequest rolling   (later   (later     hyper,     bytes out as
+//!       x-abridge-*    borrowed,   prefix    issue)   issue)     timeouts,  they arrive;
+//!       stripped       unknown     hashes,                       cancel on  usage tee from
+//!                      fields kept tenant                        drop       JSON / SSE
+//!                                  namespace                                   │
 //!                                                                              ▼
-//!                                                                   record: usage, stats
+//!                                                     record: usage → store (background),
+//!                                                     stats
 //! ```
 //!
 //! Every other route under `/v1` is forward → relay with nothing read. Nothing that can
@@ -42,11 +46,13 @@ pub mod admin;
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod identity;
 pub mod proxy;
 pub mod relay;
 pub mod secret;
 pub mod server;
 pub mod stats;
+pub mod store;
 pub mod upstream;
 
 pub use config::Config;

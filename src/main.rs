@@ -125,6 +125,14 @@ async fn serve(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Agree on the identity secret now rather than on the first request; if the store
+    // is down this is retried per request, which go on uncompacted meanwhile.
+    let identity = match (&state.config().identity.secret, state.identity_key().await) {
+        (Some(_), _) => "configured",
+        (None, Some(_)) => "shared through the store",
+        (None, None) => "pending: store unavailable",
+    };
+    tracing::info!(store = state.store().backend_name(), identity, "state");
     match abridge::run(Listeners { proxy, admin }, state, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

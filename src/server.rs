@@ -2,7 +2,7 @@
 //! and admin listeners until shutdown and then drains.
 
 use std::future::{Future, IntoFuture};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use axum::Router;
@@ -12,7 +12,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::identity::IdentityKey;
 use crate::stats::Stats;
+use crate::store::{Store, StoreError};
 use crate::upstream::Upstream;
 use crate::{admin, proxy};
 
@@ -25,6 +27,8 @@ pub struct AppState {
 struct Inner {
     config: Config,
     upstream: Upstream,
+    store: Store,
+    identity: Identity,
     stats: Stats,
     started: Instant,
 }
@@ -33,19 +37,76 @@ struct Inner {
 pub enum StartError {
     #[error("TLS setup for the upstream client failed: {0}")]
     Tls(#[from] rustls::Error),
+    #[error("store configuration: {0}")]
+    Store(#[from] StoreError),
+    #[error("no randomness for the identity secret: {0}")]
+    Random(#[from] getrandom::Error),
 }
 
 impl AppState {
     pub fn new(config: Config) -> Result<Self, StartError> {
         let upstream = Upstream::new(&config)?;
+        let store = Store::from_config(&config.store)?;
+        let identity = match &config.identity.secret {
+            Some(secret) => Identity::Configured(Arc::new(IdentityKey::new(secret.clone()))),
+            None => Identity::Shared {
+                agreed: RwLock::new(None),
+                candidate: Arc::new(IdentityKey::generate()?),
+            },
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 upstream,
+                store,
+                identity,
                 stats: Stats::default(),
                 started: Instant::now(),
             }),
         })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The key conversations are identified with: `identity.secret`, or the secret the
+    /// store holds (this replica's random candidate if it was the first to ask). After
+    /// the store recovers from an incident the secret is published again (set-if-absent),
+    /// so a Redis that restarted empty gets this replica's secret back instead of a new
+    /// one from the next replica to start. `None` only while the store has never been
+    /// reachable — requests then go on unidentified (fail-open).
+    pub async fn identity_key(&self) -> Option<Arc<IdentityKey>> {
+        let (agreed, candidate) = match &self.inner.identity {
+            Identity::Configured(key) => return Some(key.clone()),
+            Identity::Shared { agreed, candidate } => (agreed, candidate),
+        };
+        let epoch = self.inner.store.recoveries();
+        let current = read(agreed).clone();
+        if let Some((key, seen)) = &current
+            && *seen == epoch
+        {
+            return Some(key.clone());
+        }
+        let proposal = current.as_ref().map_or(candidate, |(key, _)| key);
+        match self.inner.store.identity_secret(proposal.secret()).await {
+            Ok(secret) => {
+                let key = match &current {
+                    Some((key, _)) if key.secret() == &secret => key.clone(),
+                    Some(_) => {
+                        tracing::warn!(
+                            "the store holds another identity secret now; conversations start afresh"
+                        );
+                        Arc::new(IdentityKey::new(secret))
+                    }
+                    None => Arc::new(IdentityKey::new(secret)),
+                };
+                *write(agreed) = Some((key.clone(), epoch));
+                Some(key)
+            }
+            // Store down: keep the key we had (if any); nothing is stored meanwhile anyway.
+            Err(_) => current.map(|(key, _)| key),
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -63,6 +124,27 @@ impl AppState {
     pub fn started(&self) -> Instant {
         self.inner.started
     }
+}
+
+/// Where the identity key comes from.
+enum Identity {
+    Configured(Arc<IdentityKey>),
+    /// Agreed through the store: the key and the store recovery epoch it was checked in.
+    Shared {
+        agreed: RwLock<Option<(Arc<IdentityKey>, u64)>>,
+        candidate: Arc<IdentityKey>,
+    },
+}
+
+// A std lock: held only to copy an `Arc` in or out, never across an `.await`.
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The proxy's routes: chat completions is read; everything else passes through.

@@ -14,6 +14,8 @@ pub struct Stats {
     requests: AtomicU64,
     chat_requests: AtomicU64,
     unparseable_bodies: AtomicU64,
+    identified: AtomicU64,
+    store_unavailable: AtomicU64,
     usage_requested: AtomicU64,
     usage_reports: AtomicU64,
     prompt_tokens_reported: AtomicU64,
@@ -34,6 +36,10 @@ pub struct Snapshot {
     pub chat_requests: u64,
     /// Chat bodies abridge could not parse and forwarded untouched.
     pub unparseable_bodies: u64,
+    /// Chat requests recognised as (part of) a conversation.
+    pub identified: u64,
+    /// Chat requests that went on without conversation state because the store failed.
+    pub store_unavailable: u64,
     /// Streaming requests where abridge added `stream_options.include_usage`.
     pub usage_requested: u64,
     /// Responses whose usage abridge read.
@@ -66,6 +72,14 @@ impl Stats {
 
     pub fn unparseable(&self) {
         add(&self.unparseable_bodies, 1);
+    }
+
+    pub fn identified(&self) {
+        add(&self.identified, 1);
+    }
+
+    pub fn store_unavailable(&self) {
+        add(&self.store_unavailable, 1);
     }
 
     pub fn usage_requested(&self) {
@@ -104,6 +118,8 @@ impl Stats {
             requests: get(&self.requests),
             chat_requests: get(&self.chat_requests),
             unparseable_bodies: get(&self.unparseable_bodies),
+            identified: get(&self.identified),
+            store_unavailable: get(&self.store_unavailable),
             usage_requested: get(&self.usage_requested),
             usage_reports: get(&self.usage_reports),
             prompt_tokens_reported: get(&self.prompt_tokens_reported),

@@ -14,10 +14,12 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Uri, Version, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::chat;
+use crate::chat::{self, Message};
 use crate::error::Error;
+use crate::identity::{self, Fingerprint};
 use crate::relay::{self, Outcome, Watch};
 use crate::server::AppState;
+use crate::store::UsageRecord;
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Response, Error> {
@@ -28,8 +30,19 @@ pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Res
     // ingress: the one body abridge reads whole, bounded.
     let body = read_body(body, &parts.headers, state.config().limits.max_body_bytes).await?;
 
-    // parse (+ identify, plan, rewrite in later stages): what goes upstream.
-    let (body, watch) = outgoing_chat_body(&state, body);
+    // parse → identify → (plan → rewrite: later stages) → what goes upstream.
+    let (body, watch, turn) = match chat::parse(&body) {
+        Ok(parsed) => {
+            let turn = identify(&state, &parts.headers, &parsed.messages).await;
+            let (edited, watch) = request_usage(&state, &body, &parsed);
+            (edited.unwrap_or(body), watch, turn)
+        }
+        Err(reason) => {
+            state.stats().unparseable();
+            tracing::debug!(%reason, "forwarding a chat body abridge does not understand untouched");
+            (body, Watch::Usage { strip: false }, None)
+        }
+    };
 
     // Usage must be readable: ask for an uncompressed response (see `relay`).
     parts.headers.insert(
@@ -42,7 +55,7 @@ pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Res
     // The body is already here, whole: nothing to wait for upstream.
     parts.headers.remove(header::EXPECT);
 
-    forward(&state, parts, target, Body::from(body), watch).await
+    forward(&state, parts, target, Body::from(body), watch, turn).await
 }
 
 /// Every other request under `/v1`: method, path, query, headers and body stream through.
@@ -53,26 +66,54 @@ pub async fn passthrough(
     state.stats().request(false);
     let (parts, body) = request.into_parts();
     let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
-    forward(&state, parts, target, body, Watch::Nothing).await
+    forward(&state, parts, target, body, Watch::Nothing, None).await
 }
 
-/// The chat body to send and what to watch for in the response. The original bytes go
-/// upstream unless something must change; an unparseable body goes untouched.
-fn outgoing_chat_body(state: &AppState, body: Bytes) -> (Bytes, Watch) {
-    let parsed = match chat::parse(&body) {
-        Ok(parsed) => parsed,
-        Err(reason) => {
-            state.stats().unparseable();
-            tracing::debug!(%reason, "forwarding a chat body abridge does not understand untouched");
-            return (body, Watch::Usage { strip: false });
-        }
+/// What the record stage needs to know about the conversation a request belongs to.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    conversation: Fingerprint,
+    /// Messages in the forwarded request, and the prefix hash through the last of them.
+    messages: u32,
+    prefix: Fingerprint,
+}
+
+/// identify: the conversation of a request, from the tenant header, the optional
+/// `x-abridge-conversation` header and the messages. `None` when the request has no user
+/// message, or the identity key is not available (store down: fail-open).
+async fn identify(state: &AppState, headers: &HeaderMap, messages: &[Message<'_>]) -> Option<Turn> {
+    let Some(key) = state.identity_key().await else {
+        state.stats().store_unavailable();
+        return None;
     };
-    match chat::with_usage_requested(&body, &parsed.request) {
+    let tenant = headers
+        .get(&state.config().identity.tenant_header.0)
+        .map_or(&b""[..], HeaderValue::as_bytes);
+    let explicit = headers
+        .get(headers::CONVERSATION)
+        .map(HeaderValue::as_bytes);
+    let identified = identity::identify(&key, tenant, explicit, messages)?;
+    state.stats().identified();
+    Some(Turn {
+        conversation: identified.conversation,
+        messages: u32::try_from(messages.len()).unwrap_or(u32::MAX),
+        prefix: *identified.hashes.prefixes.last()?,
+    })
+}
+
+/// The body with `stream_options.include_usage` added when a streaming client did not
+/// ask for usage (`None`: send the original bytes), and what the relay must watch for.
+fn request_usage(
+    state: &AppState,
+    body: &Bytes,
+    parsed: &chat::Parsed<'_>,
+) -> (Option<Bytes>, Watch) {
+    match chat::with_usage_requested(body, &parsed.request) {
         Some(edited) => {
             state.stats().usage_requested();
-            (edited, Watch::Usage { strip: true })
+            (Some(edited), Watch::Usage { strip: true })
         }
-        None => (body, Watch::Usage { strip: false }),
+        None => (None, Watch::Usage { strip: false }),
     }
 }
 
@@ -83,6 +124,7 @@ async fn forward(
     target: Uri,
     body: Body,
     watch: Watch,
+    turn: Option<Turn>,
 ) -> Result<Response, Error> {
     headers::strip_request(&mut parts.headers);
     parts.uri = target;
@@ -96,7 +138,7 @@ async fn forward(
         .inspect_err(|_| state.stats().upstream_error())?;
 
     let recorder = state.clone();
-    let on_done = Box::new(move |outcome: Outcome| record(&recorder, &outcome));
+    let on_done = Box::new(move |outcome: Outcome| record(&recorder, &outcome, turn));
     Ok(relay::respond(
         upstream,
         watch,
@@ -105,17 +147,32 @@ async fn forward(
     ))
 }
 
-/// record: what the provider reported, once the response has ended.
-fn record(state: &AppState, outcome: &Outcome) {
+/// record: what the provider reported, once the response has ended; the usage goes to
+/// the store in the background (the client has its bytes already).
+fn record(state: &AppState, outcome: &Outcome, turn: Option<Turn>) {
     state.stats().outcome(outcome);
-    if let Some(usage) = outcome.usage {
-        tracing::debug!(
-            prompt_tokens = usage.prompt_tokens,
-            completion_tokens = usage.completion_tokens,
-            end = ?outcome.end,
-            "usage"
-        );
-    }
+    let Some(usage) = outcome.usage else {
+        return;
+    };
+    tracing::debug!(
+        prompt_tokens = usage.prompt_tokens,
+        completion_tokens = usage.completion_tokens,
+        end = ?outcome.end,
+        "usage"
+    );
+    let (Some(turn), Ok(runtime)) = (turn, tokio::runtime::Handle::try_current()) else {
+        return;
+    };
+    let store = state.store().clone();
+    runtime.spawn(async move {
+        let record = UsageRecord {
+            tokens: usage.prompt_tokens,
+            messages: turn.messages,
+            prefix: turn.prefix,
+        };
+        // A failure is counted and logged by the store; nothing else to do here.
+        let _ = store.record_usage(&turn.conversation, record).await;
+    });
 }
 
 async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, Error> {

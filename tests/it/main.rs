@@ -9,8 +9,10 @@
 
 mod common;
 
+mod conversations;
 mod errors;
 mod lifecycle;
 mod passthrough;
 mod redis_support;
+mod store;
 mod streaming;

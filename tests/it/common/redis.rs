@@ -116,10 +116,7 @@ impl RedisServer {
 
     /// Stops the server (as if it crashed: no goodbye to clients) and waits for it.
     pub fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-KILL")
-            .arg(self.pid.to_string())
-            .status();
+        signal(self.pid, "KILL");
         self.stdin.take();
         let _ = self.watchdog.wait();
     }
@@ -133,17 +130,11 @@ impl RedisServer {
 
     /// SIGSTOP: the server keeps its sockets open but answers nothing.
     pub fn pause(&self) {
-        let _ = Command::new("kill")
-            .arg("-STOP")
-            .arg(self.pid.to_string())
-            .status();
+        signal(self.pid, "STOP");
     }
 
     pub fn resume(&self) {
-        let _ = Command::new("kill")
-            .arg("-CONT")
-            .arg(self.pid.to_string())
-            .status();
+        signal(self.pid, "CONT");
     }
 }
 
@@ -200,6 +191,15 @@ impl RedisCluster {
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
+}
+
+/// Sends a signal; a process that is already gone is fine.
+fn signal(pid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// One standalone Redis per test binary, started on first use.

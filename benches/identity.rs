@@ -1,0 +1,60 @@
+//! Conversation identity on the hot path: hashing every prefix of a request's messages
+//! (10 / 100 / 1,000 messages of ~1 KB, so up to ~1 MB), and parsing + hashing together.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "bench setup: a failure is a broken bench"
+)]
+
+use abridge::chat::parse;
+use abridge::identity::{IdentityKey, hash_conversation};
+use abridge::secret::Secret;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+
+/// A chat body of `n` messages of about `size` bytes each: alternating user and
+/// assistant turns, every fifth assistant turn a tool call with its result.
+fn body(n: usize, size: usize) -> String {
+    let text = "lorem ipsum dolor sit amet, consectetur adipiscing elit. ".repeat(size / 57 + 1);
+    let text = &text[..size];
+    let mut messages =
+        vec![serde_json::json!({"role": "system", "content": "You are a helpful assistant."})];
+    for i in 1..n {
+        let m = match i % 10 {
+            2 => serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": format!("call_{i}"), "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"src/main.rs\"}"}}]}),
+            3 => {
+                serde_json::json!({"role": "tool", "tool_call_id": format!("call_{}", i - 1), "content": text})
+            }
+            k if k % 2 == 1 => serde_json::json!({"role": "user", "content": text}),
+            _ => serde_json::json!({"role": "assistant", "content": text}),
+        };
+        messages.push(m);
+    }
+    serde_json::json!({"model": "gpt-4o", "messages": messages}).to_string()
+}
+
+fn identity(c: &mut Criterion) {
+    let key = IdentityKey::new(Secret::new("bench-secret"));
+    let namespace = key.namespace(b"Bearer sk-bench", None);
+    let mut group = c.benchmark_group("identity");
+    for n in [10, 100, 1000] {
+        let body = body(n, 1000);
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        let parsed = parse(body.as_bytes()).unwrap();
+        group.bench_with_input(
+            BenchmarkId::new("hash_conversation", n),
+            &parsed.messages,
+            |b, messages| b.iter(|| hash_conversation(&namespace, messages)),
+        );
+        group.bench_with_input(BenchmarkId::new("parse_and_hash", n), &body, |b, body| {
+            b.iter(|| {
+                let parsed = parse(body.as_bytes()).unwrap();
+                hash_conversation(&namespace, &parsed.messages)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, identity);
+criterion_main!(benches);

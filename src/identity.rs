@@ -1,0 +1,556 @@
+//! Conversation identity: which stored state a request belongs to, without any client
+//! cooperation.
+//!
+//! Clients resend the whole history every turn. Each message is reduced to a canonical
+//! byte form of the fields that carry meaning (role, content, name, tool calls,
+//! tool-call id), hashed, and chained into a rolling prefix hash:
+//!
+//! ```text
+//! h(-1) = H(namespace)            namespace = HMAC(secret, tenant ‖ conversation id)
+//! h(i)  = H(h(i-1) ‖ H(canon(m_i)))
+//! ```
+//!
+//! so `h(i)` names "this exact history up to message i, for this tenant". A checkpoint
+//! stores `h(through)`; a later request matches it only if its first `through + 1`
+//! messages are the same — an edited or forked history falls back to an older checkpoint
+//! or none, never to a wrong summary. The conversation key is `h(first user message)`.
+//!
+//! Canonical form (all framing length-prefixed, so it is prefix-free: no two different
+//! messages produce the same bytes by concatenation):
+//! - role: one tag byte;
+//! - content: text (a string, or an array of only text parts, which is read as the equal
+//!   string) → `T`+text; an array with non-text parts → `P` then per part `t`+text or
+//!   `o`+raw JSON; any other JSON value → `O`+raw JSON. Empty text and `null`/absent
+//!   content are the same (nothing);
+//! - name → `N`+name, unless empty;
+//! - each tool call → `C`+id+name+arguments (no calls and `[]` are the same);
+//! - tool_call_id → `I`+id, unless empty.
+//!
+//! Everything else in a message (`refusal: null`, `annotations`, vendor fields, key order,
+//! whitespace) is volatile for identity and does not change the hash. The message is
+//! destructured in [`hash_message`], so adding a field to [`Message`] does not compile
+//! until someone decides whether it is part of identity.
+//!
+//! The secret makes namespaces unguessable: knowing a tenant's credential does not let
+//! anyone compute (or probe for) another deployment's keys, and the credential itself is
+//! never stored — only this keyed hash of it.
+
+use std::fmt;
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+use crate::chat::{Content, Message, Part, Role};
+use crate::secret::Secret;
+
+/// A SHA-256 digest naming a message, a prefix of a conversation, or a namespace.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).ok()?;
+        Some(Self(out))
+    }
+
+    fn of(hasher: Sha256) -> Self {
+        Self(hasher.finalize().into())
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Enough to tell fingerprints apart in logs and test failures.
+        write!(f, "Fingerprint({}…)", &self.to_hex()[..12])
+    }
+}
+
+impl serde::Serialize for Fingerprint {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Fingerprint {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Fingerprint::from_hex(&s)
+            .ok_or_else(|| serde::de::Error::custom("not a 64-digit hex fingerprint"))
+    }
+}
+
+/// The server secret that keys namespaces. Shared by all replicas (configured, or created
+/// once and kept in the store).
+#[derive(Clone)]
+pub struct IdentityKey(Secret);
+
+impl IdentityKey {
+    pub fn new(secret: Secret) -> Self {
+        Self(secret)
+    }
+
+    /// A fresh random secret (256 bits, hex).
+    pub fn generate() -> Result<Self, getrandom::Error> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)?;
+        Ok(Self(Secret::new(hex::encode(bytes))))
+    }
+
+    pub fn secret(&self) -> &Secret {
+        &self.0
+    }
+
+    /// The namespace of a tenant (its credential, or whatever the tenant header carries)
+    /// and an optional explicit conversation id.
+    pub fn namespace(&self, tenant: &[u8], conversation: Option<&[u8]>) -> Fingerprint {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.0.expose().as_bytes())
+            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        frame(&mut mac, b't', tenant);
+        match conversation {
+            Some(id) => frame(&mut mac, b'c', id),
+            None => mac.update(b"-"),
+        }
+        Fingerprint(mac.finalize().into_bytes().into())
+    }
+}
+
+impl fmt::Debug for IdentityKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IdentityKey(*****)")
+    }
+}
+
+/// Every hash of a request, computed in one pass over its messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hashes {
+    /// `prefixes[i]` = h(i): the rolling hash of messages `0..=i`.
+    pub prefixes: Vec<Fingerprint>,
+    /// Index of the first user message, if any.
+    pub first_user: Option<usize>,
+}
+
+impl Hashes {
+    /// The conversation key: the prefix hash through the first user message. `None`
+    /// when the request has no user message (nothing to recognise later).
+    pub fn conversation(&self) -> Option<Fingerprint> {
+        self.first_user.map(|i| self.prefixes[i])
+    }
+}
+
+/// Who a request belongs to: its conversation key and every prefix hash.
+#[derive(Debug, Clone)]
+pub struct Identified {
+    pub conversation: Fingerprint,
+    pub hashes: Hashes,
+}
+
+/// identify: the tenant (the value of the tenant header, e.g. the credential), an
+/// optional explicit conversation id, and the messages → the conversation, or `None` when
+/// the request has no user message to recognise it by.
+pub fn identify(
+    key: &IdentityKey,
+    tenant: &[u8],
+    conversation_id: Option<&[u8]>,
+    messages: &[Message<'_>],
+) -> Option<Identified> {
+    let namespace = key.namespace(tenant, conversation_id);
+    let hashes = hash_conversation(&namespace, messages);
+    Some(Identified {
+        conversation: hashes.conversation()?,
+        hashes,
+    })
+}
+
+/// Hashes every prefix of `messages` within `namespace`.
+pub fn hash_conversation(namespace: &Fingerprint, messages: &[Message<'_>]) -> Hashes {
+    let mut prefixes = Vec::with_capacity(messages.len());
+    let mut previous = Fingerprint::of(Sha256::new_with_prefix(namespace.as_bytes()));
+    let mut first_user = None;
+    for (i, message) in messages.iter().enumerate() {
+        if first_user.is_none() && message.role == Role::User {
+            first_user = Some(i);
+        }
+        let mut chain = Sha256::new();
+        chain.update(previous.as_bytes());
+        chain.update(hash_message(message).as_bytes());
+        previous = Fingerprint::of(chain);
+        prefixes.push(previous);
+    }
+    Hashes {
+        prefixes,
+        first_user,
+    }
+}
+
+/// `H(canon(m))`: see the module docs for the canonical form.
+pub fn hash_message(message: &Message<'_>) -> Fingerprint {
+    // Destructured on purpose: a new field must be classified here (hashed or volatile)
+    // before this compiles.
+    let Message {
+        raw: _,
+        role,
+        content: _,
+        name,
+        tool_calls: _,
+        tool_call_id,
+    } = message;
+    let mut h = Sha256::new();
+    h.update([role_tag(*role)]);
+    match message.content() {
+        Content::None => {}
+        content => match content.as_text() {
+            Some(text) => {
+                if !text.is_empty() {
+                    frame(&mut h, b'T', text.as_bytes());
+                }
+            }
+            None => match content {
+                Content::Parts(parts) => {
+                    h.update([b'P']);
+                    h.update((parts.len() as u64).to_le_bytes());
+                    for part in &parts {
+                        match part {
+                            Part::Text(t) => frame(&mut h, b't', t.as_bytes()),
+                            Part::Other(raw) => frame(&mut h, b'o', raw.get().as_bytes()),
+                        }
+                    }
+                }
+                Content::Other(raw) => frame(&mut h, b'O', raw.get().as_bytes()),
+                Content::None | Content::Text(_) => {}
+            },
+        },
+    }
+    if let Some(name) = name.as_deref().filter(|n| !n.is_empty()) {
+        frame(&mut h, b'N', name.as_bytes());
+    }
+    match message.tool_calls() {
+        Ok(calls) => {
+            for call in &calls {
+                h.update([b'C']);
+                frame(&mut h, b'i', call.id.as_bytes());
+                frame(&mut h, b'n', call.name.as_bytes());
+                frame(&mut h, b'a', call.arguments.as_bytes());
+            }
+        }
+        // A shape abridge does not know: its exact bytes are its identity.
+        Err(_) => {
+            if let Some(raw) = message.tool_calls {
+                frame(&mut h, b'X', raw.get().as_bytes());
+            }
+        }
+    }
+    if let Some(id) = tool_call_id.as_deref().filter(|i| !i.is_empty()) {
+        frame(&mut h, b'I', id.as_bytes());
+    }
+    Fingerprint::of(h)
+}
+
+fn role_tag(role: Role) -> u8 {
+    match role {
+        Role::System => b's',
+        Role::Developer => b'd',
+        Role::User => b'u',
+        Role::Assistant => b'a',
+        Role::Tool => b't',
+        Role::Function => b'f',
+    }
+}
+
+/// `tag ‖ len(bytes) as u64 LE ‖ bytes`: prefix-free framing.
+fn frame(h: &mut impl Update, tag: u8, bytes: &[u8]) {
+    h.feed(&[tag]);
+    h.feed(&(bytes.len() as u64).to_le_bytes());
+    h.feed(bytes);
+}
+
+/// The one thing [`frame`] needs from SHA-256 and HMAC alike.
+trait Update {
+    fn feed(&mut self, bytes: &[u8]);
+}
+
+impl Update for Sha256 {
+    fn feed(&mut self, bytes: &[u8]) {
+        Digest::update(self, bytes);
+    }
+}
+
+impl Update for Hmac<Sha256> {
+    fn feed(&mut self, bytes: &[u8]) {
+        Mac::update(self, bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::parse;
+    use proptest::prelude::*;
+
+    fn key() -> IdentityKey {
+        IdentityKey::new(Secret::new("test-secret"))
+    }
+
+    fn hashes(ns: &Fingerprint, messages_json: &str) -> Hashes {
+        let body = format!(r#"{{"messages":{messages_json}}}"#);
+        let parsed = parse(body.as_bytes()).unwrap();
+        hash_conversation(ns, &parsed.messages)
+    }
+
+    fn one(message_json: &str) -> Fingerprint {
+        let body = format!(r#"{{"messages":[{message_json}]}}"#);
+        let parsed = parse(body.as_bytes()).unwrap();
+        hash_message(&parsed.messages[0])
+    }
+
+    #[test]
+    fn volatile_and_empty_fields_do_not_change_the_hash() {
+        let base = one(r#"{"role":"assistant","content":"hi"}"#);
+        assert_eq!(
+            base,
+            one(r#"{ "content" : "hi", "role":"assistant", "refusal":null, "annotations":[] }"#)
+        );
+        assert_eq!(
+            base,
+            one(r#"{"role":"assistant","content":"hi","name":""}"#)
+        );
+        assert_eq!(
+            base,
+            one(r#"{"role":"assistant","content":"hi","tool_calls":[]}"#)
+        );
+        assert_eq!(
+            base,
+            one(r#"{"role":"assistant","content":"hi","tool_calls":null}"#)
+        );
+        assert_eq!(
+            base,
+            one(r#"{"role":"assistant","content":[{"type":"text","text":"hi"}]}"#)
+        );
+        assert_eq!(base, one(r#"{"role":"assistant","content":"h\u0069"}"#));
+        let empty = one(
+            r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}"#,
+        );
+        assert_eq!(
+            empty,
+            one(
+                r#"{"role":"assistant","content":"","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}"#
+            )
+        );
+        assert_eq!(
+            empty,
+            one(
+                r#"{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}"#
+            )
+        );
+    }
+
+    #[test]
+    fn meaningful_fields_change_the_hash() {
+        let base = one(r#"{"role":"user","content":"hi"}"#);
+        for other in [
+            r#"{"role":"assistant","content":"hi"}"#,
+            r#"{"role":"user","content":"hi!"}"#,
+            r#"{"role":"user","content":"hi","name":"bob"}"#,
+            r#"{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}"#,
+            r#"{"role":"user","content":"hi","tool_call_id":"c1"}"#,
+        ] {
+            assert_ne!(base, one(other), "{other}");
+        }
+        let call = |id: &str, name: &str, args: &str| {
+            one(&format!(
+                r#"{{"role":"assistant","tool_calls":[{{"id":"{id}","type":"function","function":{{"name":"{name}","arguments":"{args}"}}}}]}}"#
+            ))
+        };
+        let c = call("c1", "read", "{}");
+        assert_ne!(c, call("c2", "read", "{}"));
+        assert_ne!(c, call("c1", "write", "{}"));
+        assert_ne!(c, call("c1", "read", "[]"));
+    }
+
+    #[test]
+    fn framing_is_prefix_free() {
+        // Moving bytes between fields never collides.
+        assert_ne!(
+            one(r#"{"role":"user","content":"ab","name":"c"}"#),
+            one(r#"{"role":"user","content":"a","name":"bc"}"#)
+        );
+        assert_ne!(
+            one(
+                r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{}}]}"#
+            ),
+            one(
+                r#"{"role":"user","content":[{"type":"image_url","image_url":{}},{"type":"text","text":"a"}]}"#
+            )
+        );
+    }
+
+    #[test]
+    fn the_conversation_key_is_the_prefix_through_the_first_user_message() {
+        let ns = key().namespace(b"Bearer sk-a", None);
+        let h = hashes(
+            &ns,
+            r#"[{"role":"system","content":"s"},{"role":"user","content":"u"},{"role":"assistant","content":"a"}]"#,
+        );
+        assert_eq!(h.first_user, Some(1));
+        assert_eq!(h.conversation(), Some(h.prefixes[1]));
+        let longer = hashes(
+            &ns,
+            r#"[{"role":"system","content":"s"},{"role":"user","content":"u"},{"role":"assistant","content":"a"},{"role":"user","content":"next"}]"#,
+        );
+        assert_eq!(longer.conversation(), h.conversation());
+        assert_eq!(&longer.prefixes[..3], &h.prefixes[..]);
+        assert_eq!(
+            hashes(&ns, r#"[{"role":"system","content":"s"}]"#).conversation(),
+            None
+        );
+    }
+
+    #[test]
+    fn namespaces_separate_tenants_conversations_and_secrets() {
+        let k = key();
+        let a = k.namespace(b"Bearer sk-a", None);
+        assert_eq!(a, k.namespace(b"Bearer sk-a", None));
+        assert_ne!(a, k.namespace(b"Bearer sk-b", None));
+        assert_ne!(a, k.namespace(b"Bearer sk-a", Some(b"c1")));
+        assert_ne!(
+            k.namespace(b"Bearer sk-a", Some(b"c1")),
+            k.namespace(b"Bearer sk-a", Some(b"c2"))
+        );
+        assert_ne!(k.namespace(b"", Some(b"")), k.namespace(b"", None));
+        let other = IdentityKey::new(Secret::new("other-secret"));
+        assert_ne!(a, other.namespace(b"Bearer sk-a", None));
+        // The namespace does not contain the credential in any readable form.
+        assert!(!a.to_hex().contains(&hex::encode(b"sk-a")));
+    }
+
+    #[test]
+    fn fingerprint_hex_round_trips() {
+        let f = key().namespace(b"x", None);
+        assert_eq!(Fingerprint::from_hex(&f.to_hex()), Some(f));
+        assert_eq!(f.to_string().len(), 64);
+        assert_eq!(Fingerprint::from_hex("zz"), None);
+        let json = serde_json::to_string(&f).unwrap();
+        assert_eq!(serde_json::from_str::<Fingerprint>(&json).unwrap(), f);
+    }
+
+    /// A random message, as JSON.
+    fn message() -> impl Strategy<Value = String> {
+        let text = "[a-z \\n\"é🌍]{0,12}";
+        prop_oneof![
+            (prop_oneof![Just("system"), Just("user"), Just("assistant")], text).prop_map(|(r, t)| {
+                serde_json::json!({"role": r, "content": t}).to_string()
+            }),
+            (text, text).prop_map(|(a, b)| {
+                serde_json::json!({"role": "user", "content": [{"type": "text", "text": a}, {"type": "text", "text": b}]}).to_string()
+            }),
+            ("[a-z0-9]{1,4}", "[a-z]{1,4}", text).prop_map(|(id, name, args)| {
+                serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"id": id, "type": "function", "function": {"name": name, "arguments": args}}]}).to_string()
+            }),
+            ("[a-z0-9]{1,4}", text).prop_map(|(id, t)| {
+                serde_json::json!({"role": "tool", "tool_call_id": id, "content": t}).to_string()
+            }),
+        ]
+    }
+
+    fn conversation() -> impl Strategy<Value = Vec<String>> {
+        proptest::collection::vec(message(), 1..12)
+    }
+
+    fn hash_list(ns: &Fingerprint, messages: &[String]) -> Hashes {
+        hashes(ns, &format!("[{}]", messages.join(",")))
+    }
+
+    proptest! {
+        #[test]
+        fn equal_canonical_forms_hash_equal(messages in conversation()) {
+            let ns = key().namespace(b"t", None);
+            // Re-serialised with other whitespace and an extra volatile field.
+            let reformatted: Vec<String> = messages.iter().map(|m| {
+                let mut v: serde_json::Value = serde_json::from_str(m).unwrap();
+                v["refusal"] = serde_json::Value::Null;
+                serde_json::to_string_pretty(&v).unwrap()
+            }).collect();
+            prop_assert_eq!(hash_list(&ns, &messages), hash_list(&ns, &reformatted));
+        }
+
+        #[test]
+        fn string_and_text_parts_hash_equal(texts in proptest::collection::vec("[a-z é]{0,8}", 1..4)) {
+            let joined: String = texts.concat();
+            let parts: Vec<serde_json::Value> = texts.iter().map(|t| serde_json::json!({"type": "text", "text": t})).collect();
+            prop_assert_eq!(
+                one(&serde_json::json!({"role": "user", "content": joined}).to_string()),
+                one(&serde_json::json!({"role": "user", "content": parts}).to_string())
+            );
+        }
+
+        /// Any edit, insertion, deletion or reorder at or before i changes h(i) and
+        /// leaves every h(j < position) unchanged.
+        #[test]
+        fn changes_at_or_before_i_change_h_i_only_from_there(
+            messages in conversation(),
+            pos in any::<proptest::sample::Index>(),
+            kind in 0u8..4,
+            replacement in message(),
+        ) {
+            let ns = key().namespace(b"t", None);
+            let p = pos.index(messages.len());
+            let mut edited = messages.clone();
+            match kind {
+                0 => edited[p] = replacement,
+                1 => edited.insert(p, replacement),
+                2 => { edited.remove(p); }
+                _ => {
+                    if p + 1 < edited.len() { edited.swap(p, p + 1); }
+                }
+            }
+            if edited.is_empty() {
+                return Ok(());
+            }
+            let before = hash_list(&ns, &messages);
+            let after = hash_list(&ns, &edited);
+            let canon = |list: &[String]| list.iter().map(|m| one(m)).collect::<Vec<_>>();
+            let (cb, ca) = (canon(&messages), canon(&edited));
+            for i in 0..before.prefixes.len().min(after.prefixes.len()) {
+                let same_history = cb[..=i] == ca[..=i];
+                prop_assert_eq!(before.prefixes[i] == after.prefixes[i], same_history, "h({}) after an edit at {}", i, p);
+                if i < p {
+                    prop_assert_eq!(before.prefixes[i], after.prefixes[i], "h({}) before the edit at {} changed", i, p);
+                }
+            }
+            // A real edit (not a swap of equal messages) is visible at its position.
+            if cb.get(p) != ca.get(p) && p < before.prefixes.len().min(after.prefixes.len()) {
+                prop_assert_ne!(before.prefixes[p], after.prefixes[p]);
+            }
+        }
+
+        #[test]
+        fn different_tenants_never_share_a_hash(
+            messages in conversation(),
+            a in "[a-zA-Z0-9]{1,20}",
+            b in "[a-zA-Z0-9]{1,20}",
+        ) {
+            prop_assume!(a != b);
+            let k = key();
+            let ha = hash_list(&k.namespace(a.as_bytes(), None), &messages);
+            let hb = hash_list(&k.namespace(b.as_bytes(), None), &messages);
+            for (x, y) in ha.prefixes.iter().zip(&hb.prefixes) {
+                prop_assert_ne!(x, y);
+            }
+        }
+    }
+}

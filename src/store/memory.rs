@@ -1,0 +1,211 @@
+//! The in-process store: the default, nothing to install. State lives as long as the
+//! process. Same behaviour as Redis: TTL refreshed on use, bounded checkpoints per
+//! conversation (shallowest dropped), first writer wins per depth and history, a lock
+//! with expiry and compare-and-delete release; plus a bound on conversations (least
+//! recently used dropped) since there is no Redis `maxmemory` to do it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{
+    Checkpoint, Loaded, Lock, Recent, Saved, State, UsageRecord, checkpoint_field, lock, now_ms,
+};
+use crate::config::StoreConfig;
+use crate::identity::Fingerprint;
+use crate::secret::Secret;
+
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Inner>>,
+    ttl: Duration,
+    max_checkpoints: usize,
+    max_conversations: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    conversations: HashMap<Fingerprint, Conversation>,
+    secret: Option<Secret>,
+    /// Writes since the last sweep of expired conversations.
+    writes: usize,
+}
+
+struct Conversation {
+    /// By field name (`<depth>:<prefix>`), so iteration is by depth.
+    checkpoints: BTreeMap<String, Checkpoint>,
+    state: Option<State>,
+    lock: Option<(String, Instant)>,
+    expires: Instant,
+}
+
+impl MemoryStore {
+    pub fn new(config: &StoreConfig) -> Self {
+        Self {
+            inner: Arc::default(),
+            ttl: config.ttl(),
+            max_checkpoints: config.max_checkpoints,
+            max_conversations: config.memory_max_conversations.max(1),
+        }
+    }
+
+    // Every method below takes the (std) mutex for a few map operations and never
+    // awaits while holding it.
+
+    pub fn load(&self, id: &Fingerprint) -> Loaded {
+        let mut inner = lock(&self.inner);
+        let now = Instant::now();
+        match live(&mut inner, id, now) {
+            Some(c) => {
+                c.expires = now + self.ttl;
+                Loaded {
+                    checkpoints: c.checkpoints.values().rev().cloned().collect(),
+                    state: c.state,
+                }
+            }
+            None => Loaded::default(),
+        }
+    }
+
+    pub fn save_checkpoint(&self, id: &Fingerprint, checkpoint: &Checkpoint) -> Saved {
+        let mut inner = lock(&self.inner);
+        let c = self.entry(&mut inner, id);
+        let field = checkpoint_field(checkpoint);
+        if c.checkpoints.contains_key(&field) {
+            return Saved::AlreadyPresent;
+        }
+        c.checkpoints.insert(field, checkpoint.clone());
+        while c.checkpoints.len() > self.max_checkpoints {
+            c.checkpoints.pop_first();
+        }
+        c.state.get_or_insert_with(State::default).compactions += 1;
+        Saved::Stored
+    }
+
+    pub fn record_usage(&self, id: &Fingerprint, usage: UsageRecord) {
+        let mut inner = lock(&self.inner);
+        let c = self.entry(&mut inner, id);
+        let state = c.state.get_or_insert_with(State::default);
+        state.tokens = usage.tokens;
+        state.messages = usage.messages;
+        state.prefix = Some(usage.prefix);
+        state.last_seen_ms = now_ms();
+    }
+
+    pub fn try_lock(&self, id: &Fingerprint, lock_: &Lock, ttl: Duration) -> bool {
+        let mut inner = lock(&self.inner);
+        let now = Instant::now();
+        let c = self.entry(&mut inner, id);
+        match &c.lock {
+            Some((_, until)) if *until > now => false,
+            _ => {
+                c.lock = Some((lock_.token.clone(), now + ttl));
+                true
+            }
+        }
+    }
+
+    pub fn unlock(&self, id: &Fingerprint, lock_: &Lock) -> bool {
+        let mut inner = lock(&self.inner);
+        let now = Instant::now();
+        let Some(c) = live(&mut inner, id, now) else {
+            return false;
+        };
+        match &c.lock {
+            Some((token, until)) if *token == lock_.token && *until > now => {
+                c.lock = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn delete(&self, id: &Fingerprint) -> bool {
+        let mut inner = lock(&self.inner);
+        let now = Instant::now();
+        let existed = live(&mut inner, id, now).is_some();
+        inner.conversations.remove(id);
+        existed
+    }
+
+    pub fn recent(&self, offset: usize, limit: usize) -> Vec<Recent> {
+        let inner = lock(&self.inner);
+        let now = Instant::now();
+        let mut all: Vec<Recent> = inner
+            .conversations
+            .iter()
+            .filter(|(_, c)| c.expires > now)
+            .map(|(id, c)| Recent {
+                conversation: *id,
+                last_seen_ms: c.state.map_or(0, |s| s.last_seen_ms),
+            })
+            .collect();
+        all.sort_by(|a, b| {
+            b.last_seen_ms
+                .cmp(&a.last_seen_ms)
+                .then(a.conversation.cmp(&b.conversation))
+        });
+        all.into_iter().skip(offset).take(limit).collect()
+    }
+
+    pub fn identity_secret(&self, candidate: &Secret) -> Secret {
+        lock(&self.inner)
+            .secret
+            .get_or_insert_with(|| candidate.clone())
+            .clone()
+    }
+
+    /// The live conversation, created if needed, TTL refreshed; sweeps expired and
+    /// evicts least recently used conversations now and then.
+    fn entry<'a>(&self, inner: &'a mut Inner, id: &Fingerprint) -> &'a mut Conversation {
+        let now = Instant::now();
+        inner.writes += 1;
+        if inner.writes >= 1024 || inner.conversations.len() >= self.max_conversations {
+            inner.writes = 0;
+            inner.conversations.retain(|_, c| c.expires > now);
+            if inner.conversations.len() >= self.max_conversations {
+                // Drop the least recently used tenth (at least one), not one per insert.
+                let mut by_age: Vec<(Instant, Fingerprint)> = inner
+                    .conversations
+                    .iter()
+                    .map(|(k, c)| (c.expires, *k))
+                    .collect();
+                by_age.sort_unstable();
+                let excess = inner.conversations.len() + 1 - self.max_conversations;
+                let drop = excess.max(self.max_conversations / 10).min(by_age.len());
+                for (_, key) in &by_age[..drop] {
+                    inner.conversations.remove(key);
+                }
+            }
+        }
+        if live(inner, id, now).is_none() {
+            inner.conversations.insert(
+                *id,
+                Conversation {
+                    checkpoints: BTreeMap::new(),
+                    state: None,
+                    lock: None,
+                    expires: now,
+                },
+            );
+        }
+        let c = inner
+            .conversations
+            .get_mut(id)
+            .unwrap_or_else(|| unreachable!("inserted above"));
+        c.expires = now + self.ttl;
+        c
+    }
+}
+
+/// The conversation if present and not expired (an expired one is removed).
+fn live<'a>(inner: &'a mut Inner, id: &Fingerprint, now: Instant) -> Option<&'a mut Conversation> {
+    if inner
+        .conversations
+        .get(id)
+        .is_some_and(|c| c.expires <= now)
+    {
+        inner.conversations.remove(id);
+    }
+    inner.conversations.get_mut(id)
+}

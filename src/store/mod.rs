@@ -1,0 +1,449 @@
+//! The store: what abridge remembers about a conversation between turns — checkpoints
+//! (which messages a replacement stands for) and state (the usage the provider last
+//! reported) — plus the single-flight lock for summary builds.
+//!
+//! One enum, two backends with the same behaviour and the same test suite:
+//! [`memory::MemoryStore`] (the default: nothing to install, state lost on restart) and
+//! [`redis::RedisStore`] (a single Redis or a Redis Cluster, shared by replicas).
+//!
+//! **Fail-open.** Every call is bounded by `store.response_timeout_ms`. An error or a
+//! timeout is returned to the caller, which proceeds as if there were no state (the
+//! request is forwarded uncompacted). The first failure of an incident is logged once
+//! and marks the store unhealthy; while unhealthy, calls fail at once without touching
+//! the backend, except one probe every [`PROBE_INTERVAL`], so a dead or paused Redis costs
+//! requests nothing. The first success logs the recovery.
+//!
+//! Keys (Redis) — all of one conversation under one hash tag, so a Cluster keeps them in
+//! one slot; only hashes appear in key names; every conversation key has a TTL refreshed
+//! on use:
+//! - `<prefix>:{<conv>}:ckpt`  — hash: `<through, 10 digits>:<prefix hash>` → checkpoint JSON
+//! - `<prefix>:{<conv>}:state` — hash: tokens, messages, prefix, compactions, last_seen
+//! - `<prefix>:{<conv>}:lock`  — the single-flight lock token (SET NX PX)
+//! - `<prefix>:recent`         — sorted set of conversations by last use (admin listing)
+//! - `<prefix>:secret`         — the identity secret (no TTL: see [`Store::identity_secret`])
+
+pub mod memory;
+pub mod redis;
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::config::StoreConfig;
+use crate::identity::Fingerprint;
+use crate::secret::Secret;
+
+/// After a failure, the backend is not asked again for this long (but once, as a probe).
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// "Messages `head..=through` of the conversation whose prefix hash through `through` is
+/// `prefix` are replaced by `replacement`."
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Index of the last message the replacement stands for.
+    pub through: u32,
+    /// `h(through)`: the checkpoint applies only to requests with this exact history.
+    pub prefix: Fingerprint,
+    /// Messages `..head` are kept verbatim before the replacement.
+    pub head: u32,
+    /// The replacement messages, a JSON array, spliced in as is.
+    pub replacement: Box<RawValue>,
+    /// The summary text, for an iterative update at the next compaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Name of the strategy that produced it.
+    pub strategy: String,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    /// Milliseconds since the Unix epoch.
+    pub created_ms: u64,
+}
+
+impl PartialEq for Checkpoint {
+    fn eq(&self, other: &Self) -> bool {
+        // `RawValue` has no equality of its own; its text is what is stored and spliced.
+        self.through == other.through
+            && self.prefix == other.prefix
+            && self.head == other.head
+            && self.replacement.get() == other.replacement.get()
+            && self.summary == other.summary
+            && self.strategy == other.strategy
+            && self.tokens_before == other.tokens_before
+            && self.tokens_after == other.tokens_after
+            && self.created_ms == other.created_ms
+    }
+}
+
+/// The usage the provider last reported for a conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct State {
+    /// Input tokens the provider counted for the request of `messages` messages.
+    pub tokens: u64,
+    pub messages: u32,
+    /// `h(messages - 1)` of that request: the tokens are only meaningful for a request
+    /// that starts with the same history.
+    pub prefix: Option<Fingerprint>,
+    /// Checkpoints saved over the conversation's life.
+    pub compactions: u64,
+    pub last_seen_ms: u64,
+}
+
+/// What [`Store::record_usage`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageRecord {
+    pub tokens: u64,
+    pub messages: u32,
+    pub prefix: Fingerprint,
+}
+
+/// Everything a request needs about its conversation, read in one round trip.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Loaded {
+    /// Deepest first.
+    pub checkpoints: Vec<Checkpoint>,
+    pub state: Option<State>,
+}
+
+impl Loaded {
+    /// The deepest checkpoint whose history matches `prefixes` (the request's rolling
+    /// hashes).
+    pub fn matching(&self, prefixes: &[Fingerprint]) -> Option<&Checkpoint> {
+        self.checkpoints
+            .iter()
+            .find(|c| prefixes.get(c.through as usize) == Some(&c.prefix))
+    }
+}
+
+/// Whether a checkpoint was stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    Stored,
+    /// One for the same history and depth was there first and stays (its replacement
+    /// is what every replica forwards, keeping the provider's prompt cache warm).
+    AlreadyPresent,
+}
+
+/// A held single-flight lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lock {
+    token: String,
+}
+
+impl Lock {
+    fn new() -> Result<Self, StoreError> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| StoreError::Backend(format!("random token: {e}")))?;
+        Ok(Self {
+            token: hex::encode(bytes),
+        })
+    }
+}
+
+/// A conversation in the admin listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recent {
+    pub conversation: Fingerprint,
+    pub last_seen_ms: u64,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("store did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("store unavailable since a recent failure (probing every {PROBE_INTERVAL:?})")]
+    Unavailable,
+    #[error("store error: {0}")]
+    Backend(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl From<::redis::RedisError> for StoreError {
+    fn from(e: ::redis::RedisError) -> Self {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+/// The store: a backend plus the fail-open machinery around it. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    backend: Backend,
+    health: std::sync::Arc<Health>,
+    timeout: Duration,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Memory(memory::MemoryStore),
+    Redis(redis::RedisStore),
+}
+
+impl Store {
+    /// The backend the configuration names. Connects lazily: a Redis that is down at
+    /// start-up only makes the store unhealthy until it is up.
+    pub fn from_config(config: &StoreConfig) -> Result<Self, StoreError> {
+        let backend = if config.redis_url.is_some() || !config.redis_cluster.is_empty() {
+            Backend::Redis(redis::RedisStore::new(config)?)
+        } else {
+            Backend::Memory(memory::MemoryStore::new(config))
+        };
+        Ok(Self {
+            backend,
+            health: Default::default(),
+            timeout: config.response_timeout(),
+        })
+    }
+
+    /// `"memory"`, `"redis"` or `"redis-cluster"`.
+    pub fn backend_name(&self) -> &'static str {
+        match &self.backend {
+            Backend::Memory(_) => "memory",
+            Backend::Redis(r) => r.kind(),
+        }
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.health.healthy.load(Ordering::Relaxed)
+    }
+
+    /// The last error of the current (or last) incident.
+    pub fn last_error(&self) -> Option<String> {
+        lock(&self.health.last_error).clone()
+    }
+
+    /// Failed calls (errors, timeouts and calls skipped while unhealthy).
+    pub fn errors(&self) -> u64 {
+        self.health.errors.load(Ordering::Relaxed)
+    }
+
+    /// How many times the store came back after an incident. Whatever was only in the
+    /// store may be gone (a Redis without persistence restarts empty), so callers that
+    /// published something there check it again when this changes.
+    pub fn recoveries(&self) -> u64 {
+        self.health.recoveries.load(Ordering::Acquire)
+    }
+
+    /// Checkpoints and state of a conversation, in one round trip; refreshes its TTL.
+    pub async fn load(&self, conversation: &Fingerprint) -> Result<Loaded, StoreError> {
+        self.call("load", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.load(conversation)),
+                Backend::Redis(r) => r.load(conversation).await,
+            }
+        })
+        .await
+    }
+
+    /// Saves a checkpoint. Monotonic: a checkpoint for the same depth and history that is
+    /// already there stays; when over `max_checkpoints` the shallowest go, so a late
+    /// (shallower) writer never displaces a deeper checkpoint.
+    pub async fn save_checkpoint(
+        &self,
+        conversation: &Fingerprint,
+        checkpoint: &Checkpoint,
+    ) -> Result<Saved, StoreError> {
+        self.call("save_checkpoint", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.save_checkpoint(conversation, checkpoint)),
+                Backend::Redis(r) => r.save_checkpoint(conversation, checkpoint).await,
+            }
+        })
+        .await
+    }
+
+    /// Records the usage the provider reported for a request of this conversation.
+    pub async fn record_usage(
+        &self,
+        conversation: &Fingerprint,
+        usage: UsageRecord,
+    ) -> Result<(), StoreError> {
+        self.call("record_usage", async {
+            match &self.backend {
+                Backend::Memory(m) => {
+                    m.record_usage(conversation, usage);
+                    Ok(())
+                }
+                Backend::Redis(r) => r.record_usage(conversation, usage).await,
+            }
+        })
+        .await
+    }
+
+    /// Takes the conversation's single-flight lock for `ttl`, if free.
+    pub async fn try_lock(
+        &self,
+        conversation: &Fingerprint,
+        ttl: Duration,
+    ) -> Result<Option<Lock>, StoreError> {
+        self.call("try_lock", async {
+            let lock = Lock::new()?;
+            let taken = match &self.backend {
+                Backend::Memory(m) => m.try_lock(conversation, &lock, ttl),
+                Backend::Redis(r) => r.try_lock(conversation, &lock, ttl).await?,
+            };
+            Ok(taken.then_some(lock))
+        })
+        .await
+    }
+
+    /// Releases a lock if it is still ours (compare-and-delete); `false` when it had
+    /// expired and possibly been taken by someone else.
+    pub async fn unlock(
+        &self,
+        conversation: &Fingerprint,
+        lock: &Lock,
+    ) -> Result<bool, StoreError> {
+        self.call("unlock", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.unlock(conversation, lock)),
+                Backend::Redis(r) => r.unlock(conversation, lock).await,
+            }
+        })
+        .await
+    }
+
+    /// Forgets a conversation; `true` if there was anything.
+    pub async fn delete(&self, conversation: &Fingerprint) -> Result<bool, StoreError> {
+        self.call("delete", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.delete(conversation)),
+                Backend::Redis(r) => r.delete(conversation).await,
+            }
+        })
+        .await
+    }
+
+    /// Conversations by last use, most recent first.
+    pub async fn recent(&self, offset: usize, limit: usize) -> Result<Vec<Recent>, StoreError> {
+        self.call("recent", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.recent(offset, limit)),
+                Backend::Redis(r) => r.recent(offset, limit).await,
+            }
+        })
+        .await
+    }
+
+    /// The identity secret shared through the store: `candidate` if none was there yet
+    /// (set-if-absent), else the one already there. Kept without a TTL: it holds no user
+    /// data, and if it expired while replicas run, a restarted replica would create a
+    /// new one and the replicas would stop recognising each other's conversations.
+    pub async fn identity_secret(&self, candidate: &Secret) -> Result<Secret, StoreError> {
+        self.call("identity_secret", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.identity_secret(candidate)),
+                Backend::Redis(r) => r.identity_secret(candidate).await,
+            }
+        })
+        .await
+    }
+
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if !self.health.admit() {
+            self.health.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable);
+        }
+        let result = match tokio::time::timeout(self.timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        };
+        match &result {
+            Ok(_) => self.health.succeeded(self.backend_name()),
+            Err(e) => self.health.failed(self.backend_name(), op, e),
+        }
+        result
+    }
+}
+
+/// Health and the probe gate (see the module docs).
+struct Health {
+    healthy: AtomicBool,
+    /// While unhealthy: when the next probe may go (ms since the epoch).
+    probe_at_ms: AtomicU64,
+    errors: AtomicU64,
+    recoveries: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            healthy: AtomicBool::new(true),
+            probe_at_ms: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            recoveries: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+        }
+    }
+}
+
+impl Health {
+    /// Whether a call may go to the backend: always when healthy; when not, one caller
+    /// per probe interval.
+    fn admit(&self) -> bool {
+        if self.healthy.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = now_ms();
+        let due = self.probe_at_ms.load(Ordering::Relaxed);
+        now >= due
+            && self
+                .probe_at_ms
+                .compare_exchange(
+                    due,
+                    now + PROBE_INTERVAL.as_millis() as u64,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    fn succeeded(&self, backend: &str) {
+        if !self.healthy.swap(true, Ordering::AcqRel) {
+            self.recoveries.fetch_add(1, Ordering::AcqRel);
+            tracing::info!(
+                backend,
+                "store recovered; conversations are compacted again"
+            );
+        }
+    }
+
+    fn failed(&self, backend: &str, op: &str, error: &StoreError) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.probe_at_ms.store(
+            now_ms() + PROBE_INTERVAL.as_millis() as u64,
+            Ordering::Relaxed,
+        );
+        *lock(&self.last_error) = Some(format!("{op}: {error}"));
+        if self.healthy.swap(false, Ordering::AcqRel) {
+            tracing::warn!(backend, op, %error, "store unavailable; requests go on without conversation state until it recovers");
+        }
+    }
+}
+
+/// A std mutex around plain data; no `.await` is ever held under it. A poisoned lock
+/// only means a panic elsewhere; the data is still consistent enough to read.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The field name of a checkpoint: depth first, zero-padded, so names sort by depth.
+pub(crate) fn checkpoint_field(checkpoint: &Checkpoint) -> String {
+    format!("{:010}:{}", checkpoint.through, checkpoint.prefix)
+}

@@ -1,0 +1,386 @@
+//! The Redis backend: a single server (through `redis`'s `ConnectionManager`, which
+//! reconnects by itself) or a Redis Cluster (`cluster-async`, which follows MOVED/ASK and
+//! topology changes). Connected lazily, so abridge starts while Redis is down.
+//!
+//! Every request-path operation is one round trip: a pipeline or a Lua script over the
+//! keys of one conversation, which share a hash tag and so one Cluster slot. The
+//! `recent` index is a separate key (another slot), written beside the conversation's
+//! keys off the hot path.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use tokio::sync::OnceCell;
+
+use super::{
+    Checkpoint, Loaded, Lock, Recent, Saved, State, StoreError, UsageRecord, checkpoint_field,
+    now_ms,
+};
+use crate::config::StoreConfig;
+use crate::identity::Fingerprint;
+use crate::secret::Secret;
+
+/// Adds a checkpoint unless one for the same depth and history exists; trims the
+/// shallowest beyond the limit; counts compactions; refreshes TTLs. Atomic in Redis, so
+/// concurrent and late writers cannot interleave.
+const SAVE_CHECKPOINT: &str = r#"
+local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if added == 1 then
+  redis.call('HINCRBY', KEYS[2], 'compactions', 1)
+  local max = tonumber(ARGV[3])
+  local n = redis.call('HLEN', KEYS[1])
+  if n > max then
+    local fields = redis.call('HKEYS', KEYS[1])
+    table.sort(fields)
+    for i = 1, n - max do
+      redis.call('HDEL', KEYS[1], fields[i])
+    end
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return added
+"#;
+
+/// Deletes the lock only if it still holds our token.
+const UNLOCK: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    target: Target,
+    conn: OnceCell<Conn>,
+    prefix: String,
+    ttl_ms: u64,
+    max_checkpoints: usize,
+    save: Script,
+    unlock: Script,
+}
+
+enum Target {
+    Single(redis::Client, ConnectionManagerConfig),
+    Cluster(ClusterClient),
+}
+
+/// Either connection, usable wherever `redis` takes a connection.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl RedisStore {
+    pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+        let target = match &config.redis_url {
+            Some(url) => {
+                let client = redis::Client::open(url.expose())
+                    .map_err(|e| StoreError::Backend(format!("store.redis_url: {e}")))?;
+                let manager = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(config.connect_timeout()))
+                    .set_response_timeout(Some(config.response_timeout()))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_secs(2));
+                Target::Single(client, manager)
+            }
+            None => {
+                let nodes: Vec<&str> = config.redis_cluster.iter().map(Secret::expose).collect();
+                let client = ClusterClient::builder(nodes)
+                    .connection_timeout(config.connect_timeout())
+                    .response_timeout(config.response_timeout())
+                    .retries(2)
+                    .build()
+                    .map_err(|e| StoreError::Backend(format!("store.redis_cluster: {e}")))?;
+                Target::Cluster(client)
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                target,
+                conn: OnceCell::new(),
+                prefix: config.key_prefix.clone(),
+                ttl_ms: config.ttl().as_millis() as u64,
+                max_checkpoints: config.max_checkpoints,
+                save: Script::new(SAVE_CHECKPOINT),
+                unlock: Script::new(UNLOCK),
+            }),
+        })
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self.inner.target {
+            Target::Single(..) => "redis",
+            Target::Cluster(_) => "redis-cluster",
+        }
+    }
+
+    /// The shared connection, made on first use (and again after a failed attempt).
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        let conn = self
+            .inner
+            .conn
+            .get_or_try_init(|| async {
+                match &self.inner.target {
+                    Target::Single(client, config) => {
+                        ConnectionManager::new_with_config(client.clone(), config.clone())
+                            .await
+                            .map(Conn::Single)
+                    }
+                    Target::Cluster(client) => {
+                        client.get_async_connection().await.map(Conn::Cluster)
+                    }
+                }
+            })
+            .await?;
+        Ok(conn.clone())
+    }
+
+    /// `<prefix>:{<conversation>}:<part>`: the braces are the Cluster hash tag.
+    fn key(&self, conversation: &Fingerprint, part: &str) -> String {
+        format!("{}:{{{conversation}}}:{part}", self.inner.prefix)
+    }
+
+    fn global(&self, name: &str) -> String {
+        format!("{}:{name}", self.inner.prefix)
+    }
+
+    pub async fn load(&self, conversation: &Fingerprint) -> Result<Loaded, StoreError> {
+        let (ckpt, state) = (
+            self.key(conversation, "ckpt"),
+            self.key(conversation, "state"),
+        );
+        let mut pipe = redis::pipe();
+        pipe.hgetall(&ckpt)
+            .hgetall(&state)
+            .pexpire(&ckpt, self.inner.ttl_ms as i64)
+            .ignore()
+            .pexpire(&state, self.inner.ttl_ms as i64)
+            .ignore();
+        let (checkpoints, state): (HashMap<String, String>, HashMap<String, String>) =
+            pipe.query_async(&mut self.conn().await?).await?;
+
+        let mut fields: Vec<(String, String)> = checkpoints.into_iter().collect();
+        fields.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        let checkpoints = fields
+            .into_iter()
+            .map(|(field, json)| {
+                serde_json::from_str::<Checkpoint>(&json)
+                    .map_err(|e| StoreError::Corrupt(format!("checkpoint {field}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Loaded {
+            checkpoints,
+            state: parse_state(&state)?,
+        })
+    }
+
+    pub async fn save_checkpoint(
+        &self,
+        conversation: &Fingerprint,
+        checkpoint: &Checkpoint,
+    ) -> Result<Saved, StoreError> {
+        let json = serde_json::to_string(checkpoint)
+            .map_err(|e| StoreError::Backend(format!("encoding a checkpoint: {e}")))?;
+        let added: i64 = self
+            .inner
+            .save
+            .key(self.key(conversation, "ckpt"))
+            .key(self.key(conversation, "state"))
+            .arg(checkpoint_field(checkpoint))
+            .arg(json)
+            .arg(self.inner.max_checkpoints)
+            .arg(self.inner.ttl_ms)
+            .invoke_async(&mut self.conn().await?)
+            .await?;
+        Ok(if added == 1 {
+            Saved::Stored
+        } else {
+            Saved::AlreadyPresent
+        })
+    }
+
+    pub async fn record_usage(
+        &self,
+        conversation: &Fingerprint,
+        usage: UsageRecord,
+    ) -> Result<(), StoreError> {
+        let (ckpt, state) = (
+            self.key(conversation, "ckpt"),
+            self.key(conversation, "state"),
+        );
+        let now = now_ms();
+        let ttl = self.inner.ttl_ms as i64;
+        let mut own = redis::pipe();
+        own.hset_multiple(
+            &state,
+            &[
+                ("tokens", usage.tokens.to_string()),
+                ("messages", usage.messages.to_string()),
+                ("prefix", usage.prefix.to_hex()),
+                ("last_seen", now.to_string()),
+            ],
+        )
+        .ignore()
+        .pexpire(&state, ttl)
+        .ignore()
+        .pexpire(&ckpt, ttl)
+        .ignore();
+        let recent = self.global("recent");
+        let mut index = redis::pipe();
+        index
+            .zadd(&recent, conversation.to_hex(), now)
+            .ignore()
+            .zrembyscore(&recent, "-inf", now.saturating_sub(self.inner.ttl_ms))
+            .ignore()
+            .pexpire(&recent, ttl)
+            .ignore();
+        let (mut a, mut b) = (self.conn().await?, self.conn().await?);
+        let ((), ()) = tokio::try_join!(
+            own.query_async::<()>(&mut a),
+            index.query_async::<()>(&mut b)
+        )?;
+        Ok(())
+    }
+
+    pub async fn try_lock(
+        &self,
+        conversation: &Fingerprint,
+        lock: &Lock,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(self.key(conversation, "lock"))
+            .arg(&lock.token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut self.conn().await?)
+            .await?;
+        Ok(set.is_some())
+    }
+
+    pub async fn unlock(
+        &self,
+        conversation: &Fingerprint,
+        lock: &Lock,
+    ) -> Result<bool, StoreError> {
+        let deleted: i64 = self
+            .inner
+            .unlock
+            .key(self.key(conversation, "lock"))
+            .arg(&lock.token)
+            .invoke_async(&mut self.conn().await?)
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    pub async fn delete(&self, conversation: &Fingerprint) -> Result<bool, StoreError> {
+        let keys = [
+            self.key(conversation, "ckpt"),
+            self.key(conversation, "state"),
+            self.key(conversation, "lock"),
+        ];
+        let mut conn = self.conn().await?;
+        let deleted: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
+        let _: i64 = redis::cmd("ZREM")
+            .arg(self.global("recent"))
+            .arg(conversation.to_hex())
+            .query_async(&mut conn)
+            .await?;
+        Ok(deleted > 0)
+    }
+
+    pub async fn recent(&self, offset: usize, limit: usize) -> Result<Vec<Recent>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(String, f64)> = redis::cmd("ZREVRANGE")
+            .arg(self.global("recent"))
+            .arg(offset)
+            .arg(offset + limit - 1)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn().await?)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, score)| {
+                Fingerprint::from_hex(&id).map(|conversation| Recent {
+                    conversation,
+                    last_seen_ms: score as u64,
+                })
+            })
+            .collect())
+    }
+
+    pub async fn identity_secret(&self, candidate: &Secret) -> Result<Secret, StoreError> {
+        let key = self.global("secret");
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&key)
+            .arg(candidate.expose())
+            .arg("NX")
+            .ignore()
+            .get(&key);
+        let (secret,): (String,) = pipe.query_async(&mut self.conn().await?).await?;
+        Ok(Secret::new(secret))
+    }
+}
+
+fn parse_state(fields: &HashMap<String, String>) -> Result<Option<State>, StoreError> {
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let number = |name: &str| -> Result<u64, StoreError> {
+        fields.get(name).map_or(Ok(0), |v| {
+            v.parse()
+                .map_err(|_| StoreError::Corrupt(format!("state field {name}: {v}")))
+        })
+    };
+    Ok(Some(State {
+        tokens: number("tokens")?,
+        messages: u32::try_from(number("messages")?).unwrap_or(u32::MAX),
+        prefix: fields.get("prefix").and_then(|p| Fingerprint::from_hex(p)),
+        compactions: number("compactions")?,
+        last_seen_ms: number("last_seen")?,
+    }))
+}

@@ -1,0 +1,177 @@
+//! The request path's use of identity and the store: every chat turn is recognised as
+//! part of its conversation and the usage the provider reported is recorded against it,
+//! per tenant, with nothing of the credential stored; the store failing never fails a
+//! request.
+
+use std::time::Duration;
+
+use abridge::identity::{Fingerprint, IdentityKey};
+use abridge::secret::Secret;
+use fake_provider::FakeProvider;
+
+use crate::common::redis::{RedisServer, command};
+use crate::common::{Proxy, client, config_for, eventually};
+
+const MESSAGES: &str = r#"[{"role":"system","content":"Be brief."},{"role":"user","content":"Plan a trip to Lisbon."},{"role":"assistant","content":"Sure."},{"role":"user","content":"Three days."}]"#;
+
+fn body() -> String {
+    format!(r#"{{"model":"gpt-4o-mini","messages":{MESSAGES}}}"#)
+}
+
+async fn proxy_on_redis(provider: &FakeProvider, redis: &RedisServer) -> Proxy {
+    let mut config = config_for(&provider.url());
+    config.store.redis_url = Some(Secret::new(redis.url()));
+    config.store.key_prefix = "conv".into();
+    Proxy::start_with(config).await
+}
+
+/// The conversation key abridge must have computed: the prefix hash through the first
+/// user message, in the tenant's namespace, with the secret the store holds.
+fn expected_conversation(port: u16, tenant: &str, explicit: Option<&str>) -> Fingerprint {
+    let secret = command(port, &["GET", "conv:secret"]).unwrap();
+    assert_eq!(secret.len(), 64, "a generated 256-bit secret");
+    let key = IdentityKey::new(Secret::new(secret));
+    let body = body();
+    let parsed = abridge::chat::parse(body.as_bytes()).unwrap();
+    abridge::identity::identify(
+        &key,
+        tenant.as_bytes(),
+        explicit.map(str::as_bytes),
+        &parsed.messages,
+    )
+    .unwrap()
+    .conversation
+}
+
+async fn send(proxy: &Proxy, tenant: &str, explicit: Option<&str>) -> serde_json::Value {
+    let mut request = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("authorization", tenant)
+        .body(body());
+    if let Some(id) = explicit {
+        request = request.header("x-abridge-conversation", id);
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
+fn state_of(port: u16, conversation: &Fingerprint, field: &str) -> String {
+    command(
+        port,
+        &["HGET", &format!("conv:{{{conversation}}}:state"), field],
+    )
+    .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn reported_usage_is_recorded_per_tenant_without_the_credential() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start(Default::default()).await.unwrap();
+    let proxy = proxy_on_redis(&provider, &redis).await;
+
+    let reply = send(&proxy, "Bearer sk-tenant-A-SECRET", None).await;
+    let tokens = reply["usage"]["prompt_tokens"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let a = expected_conversation(redis.port, "Bearer sk-tenant-A-SECRET", None);
+    assert!(
+        eventually(Duration::from_secs(3), || state_of(
+            redis.port, &a, "tokens"
+        ) == tokens)
+        .await
+    );
+    assert_eq!(state_of(redis.port, &a, "messages"), "4");
+
+    // The same conversation from another tenant is another conversation.
+    send(&proxy, "Bearer sk-tenant-B-SECRET", None).await;
+    let b = expected_conversation(redis.port, "Bearer sk-tenant-B-SECRET", None);
+    assert_ne!(a, b);
+    assert!(
+        eventually(Duration::from_secs(3), || state_of(
+            redis.port, &b, "tokens"
+        ) == tokens)
+        .await
+    );
+
+    // An explicit conversation id separates conversations of one tenant.
+    send(&proxy, "Bearer sk-tenant-A-SECRET", Some("ticket-42")).await;
+    let named = expected_conversation(redis.port, "Bearer sk-tenant-A-SECRET", Some("ticket-42"));
+    assert_ne!(named, a);
+    assert!(
+        eventually(Duration::from_secs(3), || state_of(
+            redis.port, &named, "tokens"
+        ) == tokens)
+        .await
+    );
+    assert_eq!(proxy.stats().identified, 3);
+
+    // Nothing of a credential is in Redis, keys or values.
+    let keys = command(redis.port, &["KEYS", "*SECRET*"]).unwrap_or_default();
+    assert!(keys.is_empty(), "{keys}");
+    for conversation in [a, b, named] {
+        let prefix = state_of(redis.port, &conversation, "prefix");
+        assert_eq!(prefix.len(), 64);
+        assert!(!prefix.contains("SECRET"));
+    }
+}
+
+#[tokio::test]
+async fn requests_succeed_while_the_store_is_down_and_state_resumes_after() {
+    let mut redis = RedisServer::start();
+    let provider = FakeProvider::start(Default::default()).await.unwrap();
+    let proxy = proxy_on_redis(&provider, &redis).await;
+    send(&proxy, "Bearer sk-x", None).await;
+    let conversation = expected_conversation(redis.port, "Bearer sk-x", None);
+
+    redis.stop();
+    for _ in 0..5 {
+        let reply = send(&proxy, "Bearer sk-x", None).await;
+        assert!(reply["choices"][0]["message"]["content"].is_string());
+    }
+    assert!(!proxy.state.store().is_healthy());
+    assert_eq!(
+        provider.requests().len(),
+        6,
+        "every request reached the provider"
+    );
+
+    let secret = command(redis.port, &["GET", "conv:secret"]).unwrap_or_default();
+    redis.restart();
+    // The restarted Redis is empty (no persistence); the replica keeps the secret it
+    // agreed on and publishes it again, so its conversation keys stay the same.
+    let recorded = async {
+        for _ in 0..100 {
+            send(&proxy, "Bearer sk-x", None).await;
+            if !state_of(redis.port, &conversation, "tokens").is_empty() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    };
+    assert!(
+        recorded.await,
+        "usage is recorded again after the store comes back"
+    );
+    assert_eq!(
+        command(redis.port, &["GET", "conv:secret"]).unwrap(),
+        secret
+    );
+    send(&proxy, "Bearer sk-x", None).await;
+    assert!(eventually(Duration::from_secs(3), || proxy.state.store().is_healthy()).await);
+}
+
+#[tokio::test]
+async fn the_in_process_store_identifies_conversations_by_default() {
+    let provider = FakeProvider::start(Default::default()).await.unwrap();
+    let proxy = Proxy::start(&provider.url()).await;
+    assert_eq!(proxy.state.store().backend_name(), "memory");
+    let first = send(&proxy, "Bearer sk-m", None).await;
+    send(&proxy, "Bearer sk-m", None).await;
+    assert_eq!(proxy.stats().identified, 2);
+    assert!(first["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+    let recent = proxy.state.store().recent(0, 10).await.unwrap();
+    assert_eq!(recent.len(), 1, "two turns of one conversation");
+}

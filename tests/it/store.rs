@@ -1,0 +1,645 @@
+//! One store suite, three backends: in-process, a real single Redis, a real 3-node
+//! Redis Cluster. Every scenario runs against each (see `suite!`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use abridge::config::StoreConfig;
+use abridge::identity::{Fingerprint, IdentityKey};
+use abridge::secret::Secret;
+use abridge::store::{Checkpoint, Saved, Store, StoreError, UsageRecord};
+use serde_json::value::RawValue;
+
+use crate::common::redis::{RedisServer, command, shared, shared_cluster};
+
+/// A key prefix no other test uses, so tests can share one Redis.
+fn unique_prefix() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "t{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn memory() -> (Store, StoreConfig) {
+    let config = StoreConfig::default();
+    (Store::from_config(&config).unwrap(), config)
+}
+
+fn redis_at(url: String) -> (Store, StoreConfig) {
+    let config = StoreConfig {
+        redis_url: Some(Secret::new(url)),
+        key_prefix: unique_prefix(),
+        ..StoreConfig::default()
+    };
+    (Store::from_config(&config).unwrap(), config)
+}
+
+fn single() -> (Store, StoreConfig) {
+    redis_at(shared().url())
+}
+
+fn cluster() -> (Store, StoreConfig) {
+    let config = StoreConfig {
+        redis_cluster: shared_cluster()
+            .urls()
+            .into_iter()
+            .map(Secret::new)
+            .collect(),
+        key_prefix: unique_prefix(),
+        ..StoreConfig::default()
+    };
+    (Store::from_config(&config).unwrap(), config)
+}
+
+/// A conversation id as the request path makes it: a keyed hash of the tenant.
+fn conversation(tenant: &str, n: u32) -> Fingerprint {
+    IdentityKey::new(Secret::new("suite-secret"))
+        .namespace(tenant.as_bytes(), Some(n.to_string().as_bytes()))
+}
+
+fn fingerprint(n: u32) -> Fingerprint {
+    conversation("prefix", n)
+}
+
+fn checkpoint(through: u32, prefix: Fingerprint, text: &str) -> Checkpoint {
+    let replacement = serde_json::json!([{"role": "user", "content": text}]).to_string();
+    Checkpoint {
+        through,
+        prefix,
+        head: 1,
+        replacement: RawValue::from_string(replacement).unwrap(),
+        summary: Some(format!("summary: {text}")),
+        strategy: "recency".into(),
+        tokens_before: 1000 + u64::from(through),
+        tokens_after: 100,
+        created_ms: 1_700_000_000_000,
+    }
+}
+
+/// Runs each scenario on the three backends.
+macro_rules! suite {
+    ($($scenario:ident),* $(,)?) => {
+        mod on_memory { $( #[tokio::test] async fn $scenario() { super::$scenario(super::memory()).await } )* }
+        mod on_redis { $( #[tokio::test] async fn $scenario() { super::$scenario(super::single()).await } )* }
+        mod on_cluster { $( #[tokio::test] async fn $scenario() { super::$scenario(super::cluster()).await } )* }
+    };
+}
+
+suite!(
+    round_trip,
+    checkpoints_are_monotonic_under_concurrent_writers,
+    first_writer_wins_for_the_same_history,
+    lock_is_exclusive_expires_and_needs_its_token,
+    delete_and_recent,
+    identity_secret_is_set_once,
+);
+
+async fn round_trip((store, _): (Store, StoreConfig)) {
+    let conv = conversation("Bearer sk-a", 1);
+    let loaded = store.load(&conv).await.unwrap();
+    assert!(loaded.checkpoints.is_empty() && loaded.state.is_none());
+
+    let (p3, p7) = (fingerprint(3), fingerprint(7));
+    assert_eq!(
+        store
+            .save_checkpoint(&conv, &checkpoint(3, p3, "three"))
+            .await
+            .unwrap(),
+        Saved::Stored
+    );
+    assert_eq!(
+        store
+            .save_checkpoint(&conv, &checkpoint(7, p7, "seven"))
+            .await
+            .unwrap(),
+        Saved::Stored
+    );
+    store
+        .record_usage(
+            &conv,
+            UsageRecord {
+                tokens: 4321,
+                messages: 9,
+                prefix: fingerprint(8),
+            },
+        )
+        .await
+        .unwrap();
+
+    let loaded = store.load(&conv).await.unwrap();
+    assert_eq!(
+        loaded.checkpoints,
+        vec![checkpoint(7, p7, "seven"), checkpoint(3, p3, "three")],
+        "deepest first"
+    );
+    let state = loaded.state.unwrap();
+    assert_eq!(
+        (
+            state.tokens,
+            state.messages,
+            state.prefix,
+            state.compactions
+        ),
+        (4321, 9, Some(fingerprint(8)), 2)
+    );
+    assert!(state.last_seen_ms > 0);
+
+    // Matching: the deepest checkpoint whose prefix hash is the request's.
+    let mut prefixes: Vec<Fingerprint> = (0..10).map(|i| fingerprint(100 + i)).collect();
+    assert!(loaded.matching(&prefixes).is_none());
+    prefixes[3] = p3;
+    assert_eq!(loaded.matching(&prefixes).unwrap().through, 3);
+    prefixes[7] = p7;
+    assert_eq!(loaded.matching(&prefixes).unwrap().through, 7);
+    assert!(
+        loaded
+            .matching(&prefixes[..5])
+            .is_some_and(|c| c.through == 3),
+        "a shorter request matches only what it contains"
+    );
+
+    // Another conversation sees nothing of this one.
+    let other = store.load(&conversation("Bearer sk-b", 1)).await.unwrap();
+    assert!(other.checkpoints.is_empty() && other.state.is_none());
+    assert!(store.is_healthy());
+}
+
+async fn checkpoints_are_monotonic_under_concurrent_writers((store, config): (Store, StoreConfig)) {
+    let conv = conversation("t", 2);
+    let mut tasks = Vec::new();
+    // 50 writers at depths 1..=50 in a scrambled order, some twice.
+    for i in 0..50u32 {
+        let depth = (i * 37) % 50 + 1;
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .save_checkpoint(
+                    &conv,
+                    &checkpoint(depth, fingerprint(depth), &format!("d{depth}")),
+                )
+                .await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    // A late, paused writer arrives with a shallow checkpoint.
+    store
+        .save_checkpoint(&conv, &checkpoint(2, fingerprint(2), "late"))
+        .await
+        .unwrap();
+
+    let loaded = store.load(&conv).await.unwrap();
+    let depths: Vec<u32> = loaded.checkpoints.iter().map(|c| c.through).collect();
+    let max = config.max_checkpoints as u32;
+    let expected: Vec<u32> = (50 - max + 1..=50).rev().collect();
+    assert_eq!(depths, expected, "the deepest {max} stay, deepest first");
+    assert_eq!(
+        loaded.checkpoints[0],
+        checkpoint(50, fingerprint(50), "d50")
+    );
+}
+
+async fn first_writer_wins_for_the_same_history((store, _): (Store, StoreConfig)) {
+    let conv = conversation("t", 3);
+    let prefix = fingerprint(5);
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            store
+                .save_checkpoint(&conv, &checkpoint(5, prefix, &format!("writer {i}")))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut stored = 0;
+    for t in tasks {
+        if t.await.unwrap() == Saved::Stored {
+            stored += 1;
+        }
+    }
+    assert_eq!(stored, 1);
+    let loaded = store.load(&conv).await.unwrap();
+    assert_eq!(loaded.checkpoints.len(), 1);
+    assert_eq!(loaded.state.unwrap().compactions, 1);
+    // A fork at the same depth (other history) is a different checkpoint.
+    assert_eq!(
+        store
+            .save_checkpoint(&conv, &checkpoint(5, fingerprint(55), "fork"))
+            .await
+            .unwrap(),
+        Saved::Stored
+    );
+    assert_eq!(store.load(&conv).await.unwrap().checkpoints.len(), 2);
+}
+
+async fn lock_is_exclusive_expires_and_needs_its_token((store, _): (Store, StoreConfig)) {
+    let conv = conversation("t", 4);
+    let ttl = Duration::from_millis(300);
+    let first = store
+        .try_lock(&conv, ttl)
+        .await
+        .unwrap()
+        .expect("free lock");
+    assert!(
+        store.try_lock(&conv, ttl).await.unwrap().is_none(),
+        "exclusive"
+    );
+    // Someone else's token cannot release it.
+    let other = store
+        .try_lock(&conversation("t", 40), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!store.unlock(&conv, &other).await.unwrap());
+    assert!(store.try_lock(&conv, ttl).await.unwrap().is_none());
+    // Released by its holder, free again.
+    assert!(store.unlock(&conv, &first).await.unwrap());
+    let second = store
+        .try_lock(&conv, ttl)
+        .await
+        .unwrap()
+        .expect("free after release");
+    // Expiry frees it; the expired holder can no longer release the new holder's lock.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let third = store
+        .try_lock(&conv, ttl)
+        .await
+        .unwrap()
+        .expect("free after expiry");
+    assert!(!store.unlock(&conv, &second).await.unwrap());
+    assert!(store.try_lock(&conv, ttl).await.unwrap().is_none());
+    assert!(store.unlock(&conv, &third).await.unwrap());
+}
+
+async fn delete_and_recent((store, _): (Store, StoreConfig)) {
+    let (a, b) = (conversation("t", 5), conversation("t", 6));
+    store
+        .record_usage(
+            &a,
+            UsageRecord {
+                tokens: 1,
+                messages: 1,
+                prefix: fingerprint(1),
+            },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    store
+        .record_usage(
+            &b,
+            UsageRecord {
+                tokens: 2,
+                messages: 2,
+                prefix: fingerprint(2),
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .save_checkpoint(&a, &checkpoint(1, fingerprint(1), "a"))
+        .await
+        .unwrap();
+
+    let recent = store.recent(0, 10).await.unwrap();
+    let ids: Vec<Fingerprint> = recent.iter().map(|r| r.conversation).collect();
+    assert_eq!(&ids[..2], &[b, a], "most recent first");
+    assert_eq!(
+        store.recent(1, 1).await.unwrap()[0].conversation,
+        a,
+        "paginated"
+    );
+
+    assert!(store.delete(&a).await.unwrap());
+    assert!(!store.delete(&a).await.unwrap());
+    let loaded = store.load(&a).await.unwrap();
+    assert!(loaded.checkpoints.is_empty() && loaded.state.is_none());
+    assert!(
+        !store
+            .recent(0, 10)
+            .await
+            .unwrap()
+            .iter()
+            .any(|r| r.conversation == a)
+    );
+    assert!(store.load(&b).await.unwrap().state.is_some());
+}
+
+async fn identity_secret_is_set_once((store, config): (Store, StoreConfig)) {
+    let first = store
+        .identity_secret(&Secret::new("candidate-one"))
+        .await
+        .unwrap();
+    assert_eq!(first.expose(), "candidate-one");
+    let again = store
+        .identity_secret(&Secret::new("candidate-two"))
+        .await
+        .unwrap();
+    assert_eq!(again.expose(), "candidate-one");
+    if config.redis_url.is_some() || !config.redis_cluster.is_empty() {
+        // Another replica (another client of the same Redis) gets the same secret.
+        let replica = Store::from_config(&config).unwrap();
+        assert_eq!(
+            replica
+                .identity_secret(&Secret::new("candidate-three"))
+                .await
+                .unwrap()
+                .expose(),
+            "candidate-one"
+        );
+    }
+}
+
+/// `INFO commandstats` as (command, calls).
+fn command_calls(port: u16) -> Vec<(String, u64)> {
+    command(port, &["INFO", "commandstats"])
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .filter(|(name, _)| name != "info")
+        .collect()
+}
+
+fn delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = after
+        .iter()
+        .map(|(name, calls)| {
+            let was = before
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0, |(_, c)| *c);
+            (name.clone(), calls - was)
+        })
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_load_is_one_pipeline_of_four_commands_on_one_node() {
+    // Single Redis (its own server, so no other test's commands are counted).
+    let server = RedisServer::start();
+    let (store, _) = redis_at(server.url());
+    let conv = conversation("t", 7);
+    store
+        .save_checkpoint(&conv, &checkpoint(1, fingerprint(1), "x"))
+        .await
+        .unwrap();
+    let before = command_calls(server.port);
+    store.load(&conv).await.unwrap();
+    let after = command_calls(server.port);
+    assert_eq!(
+        delta(&before, &after),
+        vec![("hgetall".to_owned(), 2), ("pexpire".to_owned(), 2)]
+    );
+
+    // Cluster: the same four commands, all on the one node that owns the slot.
+    let cluster_nodes = &shared_cluster().nodes;
+    let (store, _) = cluster();
+    store.load(&conv).await.unwrap(); // connect and learn the slots first
+    let before: Vec<_> = cluster_nodes
+        .iter()
+        .map(|n| command_calls(n.port))
+        .collect();
+    store.load(&conv).await.unwrap();
+    let after: Vec<_> = cluster_nodes
+        .iter()
+        .map(|n| command_calls(n.port))
+        .collect();
+    let per_node: Vec<Vec<(String, u64)>> = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| delta(b, a))
+        .collect();
+    let busy: Vec<&Vec<(String, u64)>> = per_node.iter().filter(|d| !d.is_empty()).collect();
+    assert_eq!(busy.len(), 1, "one node served the load: {per_node:?}");
+    assert_eq!(
+        busy[0],
+        &vec![("hgetall".to_owned(), 2), ("pexpire".to_owned(), 2)]
+    );
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl_and_no_key_or_value_holds_a_credential() {
+    let server = RedisServer::start();
+    let (store, config) = redis_at(server.url());
+    let credential = "Bearer sk-live-RAWCREDENTIAL-123";
+    let conv = IdentityKey::new(Secret::new("s")).namespace(credential.as_bytes(), None);
+    store
+        .save_checkpoint(&conv, &checkpoint(2, fingerprint(2), "hello"))
+        .await
+        .unwrap();
+    store
+        .record_usage(
+            &conv,
+            UsageRecord {
+                tokens: 10,
+                messages: 3,
+                prefix: fingerprint(3),
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .try_lock(&conv, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .identity_secret(&Secret::new("identity-secret"))
+        .await
+        .unwrap();
+
+    let keys: Vec<String> = command_list(server.port, &["KEYS", "*"]);
+    assert!(keys.len() >= 5, "{keys:?}");
+    let secret_key = format!("{}:secret", config.key_prefix);
+    for key in &keys {
+        assert!(key.starts_with(&config.key_prefix), "{key}");
+        let ttl: i64 = command(server.port, &["PTTL", key])
+            .unwrap()
+            .parse()
+            .unwrap();
+        if *key == secret_key {
+            assert_eq!(
+                ttl, -1,
+                "the identity secret is kept without expiry (see Store::identity_secret)"
+            );
+        } else {
+            assert!(
+                ttl > 0 && ttl <= (config.ttl_secs * 1000) as i64,
+                "{key} has TTL {ttl}"
+            );
+        }
+        assert!(
+            !key.contains("sk-live") && !key.contains("RAWCREDENTIAL"),
+            "{key}"
+        );
+        let dump = command_list(server.port, &["DUMP", key]).join("");
+        let kind = command(server.port, &["TYPE", key]).unwrap();
+        let values = match kind.as_str() {
+            "hash" => command_list(server.port, &["HGETALL", key]).join(" "),
+            "zset" => command_list(server.port, &["ZRANGE", key, "0", "-1"]).join(" "),
+            _ => command(server.port, &["GET", key]).unwrap(),
+        };
+        assert!(
+            !values.contains("RAWCREDENTIAL") && !dump.contains("RAWCREDENTIAL"),
+            "{key}: {values}"
+        );
+    }
+    // Conversation keys share one hash tag: `<prefix>:{<hash>}:<part>`.
+    let tagged: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.contains(&format!("{{{conv}}}")))
+        .collect();
+    assert_eq!(tagged.len(), 3, "{keys:?}");
+}
+
+/// A multi-bulk reply as strings (enough for KEYS, HGETALL, ZRANGE).
+fn command_list(port: u16, args: &[&str]) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut request = format!("*{}\r\n", args.len());
+    for a in args {
+        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let read_bulk = |reader: &mut BufReader<std::net::TcpStream>, header: &str| -> String {
+        let len: i64 = header.trim_end()[1..].parse().unwrap();
+        if len < 0 {
+            return String::new();
+        }
+        let mut buf = vec![0; len as usize + 2];
+        reader.read_exact(&mut buf).unwrap();
+        buf.truncate(len as usize);
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    if line.starts_with('$') {
+        return vec![read_bulk(&mut reader, &line)];
+    }
+    let n: usize = line.trim_end()[1..].parse().unwrap();
+    (0..n)
+        .map(|_| {
+            let mut header = String::new();
+            reader.read_line(&mut header).unwrap();
+            read_bulk(&mut reader, &header)
+        })
+        .collect()
+}
+
+/// Waits until `store` answers again (the probe gate lets a call through every 500 ms).
+async fn until_healthy(store: &Store, conv: &Fingerprint, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if store.load(conv).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_killed_redis_fails_fast_and_is_used_again_after_restart() {
+    let mut server = RedisServer::start();
+    let (store, config) = redis_at(server.url());
+    let conv = conversation("t", 8);
+    store
+        .save_checkpoint(&conv, &checkpoint(1, fingerprint(1), "before"))
+        .await
+        .unwrap();
+    assert!(store.is_healthy());
+
+    server.stop();
+    let started = Instant::now();
+    let err = store.load(&conv).await.unwrap_err();
+    assert!(
+        started.elapsed() < config.response_timeout() + Duration::from_millis(150),
+        "{:?}: {err}",
+        started.elapsed()
+    );
+    assert!(!store.is_healthy());
+    assert!(store.last_error().is_some());
+    // While it is down, calls fail at once instead of waiting each time.
+    let started = Instant::now();
+    for _ in 0..20 {
+        assert!(store.load(&conv).await.is_err());
+    }
+    assert!(
+        started.elapsed() < config.response_timeout() * 3,
+        "{:?}",
+        started.elapsed()
+    );
+
+    server.restart();
+    assert!(
+        until_healthy(&store, &conv, Duration::from_secs(10)).await,
+        "the same Store recovers without a restart"
+    );
+    assert!(store.is_healthy());
+    // The restarted Redis is empty (no persistence); writes work again.
+    store
+        .save_checkpoint(&conv, &checkpoint(2, fingerprint(2), "after"))
+        .await
+        .unwrap();
+    assert_eq!(store.load(&conv).await.unwrap().checkpoints.len(), 1);
+}
+
+#[tokio::test]
+async fn a_paused_redis_cannot_stall_requests() {
+    let server = RedisServer::start();
+    let (store, config) = redis_at(server.url());
+    let conv = conversation("t", 9);
+    store.load(&conv).await.unwrap();
+
+    server.pause();
+    let started = Instant::now();
+    let err = store.load(&conv).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Timeout(_) | StoreError::Backend(_)),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < config.response_timeout() + Duration::from_millis(150),
+        "{:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    for _ in 0..20 {
+        store.load(&conv).await.unwrap_err();
+    }
+    assert!(
+        started.elapsed() < config.response_timeout() * 3,
+        "{:?}",
+        started.elapsed()
+    );
+
+    server.resume();
+    assert!(until_healthy(&store, &conv, Duration::from_secs(10)).await);
+}
+
+#[tokio::test]
+async fn a_redis_down_at_start_is_picked_up_when_it_comes() {
+    let mut server = RedisServer::start();
+    server.stop();
+    let (store, _) = redis_at(server.url());
+    let conv = conversation("t", 10);
+    assert!(store.load(&conv).await.is_err());
+    server.restart();
+    assert!(until_healthy(&store, &conv, Duration::from_secs(10)).await);
+}
