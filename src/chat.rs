@@ -321,6 +321,40 @@ pub fn with_usage_requested(body: &Bytes, request: &ChatRequest<'_>) -> Option<B
     }
 }
 
+/// The body with its `messages` array replaced by `messages` (each the raw JSON of one
+/// message, spliced in as is). Everything else keeps its bytes. `None` if the request has
+/// no messages (nothing to replace) or the array cannot be located.
+pub fn with_messages(
+    body: &[u8],
+    request: &ChatRequest<'_>,
+    messages: &[&RawValue],
+) -> Option<Bytes> {
+    let first = span_of(body, request.messages.first()?.get())?;
+    let last = span_of(body, request.messages.last()?.get())?;
+    // Only whitespace may stand between the brackets and the first/last element.
+    let open = body[..first.start]
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())?;
+    let close = last.end
+        + body[last.end..]
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())?;
+    if body[open] != b'[' || body[close] != b']' {
+        return None;
+    }
+    let mut array =
+        Vec::with_capacity(2 + messages.iter().map(|m| m.get().len() + 1).sum::<usize>());
+    array.push(b'[');
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            array.push(b',');
+        }
+        array.extend_from_slice(m.get().as_bytes());
+    }
+    array.push(b']');
+    Some(splice(body, open..close + 1, &array))
+}
+
 /// Where `part` (a slice borrowed from `body`) lies in `body`.
 pub fn span_of(body: &[u8], part: &str) -> Option<Range<usize>> {
     let start = (part.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
@@ -428,6 +462,25 @@ mod tests {
         );
         let parsed = parse(in_field.as_bytes()).unwrap();
         assert_eq!(parsed.messages.len(), 1);
+    }
+
+    #[test]
+    fn messages_are_replaced_and_everything_else_kept() {
+        let body = br#"{"model":"m", "messages" : [ {"role":"system","content":"s"} ,{"role":"user","content":"u1"},
+            {"role":"user","content":"u2"} ] ,"tools":[{"type":"function"}],"x":1}"#;
+        let parsed = parse(body).unwrap();
+        let keep = [parsed.request.messages[0], parsed.request.messages[2]];
+        let out = with_messages(body, &parsed.request, &keep).unwrap();
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"model":"m", "messages" : [{"role":"system","content":"s"},{"role":"user","content":"u2"}] ,"tools":[{"type":"function"}],"x":1}"#
+        );
+        // Unchanged messages give the same messages back.
+        let again = parse(&out).unwrap();
+        assert_eq!(again.messages.len(), 2);
+        let none = parse(br#"{"messages":[]}"#).unwrap();
+        assert!(with_messages(br#"{"messages":[]}"#, &none.request, &keep).is_none());
     }
 
     #[test]

@@ -44,6 +44,48 @@ pub struct Config {
     pub log: LogConfig,
     pub identity: IdentityConfig,
     pub store: StoreConfig,
+    pub summary: SummaryConfig,
+}
+
+/// The summariser used by the `structured` and `llm_replace` strategies.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SummaryConfig {
+    /// Model for summaries. Empty: the model of the request being compacted.
+    pub model: String,
+    /// A separate (e.g. cheaper) provider for summaries, base URL with `/v1`. Unset: the
+    /// main upstream, called with the client's own credentials. When set, the client's
+    /// credentials are never sent there; `api_key` is used instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamBase>,
+    /// Bearer key for `upstream` (unset: no Authorization, e.g. a local server).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<Secret>,
+    /// Longest summary, in tokens.
+    pub max_tokens: u32,
+    /// Longest wait for a summary; then the strategy falls back.
+    pub timeout_ms: u64,
+    /// Sampling temperature for summaries (low: faithful, repeatable).
+    pub temperature: f64,
+}
+
+impl Default for SummaryConfig {
+    fn default() -> Self {
+        Self {
+            model: String::new(),
+            upstream: None,
+            api_key: None,
+            max_tokens: 2048,
+            timeout_ms: 60_000,
+            temperature: 0.2,
+        }
+    }
+}
+
+impl SummaryConfig {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -133,6 +175,7 @@ impl Default for Config {
             log: LogConfig::default(),
             identity: IdentityConfig::default(),
             store: StoreConfig::default(),
+            summary: SummaryConfig::default(),
         }
     }
 }
@@ -464,6 +507,12 @@ impl Config {
             return Err((
                 "store.key_prefix",
                 "must be non-empty and contain no braces (they would break Redis Cluster hash tags)".to_owned(),
+            ));
+        }
+        if self.summary.api_key.is_some() && self.summary.upstream.is_none() {
+            return Err((
+                "summary.api_key",
+                "is only used with summary.upstream; the main upstream gets the client's own credentials".to_owned(),
             ));
         }
         if store.ttl_secs == 0 || store.max_checkpoints == 0 || store.response_timeout_ms == 0 {

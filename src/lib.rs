@@ -13,6 +13,9 @@
 //! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (Cluster),
 //!   fail-open behind a timeout and a probe gate.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
+//! - [`summariser`] — one chat completion that turns a transcript into a summary.
+//! - [`models`]    — context windows of known models (for ratio thresholds).
+//! - [`overflow`]  — recognising a provider's "context length exceeded" answer.
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads both namings.
 //! - [`stats`]     — lock-free counters of what happened.
@@ -47,12 +50,15 @@ pub mod chat;
 pub mod config;
 pub mod error;
 pub mod identity;
+pub mod models;
+pub mod overflow;
 pub mod proxy;
 pub mod relay;
 pub mod secret;
 pub mod server;
 pub mod stats;
 pub mod store;
+pub mod summariser;
 pub mod upstream;
 
 pub use config::Config;

@@ -53,6 +53,27 @@ impl Upstream {
         &self.base
     }
 
+    /// Another upstream (e.g. a cheaper summary provider) on the same connection pool.
+    pub fn with_base(&self, base: UpstreamBase, first_byte: Duration) -> Self {
+        Self {
+            client: self.client.clone(),
+            base,
+            first_byte,
+        }
+    }
+
+    /// `<base><path>`, for requests abridge makes itself (`path` starts with `/`).
+    pub fn endpoint(&self, path: &str) -> Result<Uri, Error> {
+        let path_and_query = PathAndQuery::try_from(format!("{}{path}", self.base.path))
+            .map_err(|_| Error::BadPath)?;
+        Uri::builder()
+            .scheme(self.base.scheme.clone())
+            .authority(self.base.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|e| Error::Internal(format!("building upstream URI: {e}")))
+    }
+
     /// The upstream URI for a client request URI: `/v1/<rest>?<query>` becomes
     /// `<base>/<rest>?<query>`. Paths outside `/v1` are unknown (404); dot segments are
     /// refused (400) so a path cannot climb out of the base path.

@@ -16,3 +16,4 @@ mod passthrough;
 mod redis_support;
 mod store;
 mod streaming;
+mod summariser;

@@ -1,0 +1,237 @@
+//! The summariser: one non-streaming chat completion that turns a transcript into a
+//! summary, for the `structured` and `llm_replace` strategies.
+//!
+//! By default it calls the same upstream with the client's own credentials and the
+//! request's model (so it needs no configuration and bills the same account). With
+//! `summary.upstream` it calls that provider instead with `summary.api_key`, and the
+//! client's credentials are never sent there. A low temperature and a token cap keep
+//! summaries faithful and bounded; any failure is reported so the strategy can fall back.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, header};
+use http_body_util::{BodyExt, Limited};
+use serde::Deserialize;
+
+use crate::config::SummaryConfig;
+use crate::secret::Secret;
+use crate::upstream::Upstream;
+
+/// Headers carrying a client's credentials or account selection, forwarded to the main
+/// upstream for its summary calls (never to a separate summary provider).
+const CREDENTIAL_HEADERS: [&str; 5] = [
+    "authorization",
+    "api-key",
+    "x-api-key",
+    "openai-organization",
+    "openai-project",
+];
+
+/// Largest summary response read.
+const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Clone)]
+pub struct Summariser {
+    upstream: Upstream,
+    /// Set when summaries go to a separate provider.
+    separate: Option<Option<Secret>>,
+    model: String,
+    max_tokens: u32,
+    timeout: Duration,
+    temperature: f64,
+}
+
+/// One summary request, as a strategy builds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SummaryCall {
+    pub system: String,
+    pub prompt: String,
+    pub max_tokens: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SummaryFailure {
+    #[error("summariser did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("summariser answered {status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("summariser returned an empty summary")]
+    Empty,
+    #[error("summariser unreachable or unreadable: {0}")]
+    Transport(String),
+}
+
+impl Summariser {
+    pub fn new(config: &SummaryConfig, main: &Upstream) -> Self {
+        let upstream = match &config.upstream {
+            Some(base) => main.with_base(base.clone(), config.timeout()),
+            None => main.with_base(main.base().clone(), config.timeout()),
+        };
+        Self {
+            upstream,
+            separate: config.upstream.as_ref().map(|_| config.api_key.clone()),
+            model: config.model.clone(),
+            max_tokens: config.max_tokens,
+            timeout: config.timeout(),
+            temperature: config.temperature,
+        }
+    }
+
+    /// The model a summary for a request of `request_model` uses.
+    pub fn model_for<'a>(&'a self, request_model: &'a str) -> &'a str {
+        if self.model.is_empty() {
+            request_model
+        } else {
+            &self.model
+        }
+    }
+
+    /// Asks for a summary. `client` are the headers of the request being compacted (its
+    /// credentials are used only with the main upstream).
+    pub async fn summarise(
+        &self,
+        client: &HeaderMap,
+        request_model: &str,
+        call: &SummaryCall,
+    ) -> Result<String, SummaryFailure> {
+        let max_tokens = call.max_tokens.min(self.max_tokens).max(1);
+        let body = serde_json::json!({
+            "model": self.model_for(request_model),
+            "messages": [
+                {"role": "system", "content": call.system},
+                {"role": "user", "content": call.prompt},
+            ],
+            "max_tokens": max_tokens,
+            "temperature": self.temperature,
+            "stream": false,
+        });
+        let body =
+            serde_json::to_vec(&body).map_err(|e| SummaryFailure::Transport(e.to_string()))?;
+        let uri = self
+            .upstream
+            .endpoint("/chat/completions")
+            .map_err(|e| SummaryFailure::Transport(e.to_string()))?;
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT_ENCODING, "identity")
+            .body(Body::from(body))
+            .map_err(|e| SummaryFailure::Transport(e.to_string()))?;
+        let headers = request.headers_mut();
+        match &self.separate {
+            None => {
+                for name in CREDENTIAL_HEADERS {
+                    if let Some(value) = client.get(name) {
+                        headers.insert(HeaderName::from_static(name), value.clone());
+                    }
+                }
+            }
+            Some(Some(key)) => {
+                let value =
+                    HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(|_| {
+                        SummaryFailure::Transport(
+                            "summary.api_key is not a valid header value".into(),
+                        )
+                    })?;
+                headers.insert(header::AUTHORIZATION, value);
+            }
+            Some(None) => {}
+        }
+
+        let exchange = async {
+            let response = self.upstream.send(request).await.map_err(|e| match e {
+                crate::error::Error::UpstreamTimeout(after) => SummaryFailure::Timeout(after),
+                e => SummaryFailure::Transport(e.to_string()),
+            })?;
+            let status = response.status();
+            let bytes: Bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+                .collect()
+                .await
+                .map_err(|e| SummaryFailure::Transport(e.to_string()))?
+                .to_bytes();
+            Ok::<_, SummaryFailure>((status, bytes))
+        };
+        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| SummaryFailure::Timeout(self.timeout))??;
+        if !status.is_success() {
+            return Err(SummaryFailure::Status {
+                status: status.as_u16(),
+                message: error_message(&bytes),
+            });
+        }
+        let text = completion_text(&bytes).ok_or_else(|| {
+            SummaryFailure::Transport("the response is not a chat completion".into())
+        })?;
+        if text.trim().is_empty() {
+            return Err(SummaryFailure::Empty);
+        }
+        Ok(text)
+    }
+}
+
+/// `choices[0].message.content` of a chat completion.
+fn completion_text(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Completion {
+        choices: Vec<Choice>,
+    }
+    #[derive(Deserialize)]
+    struct Choice {
+        message: Message,
+    }
+    #[derive(Deserialize)]
+    struct Message {
+        content: Option<String>,
+    }
+    let completion: Completion = serde_json::from_slice(body).ok()?;
+    Some(
+        completion
+            .choices
+            .into_iter()
+            .next()?
+            .message
+            .content
+            .unwrap_or_default(),
+    )
+}
+
+/// The provider's error message, or the start of its body.
+fn error_message(body: &[u8]) -> String {
+    #[derive(Deserialize)]
+    struct Envelope {
+        error: Inner,
+    }
+    #[derive(Deserialize)]
+    struct Inner {
+        message: String,
+    }
+    match serde_json::from_slice::<Envelope>(body) {
+        Ok(e) => e.error.message,
+        Err(_) => String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_completion_text_and_error_messages() {
+        let ok = br###"{"choices":[{"index":0,"message":{"role":"assistant","content":"## Goal\nx"}}]}"###;
+        assert_eq!(completion_text(ok).as_deref(), Some("## Goal\nx"));
+        assert_eq!(
+            completion_text(br#"{"choices":[{"message":{"content":null}}]}"#).as_deref(),
+            Some("")
+        );
+        assert_eq!(completion_text(b"nope"), None);
+        assert_eq!(
+            error_message(br#"{"error":{"message":"bad key","type":"x"}}"#),
+            "bad key"
+        );
+        assert_eq!(error_message(b"plain"), "plain");
+    }
+}

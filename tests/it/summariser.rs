@@ -1,0 +1,136 @@
+//! The summariser against real HTTP: the main upstream with the client's credentials, a
+//! separate provider with its own key (the client's never sent there), and every way a
+//! summary can fail.
+
+use std::time::Duration;
+
+use abridge::config::SummaryConfig;
+use abridge::secret::Secret;
+use abridge::summariser::{Summariser, SummaryCall, SummaryFailure};
+use abridge::upstream::Upstream;
+use fake_provider::{Behavior, FakeProvider, SummaryMode};
+use http::HeaderMap;
+
+use crate::common::config_for;
+
+fn call() -> SummaryCall {
+    SummaryCall {
+        system: "You summarise conversations.".into(),
+        prompt: "Summarise this transcript.\n[USER] fix src/lib.rs\n[ASSISTANT] done".into(),
+        max_tokens: 500,
+    }
+}
+
+fn client_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("authorization", "Bearer sk-client".parse().unwrap());
+    h.insert("openai-organization", "org-client".parse().unwrap());
+    h.insert("x-stainless-lang", "python".parse().unwrap());
+    h
+}
+
+fn summariser(main: &FakeProvider, summary: SummaryConfig) -> Summariser {
+    let config = config_for(&main.url());
+    let upstream = Upstream::new(&config).unwrap();
+    Summariser::new(&summary, &upstream)
+}
+
+#[tokio::test]
+async fn the_main_upstream_gets_the_clients_credentials_and_model() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let s = summariser(&provider, SummaryConfig::default());
+    let text = s
+        .summarise(&client_headers(), "gpt-4o", &call())
+        .await
+        .unwrap();
+    assert!(
+        text.contains("## Goal") && text.contains("src/lib.rs"),
+        "{text}"
+    );
+    let seen = provider.last_request().unwrap();
+    assert_eq!(seen.uri.path(), "/v1/chat/completions");
+    assert_eq!(seen.headers["authorization"], "Bearer sk-client");
+    assert_eq!(seen.headers["openai-organization"], "org-client");
+    assert!(
+        seen.headers.get("x-stainless-lang").is_none(),
+        "only credential headers"
+    );
+    let body = seen.json();
+    assert_eq!(body["model"], "gpt-4o");
+    assert_eq!(body["stream"], false);
+    assert_eq!(body["max_tokens"], 500);
+    assert_eq!(body["messages"][0]["role"], "system");
+}
+
+#[tokio::test]
+async fn a_separate_provider_gets_its_own_key_and_never_the_clients() {
+    let main = FakeProvider::start(Behavior::default()).await.unwrap();
+    let cheap = FakeProvider::start(Behavior::default()).await.unwrap();
+    let config = SummaryConfig {
+        model: "cheap-model".into(),
+        upstream: Some(cheap.url().parse().unwrap()),
+        api_key: Some(Secret::new("sk-summary")),
+        ..SummaryConfig::default()
+    };
+    let s = summariser(&main, config);
+    s.summarise(&client_headers(), "gpt-4o", &call())
+        .await
+        .unwrap();
+    assert!(main.requests().is_empty());
+    let seen = cheap.last_request().unwrap();
+    assert_eq!(seen.headers["authorization"], "Bearer sk-summary");
+    assert!(seen.headers.get("openai-organization").is_none());
+    assert_eq!(seen.json()["model"], "cheap-model");
+}
+
+#[tokio::test]
+async fn failures_are_reported_not_hidden() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let s = summariser(&provider, SummaryConfig::default());
+
+    provider.set_behavior(|b| b.summary = SummaryMode::Error);
+    let err = s
+        .summarise(&client_headers(), "m", &call())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SummaryFailure::Status { status: 500, .. }),
+        "{err}"
+    );
+
+    provider.set_behavior(|b| b.summary = SummaryMode::Empty);
+    assert_eq!(
+        s.summarise(&client_headers(), "m", &call())
+            .await
+            .unwrap_err(),
+        SummaryFailure::Empty
+    );
+
+    provider.set_behavior(|b| {
+        b.summary = SummaryMode::Good;
+        b.stall = Some(fake_provider::Stall::BeforeHeaders);
+    });
+    let quick = summariser(
+        &provider,
+        SummaryConfig {
+            timeout_ms: 200,
+            ..SummaryConfig::default()
+        },
+    );
+    let started = std::time::Instant::now();
+    let err = quick
+        .summarise(&client_headers(), "m", &call())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SummaryFailure::Timeout(_)), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    let nowhere = config_for(&format!("http://{}/v1", crate::common::closed_port().await));
+    let s = Summariser::new(&SummaryConfig::default(), &Upstream::new(&nowhere).unwrap());
+    assert!(matches!(
+        s.summarise(&client_headers(), "m", &call())
+            .await
+            .unwrap_err(),
+        SummaryFailure::Transport(_)
+    ));
+}
