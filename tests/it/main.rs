@@ -14,6 +14,7 @@ mod errors;
 mod lifecycle;
 mod passthrough;
 mod redis_support;
+mod sdk;
 mod store;
 mod streaming;
 mod summariser;

@@ -13,6 +13,7 @@
 //! `x-fake-*` headers: `x-fake-status: 503` (fail), `x-fake-stall: headers|body` (hang
 //! before the response headers / after the first SSE event), `x-fake-delay-ms` (between
 //! SSE events), `x-fake-latency-ms` (before the headers), `x-fake-words` (reply length),
+//! `x-fake-window` (context window in tokens),
 //! `x-fake-gzip: 1`, `x-fake-split: 1` (every SSE event in two TCP writes),
 //! `x-fake-multiline: 1` (JSON spread over several `data:` lines),
 //! `x-fake-usage: input` (`input_tokens` naming), `x-fake-leak-headers: 1` (hop-by-hop and
@@ -129,6 +130,9 @@ impl Behavior {
         }
         if let Some(d) = millis("x-fake-latency-ms") {
             b.latency = d;
+        }
+        if let Some(window) = get("x-fake-window").and_then(|v| v.parse().ok()) {
+            b.context_window = Some(window);
         }
         if let Some(words) = get("x-fake-words").and_then(|v| v.parse().ok()) {
             b.reply_words = words;

@@ -1,0 +1,98 @@
+//! The official OpenAI SDKs (Python and Node) against abridge and straight against the
+//! provider: every scenario gives the same result both ways. The SDKs are installed by
+//! `scripts/test` into `target/sdk/` (a Python venv and an npm prefix); these tests are
+//! `#[ignore]`d for a bare `cargo test` and run by `scripts/test`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::common::setup;
+
+fn sdk_dir() -> PathBuf {
+    std::env::var_os("ABRIDGE_SDK_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/sdk"))
+}
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sdk")
+        .join(name)
+}
+
+/// Runs `program args` with a deadline and returns its output, failing loudly.
+async fn run(program: PathBuf, args: Vec<String>) -> String {
+    assert!(
+        program.exists(),
+        "{} is missing: run scripts/test, which installs the SDKs",
+        program.display()
+    );
+    let child = tokio::process::Command::new(&program)
+        .args(&args)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), child)
+        .await
+        .expect("the SDK check finishes within 2 minutes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{} failed:\n{stdout}\n{}",
+        program.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[tokio::test]
+#[ignore = "needs the openai Python SDK that scripts/test installs"]
+async fn python_sdk_sees_no_difference() {
+    let (provider, proxy) = setup().await;
+    let python = sdk_dir().join("venv/bin/python");
+    let out = run(
+        python,
+        vec![
+            script("check.py").display().to_string(),
+            provider.url(),
+            proxy.url("/v1"),
+        ],
+    )
+    .await;
+    assert!(
+        out.contains("ok embeddings") && out.contains("ok usage invisible"),
+        "{out}"
+    );
+    assert!(proxy.stats().usage_reports >= 6, "{:?}", proxy.stats());
+}
+
+#[tokio::test]
+#[ignore = "needs the openai Node SDK that scripts/test installs"]
+async fn node_sdk_sees_no_difference() {
+    let (provider, proxy) = setup().await;
+    // ES modules resolve packages next to the script, so it runs from the npm prefix.
+    let dir = sdk_dir().join("node");
+    let copy = dir.join("check.mjs");
+    std::fs::copy(script("check.mjs"), &copy)
+        .expect("scripts/test installs the Node SDK into target/sdk/node");
+    let node = which("node");
+    let out = run(
+        node,
+        vec![copy.display().to_string(), provider.url(), proxy.url("/v1")],
+    )
+    .await;
+    assert!(
+        out.contains("ok embeddings") && out.contains("ok usage invisible"),
+        "{out}"
+    );
+    assert!(proxy.stats().usage_reports >= 6, "{:?}", proxy.stats());
+}
+
+fn which(program: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} not found: run scripts/test, which installs it"))
+}
