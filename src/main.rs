@@ -11,10 +11,12 @@ const USAGE: &str = "\
 abridge — OpenAI-compatible proxy that keeps long conversations inside the context window
 
 USAGE:
-    abridge [--config FILE]
+    abridge [--config FILE] [--healthcheck]
 
 OPTIONS:
     -c, --config FILE   TOML configuration (see config/abridge.toml for every key)
+        --healthcheck   ask the running abridge's admin listener for /healthz; exit 0
+                        when it answers 200 (for container health checks)
     -h, --help          print this help
     -V, --version       print the version
 
@@ -22,7 +24,10 @@ Every key can also be set from the environment: ABRIDGE_<KEY>, with __ between l
 e.g. ABRIDGE_UPSTREAM=http://127.0.0.1:8000/v1 or ABRIDGE_ADMIN__TOKEN=...";
 
 enum Command {
-    Run { config: Option<PathBuf> },
+    Run {
+        config: Option<PathBuf>,
+        healthcheck: bool,
+    },
     Help,
     Version,
 }
@@ -30,16 +35,21 @@ enum Command {
 fn parse_args() -> Result<Command, lexopt::Error> {
     use lexopt::prelude::*;
     let mut config = None;
+    let mut healthcheck = false;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
             Short('c') | Long("config") => config = Some(PathBuf::from(parser.value()?)),
+            Long("healthcheck") => healthcheck = true,
             Short('h') | Long("help") => return Ok(Command::Help),
             Short('V') | Long("version") => return Ok(Command::Version),
             _ => return Err(arg.unexpected()),
         }
     }
-    Ok(Command::Run { config })
+    Ok(Command::Run {
+        config,
+        healthcheck,
+    })
 }
 
 #[expect(clippy::print_stdout, reason = "--help and --version answer on stdout")]
@@ -48,8 +58,11 @@ fn parse_args() -> Result<Command, lexopt::Error> {
     reason = "errors before logging is set up go to stderr"
 )]
 fn main() -> ExitCode {
-    let config_path = match parse_args() {
-        Ok(Command::Run { config }) => config,
+    let (config_path, healthcheck) = match parse_args() {
+        Ok(Command::Run {
+            config,
+            healthcheck,
+        }) => (config, healthcheck),
         Ok(Command::Help) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -70,6 +83,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if healthcheck {
+        return match check_health(&config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("abridge: unhealthy: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     init_logging(&config);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -82,6 +104,37 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(serve(config))
+}
+
+/// `GET /healthz` on the admin listener of a running abridge (same configuration).
+fn check_health(config: &Config) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let mut addr = config.admin.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let timeout = Duration::from_secs(3);
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).map_err(|e| e.to_string())?;
+    match &head[9..12] {
+        b"200" => Ok(()),
+        status => Err(format!(
+            "{addr} answered {}",
+            String::from_utf8_lossy(status)
+        )),
+    }
 }
 
 fn init_logging(config: &Config) {

@@ -90,6 +90,7 @@ async fn health_is_on_the_admin_listener_only() {
 struct Binary {
     child: Child,
     stderr: Arc<Mutex<String>>,
+    admin: std::net::SocketAddr,
 }
 
 impl Binary {
@@ -112,7 +113,16 @@ impl Binary {
                 s.push('\n');
             }
         });
-        Self { child, stderr }
+        let admin = env
+            .iter()
+            .find(|(k, _)| *k == "ABRIDGE_ADMIN__LISTEN")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| "127.0.0.1:9090".parse().unwrap());
+        Self {
+            child,
+            stderr,
+            admin,
+        }
     }
 
     fn signal(&self, name: &str) {
@@ -219,6 +229,31 @@ async fn sigterm_stops_accepting_and_drains_in_flight_streams() {
         .expect("abridge exits after draining");
     assert!(status.success(), "{status:?}: {}", binary.stderr());
     assert!(binary.stderr().contains("draining"), "{}", binary.stderr());
+}
+
+#[tokio::test]
+async fn healthcheck_mode_reports_the_running_instance() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let check = |admin: std::net::SocketAddr| {
+        let admin = admin.to_string();
+        async move {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
+                .arg("--healthcheck")
+                .env_clear()
+                .env("ABRIDGE_ADMIN__LISTEN", admin)
+                .status()
+                .await
+                .unwrap()
+        }
+    };
+    assert!(
+        !check(closed_port().await).await.success(),
+        "nothing listens there"
+    );
+    let (mut binary, _) = start_binary(&provider, &[]).await;
+    assert!(check(binary.admin).await.success());
+    binary.signal("TERM");
+    binary.wait(Duration::from_secs(5)).unwrap();
 }
 
 #[tokio::test]
