@@ -9,6 +9,8 @@
 //! - [`proxy`]     — request handlers: chat completions (read) and pass-through (rest).
 //! - [`proxy::headers`] — hop-by-hop and `x-abridge-*` header hygiene, both directions.
 //! - [`chat`]      — the chat request parsed by borrowing; edits are splices of the bytes.
+//! - [`tokens`]    — token estimates: the model's own tokenizer for OpenAI families, a
+//!   calibrated byte-class estimate for the rest.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads both namings.
@@ -47,6 +49,7 @@ pub mod relay;
 pub mod secret;
 pub mod server;
 pub mod stats;
+pub mod tokens;
 pub mod upstream;
 
 pub use config::Config;
