@@ -9,6 +9,8 @@
 //! - [`proxy`]     — request handlers: chat completions (read) and pass-through (rest).
 //! - [`proxy::headers`] — hop-by-hop and `x-abridge-*` header hygiene, both directions.
 //! - [`chat`]      — the chat request parsed by borrowing; edits are splices of the bytes.
+//! - [`compact`]   — the compaction strategies (pure, no I/O): which messages to replace
+//!   and with what, as a [`compact::Plan`], and the validator every plan passes.
 //! - [`tokens`]    — token estimates: the model's own tokenizer for OpenAI families, a
 //!   calibrated byte-class estimate for the rest.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
@@ -42,6 +44,7 @@
 
 pub mod admin;
 pub mod chat;
+pub mod compact;
 pub mod config;
 pub mod error;
 pub mod proxy;
