@@ -68,6 +68,7 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
@@ -382,7 +383,8 @@ pub struct Plan {
     /// The summary body (without the framing), for the next iterative update.
     pub summary: Option<String>,
     /// Estimate of the request as it would be forwarded without this plan (with the
-    /// previous checkpoint applied, if one was given).
+    /// previous checkpoint applied, if one was given). For a report only: with an exact
+    /// tokenizer the replaced messages are counted by the calibrated estimate.
     pub tokens_before: u64,
     /// Estimate of the request with this plan applied.
     pub tokens_after: u64,
@@ -542,8 +544,10 @@ pub(crate) struct Ctx<'i, 'a> {
     pub input: &'i Input<'a>,
     pub settings: &'i Settings,
     pub layout: Layout<'i, 'a>,
-    /// `prefix[k]`: estimated tokens of `messages[..k]`.
-    prefix: Vec<u64>,
+    /// Estimated tokens of each message, computed on first use: only the messages near
+    /// the edges are ever counted, which matters with an exact tokenizer (a megabyte takes
+    /// tens of milliseconds to encode).
+    costs: Vec<OnceCell<u64>>,
     /// The earliest possible head and the latest possible start of the kept end.
     h_min: usize,
     t_min: usize,
@@ -554,13 +558,7 @@ pub(crate) struct Ctx<'i, 'a> {
 impl<'i, 'a> Ctx<'i, 'a> {
     fn new(input: &'i Input<'a>, settings: &'i Settings) -> Result<Self, CannotCompact> {
         let layout = Layout::new(input.messages)?;
-        let mut prefix = Vec::with_capacity(layout.len() + 1);
-        prefix.push(0);
-        let mut sum = 0;
-        for m in input.messages {
-            sum += input.estimator.message(m);
-            prefix.push(sum);
-        }
+        let costs = vec![OnceCell::new(); layout.len()];
         let h_min = (layout.sys..=layout.last_user)
             .find(|&k| layout.cut_ok[k])
             .ok_or(CannotCompact::NothingToReplace)?;
@@ -578,7 +576,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
             input,
             settings,
             layout,
-            prefix,
+            costs,
             h_min,
             t_min,
             previous,
@@ -603,7 +601,9 @@ impl<'i, 'a> Ctx<'i, 'a> {
 
     /// Estimated tokens of `messages[range]`.
     pub fn cost(&self, range: std::ops::Range<usize>) -> u64 {
-        self.prefix[range.end] - self.prefix[range.start]
+        range
+            .map(|k| *self.costs[k].get_or_init(|| self.estimator().message(&self.messages()[k])))
+            .sum()
     }
 
     /// Estimated tokens of head + a replacement of `reserve` tokens + `messages[start..]`.
@@ -659,36 +659,41 @@ impl<'i, 'a> Ctx<'i, 'a> {
             None => head + 1,
         };
 
+        // Running sums from the edges inwards, so every estimate below is O(1).
+        let mut sums = EdgeSums {
+            front: Sums::new(0, Box::new(|k| self.cost(k - 1..k))),
+            kept: Sums::new(
+                self.cost(self.t_min..n),
+                Box::new(|j| cost_kept(self.t_min - j)),
+            ),
+            t_min: self.t_min,
+            fixed: self.estimator().per_request() + reserve,
+        };
+
         // Kept end: from the final turn backwards while within the tail budget (or fewer
         // than protect_tail_min messages).
-        let suffix_cost = |start: usize| -> u64 {
-            (start..self.t_min).map(cost_kept).sum::<u64>() + self.cost(self.t_min..n)
-        };
+        let low = floor.max(head + 1);
         let mut start = self.t_min;
         if tail == Tail::Budgeted {
             let tail_budget = self.settings.tail_budget(budget);
-            let mut kept = self.cost(self.t_min..n);
             let mut k = self.t_min;
-            while k > floor.max(head + 1) {
+            while k > low {
                 k -= 1;
-                kept += cost_kept(k);
                 if !l.cut_ok[k] {
                     continue;
                 }
-                if n - start < self.settings.protect_tail_min || kept <= tail_budget {
+                if n - start < self.settings.protect_tail_min || sums.kept(k) <= tail_budget {
                     start = k;
                 } else {
                     break;
                 }
             }
         }
-        let total = |h: usize, s: usize| {
-            self.estimator().per_request() + self.cost(0..h) + reserve + suffix_cost(s)
-        };
+        let mut total = |h: usize, s: usize| sums.total(h, s);
         // With the user role, start the kept end with an assistant message: one cut
         // earlier if that fits, else one later.
         if user_role && is_user(&l.messages[start]) {
-            let earlier = candidates(floor.max(head + 1), start)
+            let earlier = candidates(low, start)
                 .next_back()
                 .filter(|&k| !is_user(&l.messages[k]) && total(head, k) <= budget);
             let later =
@@ -734,17 +739,31 @@ impl<'i, 'a> Ctx<'i, 'a> {
             + self.cost(0..head)
             + replacement_tokens
             + self.cost(through + 1..n);
+        // Replaced messages are counted for this report only: with an exact tokenizer,
+        // by the calibrated estimate instead (encoding them would cost more than the rest
+        // of the compaction together).
+        let before = |range: std::ops::Range<usize>| -> u64 {
+            range
+                .map(|k| {
+                    if (head..=through).contains(&k) && self.estimator().is_exact() {
+                        Estimator::approx().message(&self.messages()[k])
+                    } else {
+                        self.cost(k..k + 1)
+                    }
+                })
+                .sum()
+        };
         let tokens_before = match self.input.previous {
             Some(p) if p.head <= p.through && p.through < n => {
                 self.estimator().per_request()
-                    + self.cost(0..p.head)
+                    + before(0..p.head)
                     + p.replacement
                         .iter()
                         .map(|r| self.raw_tokens(r))
                         .sum::<u64>()
-                    + self.cost(p.through + 1..n)
+                    + before(p.through + 1..n)
             }
-            _ => self.estimator().per_request() + self.cost(0..n),
+            _ => self.estimator().per_request() + before(0..n),
         };
         let (replacement, origin) = replacement.into_iter().unzip();
         Plan {
@@ -775,6 +794,51 @@ impl<'i, 'a> Ctx<'i, 'a> {
 
     pub fn previous(&self) -> Option<&Previous<'a>> {
         self.previous.as_ref()
+    }
+}
+
+/// Running sums `sums[j] = sums[j - 1] + item(j)`, extended on demand.
+struct Sums<'c> {
+    sums: Vec<u64>,
+    item: Box<dyn Fn(usize) -> u64 + 'c>,
+}
+
+impl<'c> Sums<'c> {
+    fn new(first: u64, item: Box<dyn Fn(usize) -> u64 + 'c>) -> Self {
+        Self {
+            sums: vec![first],
+            item,
+        }
+    }
+
+    fn at(&mut self, j: usize) -> u64 {
+        while self.sums.len() <= j {
+            let next = self.sums.len();
+            let sum = self.sums[next - 1] + (self.item)(next);
+            self.sums.push(sum);
+        }
+        self.sums[j]
+    }
+}
+
+/// The estimate of a plan with a given head and kept end, from running sums.
+struct EdgeSums<'c> {
+    /// `front.at(h)`: tokens of `messages[..h]`.
+    front: Sums<'c>,
+    /// `kept.at(j)`: tokens of the kept end starting at `t_min - j`.
+    kept: Sums<'c>,
+    t_min: usize,
+    /// Per-request tokens and the replacement's reserve.
+    fixed: u64,
+}
+
+impl EdgeSums<'_> {
+    fn total(&mut self, head: usize, start: usize) -> u64 {
+        self.fixed + self.front.at(head) + self.kept(start)
+    }
+
+    fn kept(&mut self, start: usize) -> u64 {
+        self.kept.at(self.t_min - start)
     }
 }
 
