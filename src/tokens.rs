@@ -246,7 +246,7 @@ const WEIGHTS: [u16; 256] = {
     w
 };
 
-/// The calibrated estimate: a weight per byte class (see [`WEIGHTS`]), rounded up. One
+/// The calibrated estimate: a weight per byte class (see `WEIGHTS`), rounded up. One
 /// table look-up per byte, no allocation.
 pub fn approx_text(text: &str) -> u64 {
     let hundredths: u64 = text

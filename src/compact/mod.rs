@@ -165,47 +165,47 @@ impl SummaryRole {
 }
 
 /// Compaction settings; a self-contained configuration section. Every field has a
-/// default (in brackets).
+/// default.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
-    /// Messages at the start kept verbatim [3]: typically the system prompt, the first
+    /// Messages at the start kept verbatim (default 3): typically the system prompt, the first
     /// request (the task) and the first answer. Always at least the leading
     /// system/developer messages; moved to the nearest turn boundary, and smaller when
     /// the budget needs it.
     pub protect_head: usize,
-    /// Fraction of the budget the verbatim tail may take [0.2] (recency, structured,
+    /// Fraction of the budget the verbatim tail may take (default 0.2) (recency, structured,
     /// deterministic). The final turn is kept whatever its size.
     pub tail_budget_ratio: f64,
     /// Fewest messages kept verbatim at the end, even over the tail budget, as long as
-    /// the whole request fits [4].
+    /// the whole request fits (default 4).
     pub protect_tail_min: usize,
     /// Recency: a tool result in the kept part (before the final turn) longer than this
-    /// many characters is replaced by a one-line digest [2000].
+    /// many characters is replaced by a one-line digest (default 2000).
     pub tool_prune_chars: usize,
-    /// Role of the injected marker or summary [user].
+    /// Role of the injected marker or summary (default user).
     pub summary_role: SummaryRole,
-    /// Most tokens the summariser may answer with [2000]; capped at a fifth of the
+    /// Most tokens the summariser may answer with (default 2000); capped at a fifth of the
     /// budget (at least 256) so the summary leaves room for the rest.
     pub summary_max_tokens: u32,
     /// How long the caller lets the summariser run before it gives up and falls back to
-    /// recency, in milliseconds [60000]. Applied by the caller (this module has no clock).
+    /// recency, in milliseconds (default 60000). Applied by the caller (this module has no clock).
     pub summary_timeout_ms: u64,
-    /// Summariser transcript: characters kept from the start of a long message [6000].
+    /// Summariser transcript: characters kept from the start of a long message (default 6000).
     pub message_head_chars: usize,
-    /// … and from its end [1500].
+    /// … and from its end (default 1500).
     pub message_tail_chars: usize,
-    /// Summariser transcript: characters kept from the start of a long tool result [4000].
+    /// Summariser transcript: characters kept from the start of a long tool result (default 4000).
     pub tool_result_head_chars: usize,
-    /// … and from its end [1500].
+    /// … and from its end (default 1500).
     pub tool_result_tail_chars: usize,
-    /// Summariser transcript: characters kept of a tool call's arguments [1200].
+    /// Summariser transcript: characters kept of a tool call's arguments (default 1200).
     pub arguments_chars: usize,
     /// Summariser transcript: most characters in all; the oldest messages are left out
-    /// beyond it (and counted) [400000].
+    /// beyond it (and counted) (default 400000).
     pub transcript_max_chars: usize,
     /// Fidelity check: the fraction of the covered range's identifiers (paths, IDs, URLs,
-    /// numbers with units) the summary must contain [0.5].
+    /// numbers with units) the summary must contain (default 0.5).
     pub min_identifier_ratio: f64,
 }
 
