@@ -675,6 +675,8 @@ enum Shape {
     Plain,
     Parts,
     PartsWithImage,
+    /// A JSON value abridge does not read as content (kept as is).
+    Object,
 }
 
 fn shape() -> impl proptest::strategy::Strategy<Value = Shape> {
@@ -682,6 +684,7 @@ fn shape() -> impl proptest::strategy::Strategy<Value = Shape> {
         3 => Just(Shape::Plain),
         1 => Just(Shape::Parts),
         1 => Just(Shape::PartsWithImage),
+        1 => Just(Shape::Object),
     ]
 }
 
@@ -693,6 +696,7 @@ fn content(text: &str, shape: &Shape) -> Value {
             {"type": "text", "text": text},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}}
         ]),
+        Shape::Object => json!({"kind": "custom", "text": text}),
     }
 }
 
@@ -701,6 +705,12 @@ enum Step {
     Say(String),
     /// Parallel calls (name, argument, result, result shape), results reversed or not.
     Call(Vec<(String, String, String, Shape)>, bool),
+    /// Defects and rarities of real histories: a tool result whose call never existed,
+    /// a call never answered, a system message mid-conversation, a legacy function call.
+    Orphan(String),
+    Unanswered(String),
+    System(String),
+    Function(String),
 }
 
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
@@ -709,6 +719,12 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         2 => text().prop_map(Step::Say),
         3 => (proptest::collection::vec(call, 1..4), any::<bool>())
             .prop_map(|(calls, rev)| Step::Call(calls, rev)),
+        1 => prop_oneof![
+            text().prop_map(Step::Orphan),
+            "[a-z_]{1,12}".prop_map(Step::Unanswered),
+            text().prop_map(Step::System),
+            output().prop_map(Step::Function),
+        ],
     ]
 }
 
@@ -753,6 +769,14 @@ impl Conversation {
             for step in steps {
                 match step {
                     Step::Say(t) => out.push(json!({"role": "assistant", "content": t})),
+                    Step::Orphan(t) => out.push(json!({"role": "tool", "tool_call_id": "nobody", "content": t})),
+                    Step::Unanswered(name) => out.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "never", "type": "function", "function": {"name": name, "arguments": "{}"}}]})),
+                    Step::System(t) => out.push(json!({"role": "system", "content": t})),
+                    Step::Function(result) => {
+                        out.push(json!({"role": "assistant", "content": null, "function_call": {"name": "legacy", "arguments": "{}"}}));
+                        out.push(json!({"role": "function", "name": "legacy", "content": result}));
+                    }
                     Step::Call(calls, reversed) => {
                         let ids: Vec<String> = (0..calls.len())
                             .map(|k| {
