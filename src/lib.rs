@@ -12,6 +12,10 @@
 //! - [`identity`]  — canonical message form, rolling prefix hashes, tenant namespaces.
 //! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (Cluster),
 //!   fail-open behind a timeout and a probe gate.
+//! - [`compact`]   — the compaction strategies (pure, no I/O): which messages to replace
+//!   and with what, as a [`compact::Plan`], and the validator every plan passes.
+//! - [`tokens`]    — token estimates: the model's own tokenizer for OpenAI families, a
+//!   calibrated byte-class estimate for the rest.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
 //! - [`summariser`] — one chat completion that turns a transcript into a summary.
 //! - [`models`]    — context windows of known models (for ratio thresholds).
@@ -47,6 +51,7 @@
 
 pub mod admin;
 pub mod chat;
+pub mod compact;
 pub mod config;
 pub mod error;
 pub mod identity;
@@ -59,6 +64,7 @@ pub mod server;
 pub mod stats;
 pub mod store;
 pub mod summariser;
+pub mod tokens;
 pub mod upstream;
 
 pub use config::Config;

@@ -1,0 +1,212 @@
+//! `deterministic`: one summary message built without an LLM — message counts, tools
+//! used, file paths mentioned, the latest user requests, pending-work cues and a
+//! timeline of the first 3 and last 5 replaced messages — between the head and a
+//! token-budgeted tail. Same input, same bytes: lists keep first-appearance order.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use regex::Regex;
+
+use super::text::{first_line, paths, thousands, truncate_chars};
+use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
+use crate::chat::{Message, Role};
+
+/// Tokens set aside for the summary while choosing the edges; the real size is checked
+/// afterwards.
+const RESERVE: u64 = 1024;
+/// Most characters of a message scanned for paths and cues, from its start and its end
+/// (bounds the cost on huge tool outputs).
+const SCAN_HEAD: usize = 16 * 1024;
+const SCAN_TAIL: usize = 4 * 1024;
+const MAX_TOOLS: usize = 20;
+const MAX_PATHS: usize = 30;
+const MAX_REQUESTS: usize = 5;
+const MAX_CUES: usize = 8;
+const LINE_CHARS: usize = 200;
+
+pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
+    let mut reserve = RESERVE;
+    let mut attempt = 0;
+    loop {
+        let Edges { head, start } = ctx.edges(reserve, Tail::Budgeted, &|k| ctx.cost(k..k + 1));
+        let body = summary(&ctx.messages()[head..start]);
+        let raw = authored(ctx.settings.summary_role, &body);
+        let plan = ctx.plan(
+            Strategy::Deterministic,
+            Strategy::Deterministic,
+            (head, start - 1),
+            vec![(raw, Origin::Authored)],
+            None,
+        );
+        let budget = ctx.input.budget;
+        if plan.tokens_after <= budget {
+            return Ok(plan);
+        }
+        // Once more with the summary's real size set aside.
+        attempt += 1;
+        if attempt == 2 {
+            return Err(Fallback::OverBudget {
+                estimate: plan.tokens_after,
+                budget,
+            });
+        }
+        reserve = plan.tokens_after - ctx.total(head, 0, start);
+    }
+}
+
+/// A message's text as scanned: the start and end of long ones.
+fn scanned(text: &str) -> (&str, &str) {
+    if text.len() <= SCAN_HEAD + SCAN_TAIL {
+        return (text, "");
+    }
+    let mut a = SCAN_HEAD;
+    while !text.is_char_boundary(a) {
+        a -= 1;
+    }
+    let mut b = text.len() - SCAN_TAIL;
+    while !text.is_char_boundary(b) {
+        b += 1;
+    }
+    (&text[..a], &text[b..])
+}
+
+fn cue_pattern() -> &'static Regex {
+    static P: OnceLock<Vec<Regex>> = OnceLock::new();
+    &P.get_or_init(|| {
+        super::text::compile(&[
+            r"(?i)\b(?:todo|fixme|next steps?|pending|remaining|still need|not yet|follow[- ]up|left to do|to be done|will (?:now|next)|blocked)\b",
+        ])
+    })[0]
+}
+
+/// The summary body of `range` (the replaced messages).
+fn summary(range: &[Message<'_>]) -> String {
+    let mut users = 0;
+    let mut assistants = 0;
+    let mut results = 0;
+    let mut tools: Vec<(String, usize)> = Vec::new();
+    // Path → when it was last mentioned (the latest mentions are listed).
+    let mut files: BTreeMap<String, usize> = BTreeMap::new();
+    let mut mention = 0usize;
+    let mut requests: Vec<String> = Vec::new();
+    let mut cues: Vec<String> = Vec::new();
+    for m in range {
+        match m.role {
+            Role::User => users += 1,
+            Role::Assistant => assistants += 1,
+            Role::Tool | Role::Function => results += 1,
+            Role::System | Role::Developer => {}
+        }
+        let calls = m.tool_calls().unwrap_or_default();
+        for call in &calls {
+            match tools.iter_mut().find(|(n, _)| *n == call.name) {
+                Some((_, count)) => *count += 1,
+                None => tools.push((call.name.to_string(), 1)),
+            }
+        }
+        let text = m.content().text_lossy();
+        let (a, b) = scanned(&text);
+        let argument_paths = calls.iter().flat_map(|c| paths(&c.arguments));
+        for p in paths(a).into_iter().chain(paths(b)).chain(argument_paths) {
+            mention += 1;
+            files.insert(p.to_owned(), mention);
+        }
+        if m.role == Role::User {
+            let line = first_line(&text, LINE_CHARS);
+            if !line.is_empty() {
+                requests.push(line.into_owned());
+            }
+        }
+        if matches!(m.role, Role::User | Role::Assistant) {
+            for line in a.lines().chain(b.lines()) {
+                if cue_pattern().is_match(line) {
+                    cues.push(truncate_chars(line.trim(), LINE_CHARS).into_owned());
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    let other = range.len() - users - assistants - results;
+    let _ = write!(
+        out,
+        "Digest of {} earlier messages, elided to fit the context window (built without a \
+         model): {} user, {} assistant, {} tool results",
+        thousands(range.len()),
+        thousands(users),
+        thousands(assistants),
+        thousands(results),
+    );
+    if other > 0 {
+        let _ = write!(out, ", {} other", thousands(other));
+    }
+    out.push_str(".\n");
+    if !tools.is_empty() {
+        let list: Vec<String> = tools
+            .iter()
+            .take(MAX_TOOLS)
+            .map(|(name, n)| format!("{name} ×{n}"))
+            .collect();
+        let _ = writeln!(out, "Tools used: {}.", list.join(", "));
+    }
+    if !files.is_empty() {
+        let mut files: Vec<(usize, String)> = files.into_iter().map(|(p, at)| (at, p)).collect();
+        files.sort_unstable();
+        let from = files.len().saturating_sub(MAX_PATHS);
+        let list: Vec<&str> = files[from..].iter().map(|(_, p)| p.as_str()).collect();
+        let _ = writeln!(out, "Files mentioned: {}.", list.join(", "));
+    }
+    section(&mut out, "Latest user requests", &requests, MAX_REQUESTS);
+    section(&mut out, "Pending work mentioned", &cues, MAX_CUES);
+    out.push_str("Timeline:\n");
+    let n = range.len();
+    for (i, m) in range.iter().enumerate() {
+        if i == 3 && n > 8 {
+            let _ = writeln!(out, "- … {} more messages …", thousands(n - 8));
+        }
+        if i < 3 || i + 5 >= n {
+            let _ = writeln!(out, "- {}", timeline_entry(m));
+        }
+    }
+    out.truncate(out.trim_end().len());
+    out
+}
+
+/// The last `max` of `items` under a heading, one per line.
+fn section(out: &mut String, heading: &str, items: &[String], max: usize) {
+    if items.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "{heading}:");
+    for item in &items[items.len().saturating_sub(max)..] {
+        let _ = writeln!(out, "- {item}");
+    }
+}
+
+fn timeline_entry(m: &Message<'_>) -> String {
+    let role = match m.role {
+        Role::System => "system",
+        Role::Developer => "developer",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool | Role::Function => "tool result",
+    };
+    let text = m.content().text_lossy();
+    let line = first_line(&text, 120);
+    let calls: Vec<String> = m
+        .tool_calls()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.name.to_string())
+        .collect();
+    match (calls.is_empty(), line.is_empty()) {
+        (false, true) => format!("[{role}] called {}", calls.join(", ")),
+        (false, false) => format!("[{role}] {line} (called {})", calls.join(", ")),
+        (true, _) if is_result(m) => format!(
+            "[{role}] {} characters: {line}",
+            thousands(text.chars().count())
+        ),
+        (true, _) => format!("[{role}] {line}"),
+    }
+}

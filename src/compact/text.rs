@@ -1,0 +1,265 @@
+//! Text helpers shared by the strategies: character-safe truncation, first lines, and
+//! the identifiers (file paths, URLs, IDs, numbers with units) a summary must keep.
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+use regex::Regex;
+
+/// At most `max` characters of `s` (cut at a character boundary), with `…` when cut.
+pub fn truncate_chars(s: &str, max: usize) -> Cow<'_, str> {
+    match s.char_indices().nth(max) {
+        None => Cow::Borrowed(s),
+        Some((at, _)) => Cow::Owned(format!("{}…", &s[..at])),
+    }
+}
+
+/// The byte index where the last `n` characters of `s` start.
+fn last_chars_start(s: &str, n: usize) -> usize {
+    if n == 0 {
+        return s.len();
+    }
+    s.char_indices().rev().nth(n - 1).map_or(0, |(i, _)| i)
+}
+
+/// `s` kept whole when it has at most `head + tail` characters; otherwise its first
+/// `head` and last `tail` characters around a note of how many were left out. `clean` is
+/// applied to each kept piece with a margin of 256 characters around the cut, so that a
+/// secret crossing a cut is still recognised and redacted.
+pub fn head_tail(
+    s: &str,
+    head: usize,
+    tail: usize,
+    clean: impl Fn(&str) -> Cow<'_, str>,
+) -> String {
+    const MARGIN: usize = 256;
+    let total = s.chars().count();
+    if total <= head + tail {
+        return clean(s).into_owned();
+    }
+    let head_end = s
+        .char_indices()
+        .nth(head + MARGIN)
+        .map_or(s.len(), |(i, _)| i);
+    let tail_start = last_chars_start(s, tail + MARGIN);
+    let first = clean(&s[..head_end]);
+    let last = clean(&s[tail_start..]);
+    let first = match first.char_indices().nth(head) {
+        Some((i, _)) => &first[..i],
+        None => &first[..],
+    };
+    let last = &last[last_chars_start(&last, tail)..];
+    format!(
+        "{first}\n[… {} characters omitted …]\n{last}",
+        total.saturating_sub(head + tail)
+    )
+}
+
+/// The first non-blank line of `s`, trimmed and cut to `max` characters.
+pub fn first_line(s: &str, max: usize) -> Cow<'_, str> {
+    let line = s
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    truncate_chars(line, max)
+}
+
+/// `1234567` → `1,234,567`.
+pub fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A constant pattern, compiled once. The patterns are literals covered by the tests.
+#[expect(
+    clippy::expect_used,
+    reason = "constant patterns, compiled by the unit tests"
+)]
+pub(crate) fn compile(patterns: &[&str]) -> Vec<Regex> {
+    patterns
+        .iter()
+        .map(|p| Regex::new(p).expect("constant pattern compiles"))
+        .collect()
+}
+
+/// File paths: at least one `/` between name characters, or a bare name with a common
+/// source or config extension.
+fn path_patterns() -> &'static [Regex] {
+    static P: OnceLock<Vec<Regex>> = OnceLock::new();
+    P.get_or_init(|| {
+        compile(&[
+            r"(?:~|\.{1,2})?/?(?:[A-Za-z0-9_.@+-]+/)+[A-Za-z0-9_.@+-]*[A-Za-z0-9_]",
+            r"\b[A-Za-z0-9_-]+\.(?:rs|py|ts|tsx|js|jsx|mjs|go|java|kt|rb|php|c|h|cc|cpp|hpp|cs|swift|md|toml|yaml|yml|json|txt|sh|sql|html|css|lock|cfg|ini|xml|proto)\b",
+        ])
+    })
+}
+
+/// File-path mentions in `s`, in order (URLs are not paths).
+pub fn paths(s: &str) -> Vec<&str> {
+    let mut found: Vec<(usize, &str)> = Vec::new();
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    let urls: Vec<(usize, usize)> = url_pattern()
+        .find_iter(s)
+        .map(|m| (m.start(), m.end()))
+        .collect();
+    for re in path_patterns() {
+        for m in re.find_iter(s) {
+            let inside_url = urls.iter().any(|&(a, b)| m.start() < b && m.end() > a);
+            let inside_path = spans.iter().any(|&(a, b)| m.start() < b && m.end() > a);
+            let text = m.as_str().trim_end_matches('.');
+            if inside_url || inside_path || text.len() <= 2 {
+                continue;
+            }
+            spans.push((m.start(), m.end()));
+            if !found.iter().any(|&(_, t)| t == text) {
+                found.push((m.start(), text));
+            }
+        }
+    }
+    found.sort_by_key(|&(at, _)| at);
+    found.into_iter().map(|(_, t)| t).collect()
+}
+
+fn url_pattern() -> &'static Regex {
+    static P: OnceLock<Vec<Regex>> = OnceLock::new();
+    &P.get_or_init(|| compile(&[r#"[a-z][a-z0-9+.-]*://[^\s<>"'`)\]]+"#]))[0]
+}
+
+/// Identifiers other than paths: URLs, UUIDs, hex hashes, ticket-like IDs (`ABC-123`),
+/// numbers with units.
+fn identifier_patterns() -> &'static [Regex] {
+    static P: OnceLock<Vec<Regex>> = OnceLock::new();
+    P.get_or_init(|| {
+        compile(&[
+            r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",
+            r"\b[0-9a-f]*[0-9][0-9a-f]*[a-f][0-9a-f]*\b|\b[0-9a-f]*[a-f][0-9a-f]*[0-9][0-9a-f]*\b",
+            r"\b[A-Z][A-Z0-9]+-[0-9]+\b",
+            r"\b[0-9]+(?:\.[0-9]+)? ?(?:ms|s|sec|secs|seconds|min|mins|minutes|h|hours|days|B|KB|MB|GB|TB|KiB|MiB|GiB|k|K|M|%|px|tokens)\b",
+        ])
+    })
+}
+
+/// Every identifier in `s`, in order of appearance, repeats included.
+pub fn identifiers(s: &str) -> Vec<String> {
+    let mut found: Vec<(usize, String)> = Vec::new();
+    for m in url_pattern().find_iter(s) {
+        let url = m.as_str().trim_end_matches(['.', ',', ';', ':']);
+        found.push((m.start(), url.to_owned()));
+    }
+    for p in paths(s) {
+        // Positions of repeated paths do not matter for counting.
+        let at = p.as_ptr() as usize - s.as_ptr() as usize;
+        found.push((at, p.to_owned()));
+    }
+    for (i, re) in identifier_patterns().iter().enumerate() {
+        for m in re.find_iter(s) {
+            let t = m.as_str();
+            // Hex hashes: at least 7 characters (a short git hash).
+            if i == 1 && t.len() < 7 {
+                continue;
+            }
+            found.push((m.start(), t.to_owned()));
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+    found.into_iter().map(|(_, t)| t).collect()
+}
+
+/// Whether `summary` contains `identifier` (spaces ignored, so `200 ms` matches `200ms`).
+pub fn mentions(summary_compact: &str, identifier: &str) -> bool {
+    let compact: String = identifier.chars().filter(|c| !c.is_whitespace()).collect();
+    summary_compact.contains(&compact)
+}
+
+/// `s` without whitespace, for [`mentions`].
+pub fn without_spaces(s: &str) -> String {
+    s.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+/// Words of a request that carry its meaning: ASCII words of four letters or more that
+/// are not common function words, lower-cased, distinct, in order.
+pub fn keywords(s: &str) -> Vec<String> {
+    const STOP: &[&str] = &[
+        "about", "after", "again", "also", "been", "before", "being", "could", "does", "done",
+        "each", "from", "have", "here", "into", "just", "like", "make", "more", "much", "need",
+        "only", "other", "please", "should", "some", "such", "than", "that", "them", "then",
+        "there", "these", "they", "this", "those", "very", "want", "what", "when", "where",
+        "which", "will", "with", "would", "your", "thanks", "thank", "okay", "sure", "know",
+        "think", "well", "into", "onto", "because",
+    ];
+    let mut out: Vec<String> = Vec::new();
+    for word in s.split(|c: char| !c.is_ascii_alphanumeric()) {
+        if word.len() < 4 || word.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let w = word.to_ascii_lowercase();
+        if !STOP.contains(&w.as_str()) && !out.contains(&w) {
+            out.push(w);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn same(s: &str) -> Cow<'_, str> {
+        Cow::Borrowed(s)
+    }
+
+    #[test]
+    fn truncation_respects_characters() {
+        assert_eq!(truncate_chars("héllo", 2), "hé…");
+        assert_eq!(truncate_chars("héllo", 5), "héllo");
+        assert_eq!(first_line("\n\n  first \nsecond", 10), "first");
+        let s = "ab🦀cd".repeat(100);
+        let t = head_tail(&s, 10, 5, same);
+        assert!(t.starts_with("ab🦀cdab🦀cd"), "{t}");
+        assert!(t.ends_with("🦀cdab🦀cd") || t.ends_with("b🦀cd"), "{t}");
+        assert!(t.contains("[… 485 characters omitted …]"), "{t}");
+        assert_eq!(head_tail("short", 10, 5, same), "short");
+        assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(thousands(12), "12");
+    }
+
+    #[test]
+    fn finds_paths_and_identifiers() {
+        let text = "Edit src/compact/mod.rs and Cargo.toml, see https://example.com/a/b.html. \
+                    Build 3f2a9c1 took 250 ms and 1.5 GB; ticket ABC-123, id \
+                    123e4567-e89b-12d3-a456-426614174000.";
+        let p = paths(text);
+        assert_eq!(p, vec!["src/compact/mod.rs", "Cargo.toml"]);
+        let ids = identifiers(text);
+        for want in [
+            "src/compact/mod.rs",
+            "Cargo.toml",
+            "https://example.com/a/b.html",
+            "3f2a9c1",
+            "250 ms",
+            "1.5 GB",
+            "ABC-123",
+            "123e4567-e89b-12d3-a456-426614174000",
+        ] {
+            assert!(ids.iter().any(|i| i == want), "{want} in {ids:?}");
+        }
+        assert!(mentions(&without_spaces("took 250ms"), "250 ms"));
+    }
+
+    #[test]
+    fn keywords_skip_function_words() {
+        assert_eq!(
+            keywords("Please refactor the parser so that it uses nom, and add tests!"),
+            vec!["refactor", "parser", "uses", "tests"]
+        );
+        assert!(keywords("日本語のテキスト").is_empty());
+    }
+}

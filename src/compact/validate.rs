@@ -1,0 +1,165 @@
+//! The one validator of plans, used by the tests and at runtime before anything is
+//! forwarded: a plan that fails it is not applied. It reads only the original messages
+//! and the plan, never the settings, so it also checks what a strategy was told to do.
+
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
+
+use super::{FRAME, Layout, Origin, Plan, is_result};
+use crate::chat::{Content, Message, Role};
+
+/// What is wrong with a plan.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    #[error("the conversation has no user message, so no final turn")]
+    NoFinalTurn,
+    #[error("the replaced range {head}..={through} is empty or outside the {len} messages")]
+    Range {
+        head: usize,
+        through: usize,
+        len: usize,
+    },
+    #[error("the head ({head} messages) leaves out leading system/developer messages ({sys})")]
+    SystemMessages { head: usize, sys: usize },
+    #[error(
+        "the replaced range ends at message {through}, in the final turn that starts at \
+         message {final_turn}"
+    )]
+    FinalTurn { through: usize, final_turn: usize },
+    #[error("the cut before message {index} is not at a turn boundary")]
+    Cut { index: usize },
+    #[error("{replacement} replacement messages but {origin} origins")]
+    Origins { replacement: usize, origin: usize },
+    #[error("replacement message {position} is not a message abridge can read: {reason}")]
+    Unreadable { position: usize, reason: String },
+    #[error(
+        "replacement message {position} claims to come from message {index}, outside the \
+         replaced range or out of order"
+    )]
+    OriginOrder { position: usize, index: usize },
+    #[error("replacement message {position} is not a byte-identical copy of message {index}")]
+    NotVerbatim { position: usize, index: usize },
+    #[error("replacement message {position} changes more than the content of tool result {index}")]
+    Digest { position: usize, index: usize },
+    #[error(
+        "replacement message {position} is written by abridge but is not a user or system \
+         message starting with the reference-material frame"
+    )]
+    Unframed { position: usize },
+    #[error("the tool call in message {call} and its result in message {result} are separated")]
+    ToolPair { call: usize, result: usize },
+}
+
+/// Checks `plan` against the conversation it was made for (see the module docs of
+/// [`super`] for the rules).
+pub fn validate(messages: &[Message<'_>], plan: &Plan) -> Result<(), Violation> {
+    let layout = Layout::new(messages).map_err(|_| Violation::NoFinalTurn)?;
+    let n = messages.len();
+    let (head, through) = (plan.head, plan.through);
+    if head > through || through >= n {
+        return Err(Violation::Range {
+            head,
+            through,
+            len: n,
+        });
+    }
+    if head < layout.sys {
+        return Err(Violation::SystemMessages {
+            head,
+            sys: layout.sys,
+        });
+    }
+    if through >= layout.last_user {
+        return Err(Violation::FinalTurn {
+            through,
+            final_turn: layout.last_user,
+        });
+    }
+    for index in [head, through + 1] {
+        if !layout.cut_ok[index] {
+            return Err(Violation::Cut { index });
+        }
+    }
+    if plan.replacement.len() != plan.origin.len() {
+        return Err(Violation::Origins {
+            replacement: plan.replacement.len(),
+            origin: plan.origin.len(),
+        });
+    }
+
+    // Copies: in range, in order, faithful.
+    let mut copied_at: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut last: Option<usize> = None;
+    for (position, (raw, origin)) in plan.replacement.iter().zip(&plan.origin).enumerate() {
+        let parsed = Message::parse(raw).map_err(|e| Violation::Unreadable {
+            position,
+            reason: e.to_string(),
+        })?;
+        let index = match *origin {
+            Origin::Authored => {
+                let framed = matches!(parsed.content(), Content::Text(t) if t.starts_with(FRAME));
+                let plain = parsed.tool_calls.is_none() && parsed.tool_call_id.is_none();
+                if !framed || !plain || !matches!(parsed.role, Role::User | Role::System) {
+                    return Err(Violation::Unframed { position });
+                }
+                continue;
+            }
+            Origin::Verbatim(index) | Origin::Digest(index) => index,
+        };
+        if index < head || index > through || last.is_some_and(|l| index <= l) {
+            return Err(Violation::OriginOrder { position, index });
+        }
+        last = Some(index);
+        let original = &messages[index];
+        match *origin {
+            Origin::Verbatim(_) if raw.get() != original.raw.get() => {
+                return Err(Violation::NotVerbatim { position, index });
+            }
+            Origin::Digest(_) if !is_result(original) || !same_but_content(raw, original.raw) => {
+                return Err(Violation::Digest { position, index });
+            }
+            _ => {}
+        }
+        copied_at.insert(index, position);
+    }
+
+    // Tool calls and results: a pair inside the replaced range is copied whole or not
+    // at all, and a copied result follows the copy of the message it followed.
+    for &(call, result) in &layout.pairs {
+        if call < head || result > through {
+            continue;
+        }
+        if copied_at.contains_key(&call) != copied_at.contains_key(&result) {
+            return Err(Violation::ToolPair { call, result });
+        }
+    }
+    for (&index, &position) in &copied_at {
+        if is_result(&messages[index]) {
+            let follows =
+                index > 0 && position > 0 && copied_at.get(&(index - 1)) == Some(&(position - 1));
+            if !follows {
+                let call = layout.call_of[index].map_or(index.saturating_sub(1), |(a, _)| a);
+                return Err(Violation::ToolPair {
+                    call,
+                    result: index,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether two messages are the same JSON object apart from `content`.
+fn same_but_content(a: &RawValue, b: &RawValue) -> bool {
+    type Object = serde_json::Map<String, serde_json::Value>;
+    let parse = |r: &RawValue| serde_json::from_str::<Object>(r.get()).ok();
+    match (parse(a), parse(b)) {
+        (Some(mut a), Some(mut b)) => {
+            a.remove("content");
+            b.remove("content");
+            a == b
+        }
+        _ => false,
+    }
+}
