@@ -282,28 +282,33 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
     Ok(Parsed { request, messages })
 }
 
-/// For a streaming request that did not ask for `stream_options.include_usage`, the body
-/// with it set to `true`, so abridge can read the usage the provider reports; `None`
+/// One change to a body: the bytes at `span` (of the original body) become `bytes`.
+/// Edits computed from one parse never overlap; [`apply`] makes them in one copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub span: Range<usize>,
+    pub bytes: Vec<u8>,
+}
+
+/// For a streaming request that did not ask for `stream_options.include_usage`, the edit
+/// that sets it to `true`, so abridge can read the usage the provider reports; `None`
 /// when the body already asks for usage, is not streaming, or cannot be edited safely.
 /// The caller then strips the usage the client did not ask for from the stream.
-pub fn with_usage_requested(body: &Bytes, request: &ChatRequest<'_>) -> Option<Bytes> {
+pub fn usage_edit(body: &[u8], request: &ChatRequest<'_>) -> Option<Edit> {
     if request.stream != Some(true) {
         return None;
     }
     match request.stream_options {
         None => {
             let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
-            (body[open] == b'{').then(|| {
-                splice(
-                    body,
-                    open + 1..open + 1,
-                    br#""stream_options":{"include_usage":true},"#,
-                )
+            (body[open] == b'{').then(|| Edit {
+                span: open + 1..open + 1,
+                bytes: br#""stream_options":{"include_usage":true},"#.to_vec(),
             })
         }
         Some(raw) => {
             let value: serde_json::Value = serde_json::from_str(raw.get()).ok()?;
-            let replacement = match value {
+            let bytes = match value {
                 serde_json::Value::Null => br#"{"include_usage":true}"#.to_vec(),
                 serde_json::Value::Object(mut options) => {
                     if options.get("include_usage") == Some(&serde_json::Value::Bool(true)) {
@@ -315,20 +320,22 @@ pub fn with_usage_requested(body: &Bytes, request: &ChatRequest<'_>) -> Option<B
                 // Not an object: the provider will reject it; leave it alone.
                 _ => return None,
             };
-            let span = span_of(body, raw.get())?;
-            Some(splice(body, span, &replacement))
+            Some(Edit {
+                span: span_of(body, raw.get())?,
+                bytes,
+            })
         }
     }
 }
 
-/// The body with its `messages` array replaced by `messages` (each the raw JSON of one
-/// message, spliced in as is). Everything else keeps its bytes. `None` if the request has
-/// no messages (nothing to replace) or the array cannot be located.
-pub fn with_messages(
+/// The edit that replaces the `messages` array with `messages` (each the raw JSON of one
+/// message, spliced in as is). `None` if the request has no messages or the array cannot
+/// be located.
+pub fn messages_edit(
     body: &[u8],
     request: &ChatRequest<'_>,
     messages: &[&RawValue],
-) -> Option<Bytes> {
+) -> Option<Edit> {
     let first = span_of(body, request.messages.first()?.get())?;
     let last = span_of(body, request.messages.last()?.get())?;
     // Only whitespace may stand between the brackets and the first/last element.
@@ -352,7 +359,35 @@ pub fn with_messages(
         array.extend_from_slice(m.get().as_bytes());
     }
     array.push(b']');
-    Some(splice(body, open..close + 1, &array))
+    Some(Edit {
+        span: open..close + 1,
+        bytes: array,
+    })
+}
+
+/// `body` with `edits` made, in one copy. `None` when there is nothing to change, or the
+/// edits overlap (they never do when computed from one parse; nothing is risked if so).
+pub fn apply(body: &[u8], mut edits: Vec<Edit>) -> Option<Bytes> {
+    if edits.is_empty() {
+        return None;
+    }
+    edits.sort_by_key(|e| e.span.start);
+    if edits.windows(2).any(|w| w[0].span.end > w[1].span.start)
+        || edits.iter().any(|e| e.span.end > body.len())
+    {
+        return None;
+    }
+    let size = body.len() + edits.iter().map(|e| e.bytes.len()).sum::<usize>()
+        - edits.iter().map(|e| e.span.len()).sum::<usize>();
+    let mut out = BytesMut::with_capacity(size);
+    let mut at = 0;
+    for e in &edits {
+        out.extend_from_slice(&body[at..e.span.start]);
+        out.extend_from_slice(&e.bytes);
+        at = e.span.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    Some(out.freeze())
 }
 
 /// Where `part` (a slice borrowed from `body`) lies in `body`.
@@ -362,15 +397,6 @@ pub fn span_of(body: &[u8], part: &str) -> Option<Range<usize>> {
     (end <= body.len()).then_some(start..end)
 }
 
-/// `body` with `span` replaced by `replacement`.
-pub fn splice(body: &[u8], span: Range<usize>, replacement: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(body.len() - span.len() + replacement.len());
-    out.extend_from_slice(&body[..span.start]);
-    out.extend_from_slice(replacement);
-    out.extend_from_slice(&body[span.end..]);
-    out.freeze()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,8 +404,8 @@ mod tests {
     fn usage_body(body: &str) -> Option<String> {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
         let parsed = parse(&bytes).unwrap();
-        with_usage_requested(&bytes, &parsed.request)
-            .map(|b| String::from_utf8(b.to_vec()).unwrap())
+        let edit = usage_edit(&bytes, &parsed.request)?;
+        apply(&bytes, vec![edit]).map(|b| String::from_utf8(b.to_vec()).unwrap())
     }
 
     #[test]
@@ -470,7 +496,11 @@ mod tests {
             {"role":"user","content":"u2"} ] ,"tools":[{"type":"function"}],"x":1}"#;
         let parsed = parse(body).unwrap();
         let keep = [parsed.request.messages[0], parsed.request.messages[2]];
-        let out = with_messages(body, &parsed.request, &keep).unwrap();
+        let out = apply(
+            body,
+            vec![messages_edit(body, &parsed.request, &keep).unwrap()],
+        )
+        .unwrap();
         let text = String::from_utf8(out.to_vec()).unwrap();
         assert_eq!(
             text,
@@ -480,7 +510,35 @@ mod tests {
         let again = parse(&out).unwrap();
         assert_eq!(again.messages.len(), 2);
         let none = parse(br#"{"messages":[]}"#).unwrap();
-        assert!(with_messages(br#"{"messages":[]}"#, &none.request, &keep).is_none());
+        assert!(messages_edit(br#"{"messages":[]}"#, &none.request, &keep).is_none());
+    }
+
+    #[test]
+    fn both_edits_apply_together_at_their_original_spans() {
+        let body = br#"{"stream":true,"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}],"stream_options":{"x":1}}"#;
+        let parsed = parse(body).unwrap();
+        let keep = [parsed.request.messages[1]];
+        let edits = vec![
+            usage_edit(body, &parsed.request).unwrap(),
+            messages_edit(body, &parsed.request, &keep).unwrap(),
+        ];
+        let out = apply(body, edits).unwrap();
+        assert_eq!(
+            String::from_utf8(out.to_vec()).unwrap(),
+            r#"{"stream":true,"messages":[{"role":"user","content":"b"}],"stream_options":{"include_usage":true,"x":1}}"#
+        );
+        let overlapping = vec![
+            Edit {
+                span: 0..5,
+                bytes: vec![],
+            },
+            Edit {
+                span: 3..8,
+                bytes: vec![],
+            },
+        ];
+        assert!(apply(body, overlapping).is_none());
+        assert!(apply(body, vec![]).is_none());
     }
 
     #[test]

@@ -44,7 +44,76 @@ pub struct Config {
     pub log: LogConfig,
     pub identity: IdentityConfig,
     pub store: StoreConfig,
+    pub compaction: CompactionConfig,
+    /// Parameters of the strategies (see `compact::Settings`).
+    pub strategies: crate::compact::Settings,
     pub summary: SummaryConfig,
+}
+
+/// When and how conversations are compacted.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompactionConfig {
+    /// `on`; `observe`: decide and report (headers, stats) what would be done, but
+    /// forward every request unmodified; `off`: never compact.
+    pub mode: CompactionMode,
+    /// Strategy when a request does not choose one with `x-abridge-strategy`.
+    pub strategy: crate::compact::Strategy,
+    /// Hard threshold in prompt tokens: over it, a request is compacted before it is
+    /// forwarded. 0: `threshold_ratio` × the model's context window.
+    pub threshold_tokens: u64,
+    /// Hard threshold as a share of the model's context window (when
+    /// `threshold_tokens` is 0).
+    pub threshold_ratio: f64,
+    /// Soft threshold as a share of the hard one: over it, the next checkpoint is built in
+    /// the background, so the turn crossing the hard threshold finds it ready. It is also
+    /// the size compaction aims for.
+    pub soft_ratio: f64,
+    /// Context window of models the built-in table does not know.
+    pub default_context_window: u64,
+    /// Context windows by model name prefix, overriding and extending the built-in table.
+    pub context_windows: std::collections::BTreeMap<String, u64>,
+    /// Build checkpoints in the background at the soft threshold.
+    pub background: bool,
+    /// Background compactions running at once.
+    pub background_workers: usize,
+    /// Background compactions waiting at most; more are dropped (and counted).
+    pub background_queue: usize,
+    /// Lifetime of the single-flight lock of a summary build (longer than a summary takes).
+    pub lock_ttl_ms: u64,
+    /// Compaction is suspended for a conversation this long when it cannot get under the
+    /// threshold, or the provider keeps reporting over it after compaction.
+    pub anti_thrash_secs: u64,
+    /// Reports over the threshold after compaction that suspend it.
+    pub anti_thrash_after: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompactionMode {
+    On,
+    Observe,
+    Off,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        Self {
+            mode: CompactionMode::On,
+            strategy: crate::compact::Strategy::Recency,
+            threshold_tokens: 0,
+            threshold_ratio: 0.75,
+            soft_ratio: 0.7,
+            default_context_window: 128_000,
+            context_windows: std::collections::BTreeMap::new(),
+            background: true,
+            background_workers: 2,
+            background_queue: 64,
+            lock_ttl_ms: 120_000,
+            anti_thrash_secs: 600,
+            anti_thrash_after: 2,
+        }
+    }
 }
 
 /// The summariser used by the `structured` and `llm_replace` strategies.
@@ -61,8 +130,6 @@ pub struct SummaryConfig {
     /// Bearer key for `upstream` (unset: no Authorization, e.g. a local server).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_key: Option<Secret>,
-    /// Longest summary, in tokens.
-    pub max_tokens: u32,
     /// Longest wait for a summary; then the strategy falls back.
     pub timeout_ms: u64,
     /// Sampling temperature for summaries (low: faithful, repeatable).
@@ -75,7 +142,6 @@ impl Default for SummaryConfig {
             model: String::new(),
             upstream: None,
             api_key: None,
-            max_tokens: 2048,
             timeout_ms: 60_000,
             temperature: 0.2,
         }
@@ -175,6 +241,8 @@ impl Default for Config {
             log: LogConfig::default(),
             identity: IdentityConfig::default(),
             store: StoreConfig::default(),
+            compaction: CompactionConfig::default(),
+            strategies: crate::compact::Settings::default(),
             summary: SummaryConfig::default(),
         }
     }
@@ -508,6 +576,31 @@ impl Config {
                 "store.key_prefix",
                 "must be non-empty and contain no braces (they would break Redis Cluster hash tags)".to_owned(),
             ));
+        }
+        let c = &self.compaction;
+        for (key, ratio) in [
+            ("compaction.threshold_ratio", c.threshold_ratio),
+            ("compaction.soft_ratio", c.soft_ratio),
+        ] {
+            if !(ratio > 0.0 && ratio <= 1.0) {
+                return Err((key, format!("must be in (0, 1], not {ratio}")));
+            }
+        }
+        if c.default_context_window == 0 {
+            return Err((
+                "compaction.default_context_window",
+                "must be greater than 0".to_owned(),
+            ));
+        }
+        if c.background && (c.background_workers == 0 || c.background_queue == 0) {
+            return Err((
+                "compaction.background_workers",
+                "background compaction needs at least one worker and a queue of at least one"
+                    .to_owned(),
+            ));
+        }
+        if let Err(message) = self.strategies.check() {
+            return Err(("strategies", message));
         }
         if self.summary.api_key.is_some() && self.summary.upstream.is_none() {
             return Err((

@@ -29,6 +29,12 @@ pub enum Error {
     NotFound { method: String, path: String },
     #[error("Invalid request path: dot segments are not allowed")]
     BadPath,
+    #[error("Invalid value `{value}` for header {header}: expected {expected}")]
+    BadHeader {
+        header: &'static str,
+        value: String,
+        expected: &'static str,
+    },
     #[error(
         "Request body is larger than this proxy's limit of {limit} bytes (limits.max_body_bytes)"
     )]
@@ -48,6 +54,7 @@ impl Error {
         match self {
             Error::NotFound { .. }
             | Error::BadPath
+            | Error::BadHeader { .. }
             | Error::BodyTooLarge { .. }
             | Error::ClientBody(_) => Origin::Client,
             Error::UpstreamUnreachable(_) | Error::UpstreamTimeout(_) => Origin::Upstream,
@@ -58,7 +65,9 @@ impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
-            Error::BadPath | Error::ClientBody(_) => StatusCode::BAD_REQUEST,
+            Error::BadPath | Error::BadHeader { .. } | Error::ClientBody(_) => {
+                StatusCode::BAD_REQUEST
+            }
             Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             Error::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -71,6 +80,7 @@ impl Error {
         match self {
             Error::NotFound { .. } => ("invalid_request_error", "unknown_url"),
             Error::BadPath => ("invalid_request_error", "invalid_path"),
+            Error::BadHeader { .. } => ("invalid_request_error", "invalid_header"),
             Error::BodyTooLarge { .. } => ("invalid_request_error", "request_too_large"),
             Error::ClientBody(_) => ("invalid_request_error", "invalid_body"),
             Error::UpstreamUnreachable(_) => ("upstream_error", "upstream_unreachable"),
@@ -93,11 +103,15 @@ impl Error {
             code: &'a str,
         }
         let (r#type, code) = self.kind();
+        let param = match self {
+            Error::BadHeader { header, .. } => Some(*header),
+            _ => None,
+        };
         let envelope = Envelope {
             error: Body {
                 message: self.to_string(),
                 r#type,
-                param: None,
+                param,
                 code,
             },
         };

@@ -12,6 +12,9 @@
 //! - [`identity`]  — canonical message form, rolling prefix hashes, tenant namespaces.
 //! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (Cluster),
 //!   fail-open behind a timeout and a probe gate.
+//! - [`controls`]  — `x-abridge-*` request controls and the response report.
+//! - [`compaction`] — the plan stage: predict, decide, apply or build checkpoints,
+//!   single-flight, compact-and-retry, anti-thrash, background pre-compaction.
 //! - [`compact`]   — the compaction strategies (pure, no I/O): which messages to replace
 //!   and with what, as a [`compact::Plan`], and the validator every plan passes.
 //! - [`tokens`]    — token estimates: the model's own tokenizer for OpenAI families, a
@@ -35,14 +38,15 @@
 //! ```text
 //! client ─► ingress ─► parse ─► identify ─► plan ─► rewrite ─► forward ─► relay ─► client
 //!            │          │          │          │        │           │         │
-//!       limits, route  ChatRequest rolling   (later   (later     hyper,     bytes out as
-//!       x-abridge-*    borrowed,   prefix    issue)   issue)     timeouts,  they arrive;
-//!       stripped       unknown     hashes,                       cancel on  usage tee from
-//!                      fields kept tenant                        drop       JSON / SSE
-//!                                  namespace                                   │
-//!                                                                              ▼
-//!                                                     record: usage → store (background),
-//!                                                     stats
+//!       limits, route, ChatRequest rolling   predict, splice     hyper,     bytes out as
+//!       x-abridge-*    borrowed,   prefix    apply a  head +     timeouts,  they arrive;
+//!       controls       unknown     hashes +  stored   replacement cancel on usage tee from
+//!                      fields kept one store checkpoint + rest   drop;      JSON / SSE
+//!                                  round     or       into the   retry once     │
+//!                                  trip      compact  original   on context     ▼
+//!                                            now      bytes      overflow   record: usage →
+//!                                                                           store, anti-thrash,
+//!                                                                           background build
 //! ```
 //!
 //! Every other route under `/v1` is forward → relay with nothing read. Nothing that can
@@ -52,7 +56,9 @@
 pub mod admin;
 pub mod chat;
 pub mod compact;
+pub mod compaction;
 pub mod config;
+pub mod controls;
 pub mod error;
 pub mod identity;
 pub mod models;

@@ -11,10 +11,12 @@ use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::compaction::Compactor;
 use crate::config::Config;
 use crate::identity::IdentityKey;
 use crate::stats::Stats;
 use crate::store::{Store, StoreError};
+use crate::summariser::Summariser;
 use crate::upstream::Upstream;
 use crate::{admin, proxy};
 
@@ -29,7 +31,8 @@ struct Inner {
     upstream: Upstream,
     store: Store,
     identity: Identity,
-    stats: Stats,
+    compactor: Arc<Compactor>,
+    stats: Arc<Stats>,
     started: Instant,
 }
 
@@ -47,6 +50,14 @@ impl AppState {
     pub fn new(config: Config) -> Result<Self, StartError> {
         let upstream = Upstream::new(&config)?;
         let store = Store::from_config(&config.store)?;
+        let stats = Arc::new(Stats::default());
+        let summariser = Summariser::new(&config.summary, &upstream);
+        let compactor = Arc::new(Compactor::new(
+            &config,
+            summariser,
+            store.clone(),
+            stats.clone(),
+        ));
         let identity = match &config.identity.secret {
             Some(secret) => Identity::Configured(Arc::new(IdentityKey::new(secret.clone()))),
             None => Identity::Shared {
@@ -60,7 +71,8 @@ impl AppState {
                 upstream,
                 store,
                 identity,
-                stats: Stats::default(),
+                compactor,
+                stats,
                 started: Instant::now(),
             }),
         })
@@ -68,6 +80,10 @@ impl AppState {
 
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    pub fn compactor(&self) -> &Arc<Compactor> {
+        &self.inner.compactor
     }
 
     /// The key conversations are identified with: `identity.secret`, or the secret the
@@ -186,6 +202,7 @@ pub async fn run(
     let proxy = axum::serve(listeners.proxy.tap_io(nodelay), router(state.clone()))
         .with_graceful_shutdown(wait(stopped.clone()))
         .into_future();
+    let mut workers = state.compactor().start_background(stopped.clone());
     let admin = axum::serve(listeners.admin, admin::router(state))
         .with_graceful_shutdown(wait(stopped))
         .into_future();
@@ -201,14 +218,24 @@ pub async fn run(
         "shutting down: not accepting, draining in-flight requests"
     );
     drop(stop);
-    match tokio::time::timeout(grace, servers).await {
+    let deadline = tokio::time::Instant::now() + grace;
+    let result = match tokio::time::timeout_at(deadline, servers).await {
         Ok(result) => {
-            tracing::info!("drained; bye");
+            tracing::info!("drained");
             result
         }
         Err(_) => {
             tracing::warn!("grace period over; closing the remaining connections");
             Ok(())
         }
+    };
+    // Background compactions finish the job at hand (queued ones are dropped).
+    let finished = tokio::time::timeout_at(deadline, async {
+        while workers.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!("grace period over; abandoning background compactions");
     }
+    result
 }

@@ -7,7 +7,52 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
+use crate::compact::Strategy;
 use crate::relay::{End, Outcome};
+
+/// What started a compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A request predicted over the hard threshold.
+    Threshold,
+    /// `x-abridge-compact: force`.
+    Forced,
+    /// The provider answered "context length exceeded"; compacted and retried.
+    Retry,
+    /// Prepared after a response over the soft threshold.
+    Background,
+}
+
+impl Trigger {
+    pub const ALL: [Trigger; 4] = [
+        Trigger::Threshold,
+        Trigger::Forced,
+        Trigger::Retry,
+        Trigger::Background,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Threshold => "threshold",
+            Trigger::Forced => "forced",
+            Trigger::Retry => "retry",
+            Trigger::Background => "background",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+fn strategy_index(s: Strategy) -> usize {
+    match s {
+        Strategy::Deterministic => 0,
+        Strategy::Recency => 1,
+        Strategy::Structured => 2,
+        Strategy::LlmReplace => 3,
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -25,6 +70,19 @@ pub struct Stats {
     upstream_errors: AtomicU64,
     client_gone: AtomicU64,
     idle_timeouts: AtomicU64,
+    /// By strategy × trigger.
+    compactions: [[AtomicU64; 4]; 4],
+    estimated_tokens_before: AtomicU64,
+    estimated_tokens_after: AtomicU64,
+    checkpoints_applied: AtomicU64,
+    summary_calls: AtomicU64,
+    summary_failures: AtomicU64,
+    fallbacks: AtomicU64,
+    retries: AtomicU64,
+    anti_thrash: AtomicU64,
+    observed: AtomicU64,
+    waited_for_peer: AtomicU64,
+    background_dropped: AtomicU64,
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -56,6 +114,39 @@ pub struct Snapshot {
     pub client_gone: u64,
     /// Streams cut after `timeouts.stream_idle_ms` of silence.
     pub idle_timeouts: u64,
+    /// Compactions run, by strategy then trigger (see [`Snapshot::compactions_by`]).
+    pub compactions: [[u64; 4]; 4],
+    /// Estimated prompt tokens before and after, summed over compactions run.
+    pub estimated_tokens_before: u64,
+    pub estimated_tokens_after: u64,
+    /// Requests forwarded with a checkpoint applied.
+    pub checkpoints_applied: u64,
+    pub summary_calls: u64,
+    pub summary_failures: u64,
+    /// Summarising strategies that fell back to recency.
+    pub fallbacks: u64,
+    /// Requests compacted and retried after "context length exceeded".
+    pub retries: u64,
+    /// Conversations whose compaction was suspended (anti-thrash).
+    pub anti_thrash: u64,
+    /// Observe mode: requests that would have been compacted.
+    pub observed: u64,
+    /// Requests that waited for another request's (or replica's) summary.
+    pub waited_for_peer: u64,
+    /// Background compactions dropped because the queue was full.
+    pub background_dropped: u64,
+}
+
+impl Snapshot {
+    /// Compactions run with `strategy` for `trigger`.
+    pub fn compactions_by(&self, strategy: Strategy, trigger: Trigger) -> u64 {
+        self.compactions[strategy_index(strategy)][trigger.index()]
+    }
+
+    /// Compactions run, all strategies and triggers.
+    pub fn compactions_total(&self) -> u64 {
+        self.compactions.iter().flatten().sum()
+    }
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -88,6 +179,51 @@ impl Stats {
 
     pub fn upstream_error(&self) {
         add(&self.upstream_errors, 1);
+    }
+
+    pub fn compaction(&self, strategy: Strategy, trigger: Trigger, before: u64, after: u64) {
+        add(
+            &self.compactions[strategy_index(strategy)][trigger.index()],
+            1,
+        );
+        add(&self.estimated_tokens_before, before);
+        add(&self.estimated_tokens_after, after);
+    }
+
+    pub fn checkpoint_applied(&self) {
+        add(&self.checkpoints_applied, 1);
+    }
+
+    pub fn summary_call(&self) {
+        add(&self.summary_calls, 1);
+    }
+
+    pub fn summary_failure(&self) {
+        add(&self.summary_failures, 1);
+    }
+
+    pub fn fallback(&self) {
+        add(&self.fallbacks, 1);
+    }
+
+    pub fn retry(&self) {
+        add(&self.retries, 1);
+    }
+
+    pub fn anti_thrash(&self) {
+        add(&self.anti_thrash, 1);
+    }
+
+    pub fn observed(&self) {
+        add(&self.observed, 1);
+    }
+
+    pub fn waited_for_peer(&self) {
+        add(&self.waited_for_peer, 1);
+    }
+
+    pub fn background_dropped(&self) {
+        add(&self.background_dropped, 1);
     }
 
     /// Records how a relayed response ended.
@@ -129,6 +265,21 @@ impl Stats {
             upstream_errors: get(&self.upstream_errors),
             client_gone: get(&self.client_gone),
             idle_timeouts: get(&self.idle_timeouts),
+            compactions: self
+                .compactions
+                .each_ref()
+                .map(|row| row.each_ref().map(get)),
+            estimated_tokens_before: get(&self.estimated_tokens_before),
+            estimated_tokens_after: get(&self.estimated_tokens_after),
+            checkpoints_applied: get(&self.checkpoints_applied),
+            summary_calls: get(&self.summary_calls),
+            summary_failures: get(&self.summary_failures),
+            fallbacks: get(&self.fallbacks),
+            retries: get(&self.retries),
+            anti_thrash: get(&self.anti_thrash),
+            observed: get(&self.observed),
+            waited_for_peer: get(&self.waited_for_peer),
+            background_dropped: get(&self.background_dropped),
         }
     }
 }

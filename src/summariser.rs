@@ -15,6 +15,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
+use crate::compact::{SummaryError, SummaryRequest};
 use crate::config::SummaryConfig;
 use crate::secret::Secret;
 use crate::upstream::Upstream;
@@ -38,17 +39,8 @@ pub struct Summariser {
     /// Set when summaries go to a separate provider.
     separate: Option<Option<Secret>>,
     model: String,
-    max_tokens: u32,
     timeout: Duration,
     temperature: f64,
-}
-
-/// One summary request, as a strategy builds it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SummaryCall {
-    pub system: String,
-    pub prompt: String,
-    pub max_tokens: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -63,6 +55,18 @@ pub enum SummaryFailure {
     Transport(String),
 }
 
+impl From<SummaryFailure> for SummaryError {
+    fn from(failure: SummaryFailure) -> Self {
+        match failure {
+            SummaryFailure::Timeout(_) => SummaryError::TimedOut,
+            SummaryFailure::Status { .. } => SummaryError::Failed(failure.to_string()),
+            // The strategy reads an empty answer as "empty summary" itself.
+            SummaryFailure::Empty => SummaryError::Failed(failure.to_string()),
+            SummaryFailure::Transport(_) => SummaryError::Other(failure.to_string()),
+        }
+    }
+}
+
 impl Summariser {
     pub fn new(config: &SummaryConfig, main: &Upstream) -> Self {
         let upstream = match &config.upstream {
@@ -73,7 +77,6 @@ impl Summariser {
             upstream,
             separate: config.upstream.as_ref().map(|_| config.api_key.clone()),
             model: config.model.clone(),
-            max_tokens: config.max_tokens,
             timeout: config.timeout(),
             temperature: config.temperature,
         }
@@ -94,9 +97,9 @@ impl Summariser {
         &self,
         client: &HeaderMap,
         request_model: &str,
-        call: &SummaryCall,
+        call: &SummaryRequest,
     ) -> Result<String, SummaryFailure> {
-        let max_tokens = call.max_tokens.min(self.max_tokens).max(1);
+        let max_tokens = call.max_tokens.max(1);
         let body = serde_json::json!({
             "model": self.model_for(request_model),
             "messages": [

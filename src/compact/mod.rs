@@ -68,10 +68,10 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
-use std::cell::OnceCell;
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -188,9 +188,6 @@ pub struct Settings {
     /// Most tokens the summariser may answer with (default 2000); capped at a fifth of the
     /// budget (at least 256) so the summary leaves room for the rest.
     pub summary_max_tokens: u32,
-    /// How long the caller lets the summariser run before it gives up and falls back to
-    /// recency, in milliseconds (default 60000). Applied by the caller (this module has no clock).
-    pub summary_timeout_ms: u64,
     /// Summariser transcript: characters kept from the start of a long message (default 6000).
     pub message_head_chars: usize,
     /// … and from its end (default 1500).
@@ -218,7 +215,6 @@ impl Default for Settings {
             tool_prune_chars: 2000,
             summary_role: SummaryRole::User,
             summary_max_tokens: 2000,
-            summary_timeout_ms: 60_000,
             message_head_chars: 6000,
             message_tail_chars: 1500,
             tool_result_head_chars: 4000,
@@ -547,7 +543,9 @@ pub(crate) struct Ctx<'i, 'a> {
     /// Estimated tokens of each message, computed on first use: only the messages near
     /// the edges are ever counted, which matters with an exact tokenizer (a megabyte takes
     /// tens of milliseconds to encode).
-    costs: Vec<OnceCell<u64>>,
+    /// `OnceLock`, not `OnceCell`: the context lives across the summariser's `.await`,
+    /// and the request path needs that future to be `Send`.
+    costs: Vec<OnceLock<u64>>,
     /// The earliest possible head and the latest possible start of the kept end.
     h_min: usize,
     t_min: usize,
@@ -558,7 +556,7 @@ pub(crate) struct Ctx<'i, 'a> {
 impl<'i, 'a> Ctx<'i, 'a> {
     fn new(input: &'i Input<'a>, settings: &'i Settings) -> Result<Self, CannotCompact> {
         let layout = Layout::new(input.messages)?;
-        let costs = vec![OnceCell::new(); layout.len()];
+        let costs = (0..layout.len()).map(|_| OnceLock::new()).collect();
         let h_min = (layout.sys..=layout.last_user)
             .find(|&k| layout.cut_ok[k])
             .ok_or(CannotCompact::NothingToReplace)?;

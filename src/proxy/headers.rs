@@ -23,9 +23,6 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Prefix of abridge's own request and response headers.
 pub const ABRIDGE_PREFIX: &str = "x-abridge-";
 
-/// Request header naming a conversation explicitly (part of its namespace).
-pub const CONVERSATION: &str = "x-abridge-conversation";
-
 /// Headers of a request before it goes to the provider.
 pub fn strip_request(headers: &mut HeaderMap) {
     headers.remove(header::HOST);

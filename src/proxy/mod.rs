@@ -14,48 +14,115 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Uri, Version, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::chat::{self, Message};
+use crate::chat::{self, Message, Parsed};
+use crate::compaction::{Decision, Followup, Reason, Turn};
+use crate::config::CompactionMode;
+use crate::controls::{Compact, Controls, Report};
 use crate::error::Error;
-use crate::identity::{self, Fingerprint};
-use crate::relay::{self, Outcome, Watch};
+use crate::identity::{self, Identified};
+use crate::overflow;
+use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::server::AppState;
-use crate::store::UsageRecord;
+use crate::store::{Checkpoint, Loaded};
 
-/// `POST /v1/chat/completions`.
+/// Largest provider error body read to see whether it says "context length exceeded".
+const MAX_ERROR_BODY: usize = 1024 * 1024;
+
+/// `POST /v1/chat/completions`: ingress → parse → identify (+ one store round trip) →
+/// plan → rewrite → forward (compact-and-retry once on "context length exceeded") →
+/// relay → record.
 pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Response, Error> {
     state.stats().request(true);
     let (mut parts, body) = request.into_parts();
     let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
+    let controls = Controls::from_headers(&parts.headers)?;
 
     // ingress: the one body abridge reads whole, bounded.
     let body = read_body(body, &parts.headers, state.config().limits.max_body_bytes).await?;
+    // What identify needs of the headers, before they are prepared for the upstream.
+    let tenant = parts
+        .headers
+        .get(&state.config().identity.tenant_header.0)
+        .map(|v| v.as_bytes().to_vec())
+        .unwrap_or_default();
+    let credentials = Followup::credentials_of(&parts.headers);
+    prepare_headers(&mut parts);
 
-    // parse → identify → (plan → rewrite: later stages) → what goes upstream.
-    let (body, watch, turn) = match chat::parse(&body) {
-        Ok(parsed) => {
-            let turn = identify(&state, &parts.headers, &parsed.messages).await;
-            let (edited, watch) = request_usage(&state, &body, &parsed);
-            (edited.unwrap_or(body), watch, turn)
-        }
+    // parse: a body abridge does not understand goes untouched.
+    let parsed = match chat::parse(&body) {
+        Ok(parsed) => parsed,
         Err(reason) => {
             state.stats().unparseable();
             tracing::debug!(%reason, "forwarding a chat body abridge does not understand untouched");
-            (body, Watch::Usage { strip: false }, None)
+            let report = Report {
+                note: Some("request body not understood: forwarded untouched".to_owned()),
+                ..Report::default()
+            };
+            let response = send(&state, &parts, &target, body).await?;
+            return Ok(respond(
+                &state,
+                Upstream::Streaming(response),
+                Watch::Usage { strip: false },
+                &report,
+                None,
+            ));
         }
     };
 
-    // Usage must be readable: ask for an uncompressed response (see `relay`).
-    parts.headers.insert(
-        header::ACCEPT_ENCODING,
-        HeaderValue::from_static("identity"),
-    );
-    parts
-        .headers
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    // The body is already here, whole: nothing to wait for upstream.
-    parts.headers.remove(header::EXPECT);
+    // identify → load (one round trip).
+    let identified = identify(&state, &tenant, &controls, &parsed.messages).await;
+    let loaded = load(&state, identified.as_ref()).await;
+    let model = parsed.request.model.as_deref().unwrap_or_default();
+    let turn = Turn {
+        messages: &parsed.messages,
+        prefixes: identified.as_ref().map_or(&[][..], |i| &i.hashes.prefixes),
+        conversation: identified.as_ref().map(|i| i.conversation),
+        loaded: loaded.as_ref(),
+        controls: &controls,
+        model,
+        headers: &credentials,
+    };
 
-    forward(&state, parts, target, Body::from(body), watch, turn).await
+    // plan → rewrite → forward.
+    let mut decision = state.compactor().plan(&turn, Reason::Request).await;
+    let (outgoing, mut watch) = rewrite(&state, &body, &parsed, decision.apply.as_ref());
+    let mut upstream = first_answer(&state, &parts, &target, outgoing).await?;
+
+    // compact-and-retry: the provider said the prompt is too long, and nothing has
+    // reached the client yet.
+    let may_retry =
+        controls.compact != Compact::Off && state.config().compaction.mode == CompactionMode::On;
+    if let Upstream::Buffered(head, error) = &upstream
+        && may_retry
+        && overflow::is_context_overflow(head.status, error)
+    {
+        let retry = state
+            .compactor()
+            .plan(
+                &turn,
+                Reason::Overflow {
+                    sent: decision.estimate,
+                },
+            )
+            .await;
+        if retry.apply.is_some()
+            && retry.apply.as_ref().map(|c| c.through) != decision.apply.as_ref().map(|c| c.through)
+        {
+            state.stats().retry();
+            tracing::info!(conversation = ?turn.conversation, "context length exceeded: compacted and retried once");
+            let (outgoing, retry_watch) = rewrite(&state, &body, &parsed, retry.apply.as_ref());
+            watch = retry_watch;
+            upstream = Upstream::Streaming(send(&state, &parts, &target, outgoing).await?);
+            decision = retry;
+            decision.report.note =
+                Some("provider reported context length exceeded: compacted and retried".to_owned());
+        }
+    }
+
+    // relay → record.
+    let followup = identified
+        .map(|identified| followup(identified, &decision, &parsed, &body, model, credentials));
+    Ok(respond(&state, upstream, watch, &decision.report, followup))
 }
 
 /// Every other request under `/v1`: method, path, query, headers and body stream through.
@@ -64,92 +131,202 @@ pub async fn passthrough(
     request: Request,
 ) -> Result<Response, Error> {
     state.stats().request(false);
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
-    forward(&state, parts, target, body, Watch::Nothing, None).await
-}
-
-/// What the record stage needs to know about the conversation a request belongs to.
-#[derive(Debug, Clone, Copy)]
-struct Turn {
-    conversation: Fingerprint,
-    /// Messages in the forwarded request, and the prefix hash through the last of them.
-    messages: u32,
-    prefix: Fingerprint,
-}
-
-/// identify: the conversation of a request, from the tenant header, the optional
-/// `x-abridge-conversation` header and the messages. `None` when the request has no user
-/// message, or the identity key is not available (store down: fail-open).
-async fn identify(state: &AppState, headers: &HeaderMap, messages: &[Message<'_>]) -> Option<Turn> {
-    let Some(key) = state.identity_key().await else {
-        state.stats().store_unavailable();
-        return None;
-    };
-    let tenant = headers
-        .get(&state.config().identity.tenant_header.0)
-        .map_or(&b""[..], HeaderValue::as_bytes);
-    let explicit = headers
-        .get(headers::CONVERSATION)
-        .map(HeaderValue::as_bytes);
-    let identified = identity::identify(&key, tenant, explicit, messages)?;
-    state.stats().identified();
-    Some(Turn {
-        conversation: identified.conversation,
-        messages: u32::try_from(messages.len()).unwrap_or(u32::MAX),
-        prefix: *identified.hashes.prefixes.last()?,
-    })
-}
-
-/// The body with `stream_options.include_usage` added when a streaming client did not
-/// ask for usage (`None`: send the original bytes), and what the relay must watch for.
-fn request_usage(
-    state: &AppState,
-    body: &Bytes,
-    parsed: &chat::Parsed<'_>,
-) -> (Option<Bytes>, Watch) {
-    match chat::with_usage_requested(body, &parsed.request) {
-        Some(edited) => {
-            state.stats().usage_requested();
-            (Some(edited), Watch::Usage { strip: true })
-        }
-        None => (None, Watch::Usage { strip: false }),
-    }
-}
-
-/// forward → relay → record.
-async fn forward(
-    state: &AppState,
-    mut parts: Parts,
-    target: Uri,
-    body: Body,
-    watch: Watch,
-    turn: Option<Turn>,
-) -> Result<Response, Error> {
     headers::strip_request(&mut parts.headers);
     parts.uri = target;
     parts.version = Version::HTTP_11;
-    let request = http::Request::from_parts(parts, body);
-
-    let upstream = state
+    let response = state
         .upstream()
-        .send(request)
+        .send(http::Request::from_parts(parts, body))
         .await
         .inspect_err(|_| state.stats().upstream_error())?;
-
     let recorder = state.clone();
-    let on_done = Box::new(move |outcome: Outcome| record(&recorder, &outcome, turn));
+    let on_done: OnDone = Box::new(move |outcome: Outcome| recorder.stats().outcome(&outcome));
     Ok(relay::respond(
-        upstream,
-        watch,
+        response,
+        Watch::Nothing,
         state.config().timeouts.stream_idle(),
         on_done,
     ))
 }
 
-/// record: what the provider reported, once the response has ended; the usage goes to
-/// the store in the background (the client has its bytes already).
-fn record(state: &AppState, outcome: &Outcome, turn: Option<Turn>) {
+/// The chat request's headers for the upstream: hop-by-hop and `x-abridge-*` removed,
+/// an uncompressed response asked for (so usage can be read, see `relay`), and no
+/// `Expect` (the body is already here, whole).
+fn prepare_headers(parts: &mut Parts) {
+    headers::strip_request(&mut parts.headers);
+    parts.headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    parts.headers.remove(header::EXPECT);
+    parts.version = Version::HTTP_11;
+}
+
+/// identify: the conversation of a request, from the tenant header, the optional
+/// `x-abridge-conversation` header and the messages. `None` when the request has no user
+/// message, or the identity key is not available (store down: fail-open).
+async fn identify(
+    state: &AppState,
+    tenant: &[u8],
+    controls: &Controls,
+    messages: &[Message<'_>],
+) -> Option<Identified> {
+    let Some(key) = state.identity_key().await else {
+        state.stats().store_unavailable();
+        return None;
+    };
+    let explicit = controls.conversation.as_deref().map(str::as_bytes);
+    let identified = identity::identify(&key, tenant, explicit, messages)?;
+    state.stats().identified();
+    Some(identified)
+}
+
+/// The conversation's checkpoints and state: one round trip; `None` when the store did
+/// not answer (the request goes on without them).
+async fn load(state: &AppState, identified: Option<&Identified>) -> Option<Loaded> {
+    let identified = identified?;
+    match state.store().load(&identified.conversation).await {
+        Ok(loaded) => Some(loaded),
+        Err(_) => {
+            state.stats().store_unavailable();
+            None
+        }
+    }
+}
+
+/// rewrite: the body to send — the original bytes unless a checkpoint is applied or
+/// usage must be asked for — and what the relay must watch for.
+fn rewrite(
+    state: &AppState,
+    body: &Bytes,
+    parsed: &Parsed<'_>,
+    apply: Option<&Checkpoint>,
+) -> (Bytes, Watch) {
+    let mut edits = Vec::with_capacity(2);
+    let usage = chat::usage_edit(body, &parsed.request);
+    let strip = usage.is_some();
+    edits.extend(usage);
+    if let Some(checkpoint) = apply
+        && let Some(messages) = crate::compaction::forwarded(&parsed.messages, checkpoint)
+    {
+        edits.extend(chat::messages_edit(body, &parsed.request, &messages));
+    }
+    if strip {
+        state.stats().usage_requested();
+    }
+    let outgoing = chat::apply(body, edits).unwrap_or_else(|| body.clone());
+    (outgoing, Watch::Usage { strip })
+}
+
+/// The provider's answer: streamed on, or — for an error that may mean "context length
+/// exceeded" — read whole first (it is small), so abridge can still retry.
+enum Upstream {
+    Streaming(http::Response<hyper::body::Incoming>),
+    Buffered(http::response::Parts, Bytes),
+}
+
+async fn send(
+    state: &AppState,
+    parts: &Parts,
+    target: &Uri,
+    body: Bytes,
+) -> Result<http::Response<hyper::body::Incoming>, Error> {
+    let mut request = http::Request::new(Body::from(body.clone()));
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = target.clone();
+    *request.version_mut() = Version::HTTP_11;
+    *request.headers_mut() = parts.headers.clone();
+    request
+        .headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    state
+        .upstream()
+        .send(request)
+        .await
+        .inspect_err(|_| state.stats().upstream_error())
+}
+
+async fn first_answer(
+    state: &AppState,
+    parts: &Parts,
+    target: &Uri,
+    body: Bytes,
+) -> Result<Upstream, Error> {
+    let response = send(state, parts, target, body).await?;
+    if !matches!(response.status().as_u16(), 400 | 413 | 422) {
+        return Ok(Upstream::Streaming(response));
+    }
+    let (head, incoming) = response.into_parts();
+    let idle = state.config().timeouts.stream_idle();
+    let read = tokio::time::timeout(idle, Limited::new(incoming, MAX_ERROR_BODY).collect()).await;
+    match read {
+        Ok(Ok(collected)) => Ok(Upstream::Buffered(head, collected.to_bytes())),
+        // An unreadable error body: say what happened rather than invent one.
+        _ => Err(Error::UpstreamUnreachable(
+            "the provider's error response could not be read".to_owned(),
+        )),
+    }
+}
+
+/// relay: the client's response, with abridge's report headers; record when it ends.
+fn respond(
+    state: &AppState,
+    upstream: Upstream,
+    watch: Watch,
+    report: &Report,
+    followup: Option<Followup>,
+) -> Response {
+    let recorder = state.clone();
+    let on_done: OnDone = Box::new(move |outcome: Outcome| record(&recorder, &outcome, followup));
+    let mut response = match upstream {
+        Upstream::Streaming(response) => relay::respond(
+            response,
+            watch,
+            state.config().timeouts.stream_idle(),
+            on_done,
+        ),
+        Upstream::Buffered(head, body) => relay::respond_buffered(head, body, on_done),
+    };
+    report.write(response.headers_mut());
+    response
+}
+
+/// What the record stage needs to know about this request.
+fn followup(
+    identified: Identified,
+    decision: &Decision,
+    parsed: &Parsed<'_>,
+    body: &Bytes,
+    model: &str,
+    credentials: HeaderMap,
+) -> Followup {
+    Followup {
+        conversation: identified.conversation,
+        messages: u32::try_from(parsed.messages.len()).unwrap_or(u32::MAX),
+        prefix: identified
+            .hashes
+            .prefixes
+            .last()
+            .copied()
+            .unwrap_or(identified.conversation),
+        applied: decision.apply.as_ref().map(|c| c.through),
+        threshold: decision.threshold,
+        soft: decision.soft,
+        active: decision.active,
+        strategy: decision.strategy,
+        overs: decision.overs,
+        body: body.clone(),
+        prefixes: identified.hashes.prefixes,
+        model: model.to_owned(),
+        credentials,
+    }
+}
+
+/// record: the outcome in the stats; the usage the provider reported to the compactor
+/// (store, anti-thrash, background build).
+fn record(state: &AppState, outcome: &Outcome, followup: Option<Followup>) {
     state.stats().outcome(outcome);
     let Some(usage) = outcome.usage else {
         return;
@@ -160,19 +337,9 @@ fn record(state: &AppState, outcome: &Outcome, turn: Option<Turn>) {
         end = ?outcome.end,
         "usage"
     );
-    let (Some(turn), Ok(runtime)) = (turn, tokio::runtime::Handle::try_current()) else {
-        return;
-    };
-    let store = state.store().clone();
-    runtime.spawn(async move {
-        let record = UsageRecord {
-            tokens: usage.prompt_tokens,
-            messages: turn.messages,
-            prefix: turn.prefix,
-        };
-        // A failure is counted and logged by the store; nothing else to do here.
-        let _ = store.record_usage(&turn.conversation, record).await;
-    });
+    if let Some(followup) = followup {
+        state.compactor().record(followup, usage.prompt_tokens);
+    }
 }
 
 async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, Error> {

@@ -126,6 +126,22 @@ pub fn respond(
     Response::from_parts(parts, Body::new(relay))
 }
 
+/// The client's response for a provider answer already read whole (a small error body
+/// abridge inspected): the same status, headers (hop-by-hop and `x-abridge-*` removed)
+/// and bytes.
+pub fn respond_buffered(mut head: http::response::Parts, body: Bytes, on_done: OnDone) -> Response {
+    headers::strip_response(&mut head.headers);
+    head.headers
+        .insert(header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
+    on_done(Outcome {
+        usage: None,
+        end: End::Complete,
+        usage_unreadable: false,
+        stripped_events: 0,
+    });
+    Response::from_parts(head, Body::from(body))
+}
+
 enum Tap {
     None,
     Json { chunks: Vec<Bytes>, size: usize },

@@ -89,7 +89,17 @@ impl MemoryStore {
         state.tokens = usage.tokens;
         state.messages = usage.messages;
         state.prefix = Some(usage.prefix);
+        state.applied = usage.applied;
+        state.overs = if usage.over { state.overs + 1 } else { 0 };
         state.last_seen_ms = now_ms();
+    }
+
+    pub fn suspend(&self, id: &Fingerprint, until_ms: u64) {
+        let mut inner = lock(&self.inner);
+        let c = self.entry(&mut inner, id);
+        let state = c.state.get_or_insert_with(State::default);
+        state.suspended_until_ms = until_ms;
+        state.overs = 0;
     }
 
     pub fn try_lock(&self, id: &Fingerprint, lock_: &Lock, ttl: Duration) -> bool {

@@ -87,6 +87,13 @@ pub struct State {
     /// `h(messages - 1)` of that request: the tokens are only meaningful for a request
     /// that starts with the same history.
     pub prefix: Option<Fingerprint>,
+    /// `through` of the checkpoint applied to that request (`None`: forwarded as sent).
+    pub applied: Option<u32>,
+    /// Consecutive turns the provider reported over the threshold although a checkpoint
+    /// was applied (anti-thrash).
+    pub overs: u32,
+    /// Compaction is suspended for this conversation until then (ms since the epoch).
+    pub suspended_until_ms: u64,
     /// Checkpoints saved over the conversation's life.
     pub compactions: u64,
     pub last_seen_ms: u64,
@@ -98,6 +105,11 @@ pub struct UsageRecord {
     pub tokens: u64,
     pub messages: u32,
     pub prefix: Fingerprint,
+    /// `through` of the checkpoint applied to the request, if any.
+    pub applied: Option<u32>,
+    /// The provider reported more than the threshold although a checkpoint was applied:
+    /// counts towards anti-thrash (any other report resets the count).
+    pub over: bool,
 }
 
 /// Everything a request needs about its conversation, read in one round trip.
@@ -269,6 +281,24 @@ impl Store {
                     Ok(())
                 }
                 Backend::Redis(r) => r.record_usage(conversation, usage).await,
+            }
+        })
+        .await
+    }
+
+    /// Suspends compaction of a conversation until `until_ms` (anti-thrash).
+    pub async fn suspend(
+        &self,
+        conversation: &Fingerprint,
+        until_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.call("suspend", async {
+            match &self.backend {
+                Backend::Memory(m) => {
+                    m.suspend(conversation, until_ms);
+                    Ok(())
+                }
+                Backend::Redis(r) => r.suspend(conversation, until_ms).await,
             }
         })
         .await

@@ -260,11 +260,20 @@ impl RedisStore {
                 ("last_seen", now.to_string()),
             ],
         )
-        .ignore()
-        .pexpire(&state, ttl)
-        .ignore()
-        .pexpire(&ckpt, ttl)
         .ignore();
+        match usage.applied {
+            Some(through) => own.hset(&state, "applied", through).ignore(),
+            None => own.hdel(&state, "applied").ignore(),
+        };
+        if usage.over {
+            own.hincr(&state, "overs", 1).ignore();
+        } else {
+            own.hset(&state, "overs", 0).ignore();
+        }
+        own.pexpire(&state, ttl)
+            .ignore()
+            .pexpire(&ckpt, ttl)
+            .ignore();
         let recent = self.global("recent");
         let mut index = redis::pipe();
         index
@@ -279,6 +288,23 @@ impl RedisStore {
             own.query_async::<()>(&mut a),
             index.query_async::<()>(&mut b)
         )?;
+        Ok(())
+    }
+
+    pub async fn suspend(
+        &self,
+        conversation: &Fingerprint,
+        until_ms: u64,
+    ) -> Result<(), StoreError> {
+        let state = self.key(conversation, "state");
+        let mut pipe = redis::pipe();
+        pipe.hset(&state, "suspended_until", until_ms)
+            .ignore()
+            .hset(&state, "overs", 0)
+            .ignore()
+            .pexpire(&state, self.inner.ttl_ms as i64)
+            .ignore();
+        pipe.query_async::<()>(&mut self.conn().await?).await?;
         Ok(())
     }
 
@@ -380,6 +406,15 @@ fn parse_state(fields: &HashMap<String, String>) -> Result<Option<State>, StoreE
         tokens: number("tokens")?,
         messages: u32::try_from(number("messages")?).unwrap_or(u32::MAX),
         prefix: fields.get("prefix").and_then(|p| Fingerprint::from_hex(p)),
+        applied: fields
+            .get("applied")
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| StoreError::Corrupt(format!("state field applied: {v}")))
+            })
+            .transpose()?,
+        overs: u32::try_from(number("overs")?).unwrap_or(u32::MAX),
+        suspended_until_ms: number("suspended_until")?,
         compactions: number("compactions")?,
         last_seen_ms: number("last_seen")?,
     }))

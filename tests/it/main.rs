@@ -9,6 +9,8 @@
 
 mod common;
 
+mod compaction;
+
 mod conversations;
 mod errors;
 mod lifecycle;

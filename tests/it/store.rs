@@ -123,6 +123,8 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
                 tokens: 4321,
                 messages: 9,
                 prefix: fingerprint(8),
+                applied: None,
+                over: false,
             },
         )
         .await
@@ -158,6 +160,45 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
             .matching(&prefixes[..5])
             .is_some_and(|c| c.through == 3),
         "a shorter request matches only what it contains"
+    );
+
+    // Applied checkpoint, anti-thrash count and suspension.
+    let over = |applied: Option<u32>, over: bool| UsageRecord {
+        tokens: 9000,
+        messages: 12,
+        prefix: fingerprint(11),
+        applied,
+        over,
+    };
+    store
+        .record_usage(&conv, over(Some(7), true))
+        .await
+        .unwrap();
+    store
+        .record_usage(&conv, over(Some(7), true))
+        .await
+        .unwrap();
+    let state = store.load(&conv).await.unwrap().state.unwrap();
+    assert_eq!(
+        (state.applied, state.overs, state.suspended_until_ms),
+        (Some(7), 2, 0)
+    );
+    store.record_usage(&conv, over(None, false)).await.unwrap();
+    let state = store.load(&conv).await.unwrap().state.unwrap();
+    assert_eq!(
+        (state.applied, state.overs),
+        (None, 0),
+        "a report under the threshold resets the count"
+    );
+    store
+        .record_usage(&conv, over(Some(7), true))
+        .await
+        .unwrap();
+    store.suspend(&conv, 1_900_000_000_000).await.unwrap();
+    let state = store.load(&conv).await.unwrap().state.unwrap();
+    assert_eq!(
+        (state.suspended_until_ms, state.overs, state.tokens),
+        (1_900_000_000_000, 0, 9000)
     );
 
     // Another conversation sees nothing of this one.
@@ -284,6 +325,8 @@ async fn delete_and_recent((store, _): (Store, StoreConfig)) {
                 tokens: 1,
                 messages: 1,
                 prefix: fingerprint(1),
+                applied: None,
+                over: false,
             },
         )
         .await
@@ -296,6 +339,8 @@ async fn delete_and_recent((store, _): (Store, StoreConfig)) {
                 tokens: 2,
                 messages: 2,
                 prefix: fingerprint(2),
+                applied: None,
+                over: false,
             },
         )
         .await
@@ -449,6 +494,8 @@ async fn every_key_has_a_ttl_and_no_key_or_value_holds_a_credential() {
                 tokens: 10,
                 messages: 3,
                 prefix: fingerprint(3),
+                applied: None,
+                over: false,
             },
         )
         .await

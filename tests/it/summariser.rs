@@ -4,17 +4,18 @@
 
 use std::time::Duration;
 
+use abridge::compact::SummaryRequest;
 use abridge::config::SummaryConfig;
 use abridge::secret::Secret;
-use abridge::summariser::{Summariser, SummaryCall, SummaryFailure};
+use abridge::summariser::{Summariser, SummaryFailure};
 use abridge::upstream::Upstream;
 use fake_provider::{Behavior, FakeProvider, SummaryMode};
 use http::HeaderMap;
 
 use crate::common::config_for;
 
-fn call() -> SummaryCall {
-    SummaryCall {
+fn call() -> SummaryRequest {
+    SummaryRequest {
         system: "You summarise conversations.".into(),
         prompt: "Summarise this transcript.\n[USER] fix src/lib.rs\n[ASSISTANT] done".into(),
         max_tokens: 500,

@@ -469,20 +469,44 @@ fn stream(b: &Behavior, chunks: Chunks, completion: Completion) -> Response {
     response
 }
 
+/// The bodies of the `[USER]` blocks of a transcript: a label line (`[USER]`,
+/// `[ASSISTANT]`, `[TOOL ...]`) starts a block, the lines up to the next label are its
+/// body (text on the label line itself counts too).
+fn user_blocks(transcript: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<(bool, String)> = None;
+    for line in transcript.lines() {
+        let t = line.trim();
+        let label = ["[USER", "[ASSISTANT", "[TOOL"]
+            .iter()
+            .find(|l| t.starts_with(**l));
+        if let (Some(label), Some(close)) = (label, t.find(']')) {
+            if let Some((true, body)) = current.take() {
+                blocks.push(body.trim().to_owned());
+            }
+            current = Some((*label == "[USER", t[close + 1..].trim().to_owned()));
+        } else if let Some((_, body)) = &mut current {
+            body.push(' ');
+            body.push_str(t);
+        }
+    }
+    if let Some((true, body)) = current {
+        blocks.push(body.trim().to_owned());
+    }
+    blocks.retain(|b| !b.is_empty());
+    blocks
+}
+
 /// A summary in the structured template, built from the transcript in the last message.
 fn summarise(messages: &[Value], mode: SummaryMode) -> String {
     let transcript = messages.last().map(text_of).unwrap_or_default();
-    let user_lines: Vec<&str> = transcript
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("[USER]"))
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    let goal = user_lines
+    let asks = user_blocks(&transcript);
+    let short = |s: &str| s.chars().take(300).collect::<String>();
+    let goal = asks
         .first()
-        .copied()
-        .unwrap_or("continue the conversation");
-    let latest = user_lines.last().copied().unwrap_or(goal);
+        .map_or_else(|| "continue the conversation".to_owned(), |a| short(a));
+    let latest = asks.last().map_or_else(|| goal.clone(), |a| short(a));
+    let user_lines = &asks;
     let mut identifiers: Vec<String> = Vec::new();
     for token in transcript.split_whitespace() {
         let t = token.trim_matches(|c: char| ",.;:()[]{}\"'`".contains(c));

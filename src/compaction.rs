@@ -1,0 +1,813 @@
+//! The plan stage of a chat request: whether to forward the conversation as sent, with a
+//! stored checkpoint applied, or compacted now — and, after the response, whether to
+//! build the next checkpoint in the background.
+//!
+//! ```text
+//! prefix hashes + store state ─► active checkpoint (the one applied last turn, if it
+//!                                still matches) ─► predicted prompt tokens
+//!   under the hard threshold ─► forward with the active checkpoint (prefix stays stable)
+//!   over it ──────────────────► a deeper prepared checkpoint that fits? apply it
+//!                               else compact now (single-flight for LLM strategies)
+//! after the response: over the soft threshold ─► background job builds the next one
+//! ```
+//!
+//! Predicted tokens are the provider's own count for the conversation's last request
+//! (kept in the store, with the prefix hash and checkpoint it belongs to) plus an
+//! estimate of only what was appended since; without a matching record the forwarded
+//! view is estimated whole (cheaply first, exactly only near the threshold).
+//!
+//! Compaction aims for the soft threshold, not the hard one, so a conversation does not
+//! need compacting again on the very next turn. `x-abridge-compact: force` aims for half
+//! the predicted size (at most the soft threshold); a provider's "context length
+//! exceeded" aims for half of what was sent.
+//!
+//! Nothing here fails a request: a store that does not answer, a summariser that fails,
+//! a plan that cannot get under the threshold — each leaves the request forwarded as
+//! well as can be, and says so in the report.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use serde_json::value::RawValue;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::chat::{self, Message, Role};
+use crate::compact::{
+    self, CannotCompact, Input, Plan, Previous, Settings, Strategy, SummaryError, SummaryRequest,
+};
+use crate::config::{CompactionConfig, CompactionMode, Config};
+use crate::controls::{Compact, Controls, Report};
+use crate::identity::Fingerprint;
+use crate::models;
+use crate::stats::{Stats, Trigger};
+use crate::store::{Checkpoint, Loaded, Saved, State, Store, UsageRecord, now_ms};
+use crate::summariser::Summariser;
+use crate::tokens::Estimator;
+
+/// Headers a background job keeps to call the summariser as the client would.
+const CREDENTIAL_HEADERS: [&str; 5] = [
+    "authorization",
+    "api-key",
+    "x-api-key",
+    "openai-organization",
+    "openai-project",
+];
+
+/// Poll interval while another request or replica builds the checkpoint we need.
+const PEER_POLL: Duration = Duration::from_millis(50);
+
+/// Everything the plan stage needs to know about one request.
+pub struct Turn<'t, 'a> {
+    pub messages: &'t [Message<'a>],
+    /// The request's rolling prefix hashes (`prefixes[i]` = h(i)).
+    pub prefixes: &'t [Fingerprint],
+    /// `None`: not identified (no user message, or no identity key: store down).
+    pub conversation: Option<Fingerprint>,
+    /// `None`: the store did not answer (or nothing to load for an unidentified request).
+    pub loaded: Option<&'t Loaded>,
+    pub controls: &'t Controls,
+    pub model: &'t str,
+    /// The client's headers (credentials for the summariser on the main upstream).
+    pub headers: &'t HeaderMap,
+}
+
+/// Why the plan stage is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// A request arriving.
+    Request,
+    /// The provider answered "context length exceeded" to a request estimated at
+    /// `sent` tokens: compact harder and retry once.
+    Overflow { sent: u64 },
+}
+
+/// What the plan stage decided.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// The checkpoint to apply (`None`: forward the messages as sent).
+    pub apply: Option<Checkpoint>,
+    pub report: Report,
+    /// Estimated prompt tokens of what will be forwarded.
+    pub estimate: u64,
+    /// The hard threshold for this request's model.
+    pub threshold: u64,
+    /// The soft threshold: over it after the response, the next checkpoint is prepared.
+    pub soft: u64,
+    /// Compaction may act on this request (not off, not observe, not suspended).
+    pub active: bool,
+    /// The strategy this request asked for (or the configured one).
+    pub strategy: Strategy,
+    /// Reports over the threshold after compaction so far (from the store).
+    pub overs: u32,
+}
+
+/// The compaction machinery shared by all requests.
+pub struct Compactor {
+    config: CompactionConfig,
+    settings: Settings,
+    summariser: Summariser,
+    summary_timeout: Duration,
+    store: Store,
+    stats: Arc<Stats>,
+    jobs: mpsc::Sender<Job>,
+    queue: Mutex<Option<mpsc::Receiver<Job>>>,
+    /// Conversations with a background job queued or running.
+    pending: Mutex<HashSet<Fingerprint>>,
+}
+
+/// One run of a strategy.
+#[derive(Clone, Copy)]
+struct Attempt<'c> {
+    strategy: Strategy,
+    /// The deepest checkpoint of this history, for an iterative update.
+    previous: Option<&'c Checkpoint>,
+    budget: u64,
+    trigger: Trigger,
+    /// Store, count and log it (false: observe mode's dry run).
+    real: bool,
+    /// Wait for a peer's summary when the single-flight lock is taken (false: give up).
+    wait: bool,
+}
+
+/// What the record stage needs about a request, built by the request path.
+pub struct Followup {
+    pub conversation: Fingerprint,
+    /// Messages in the client's request, and the prefix hash through the last of them.
+    pub messages: u32,
+    pub prefix: Fingerprint,
+    /// `through` of the checkpoint applied to the forwarded request.
+    pub applied: Option<u32>,
+    pub threshold: u64,
+    pub soft: u64,
+    /// Compaction may act on this conversation (see [`Decision::active`]).
+    pub active: bool,
+    pub strategy: Strategy,
+    pub overs: u32,
+    /// For a background build: the client's body, its prefix hashes, the model and the
+    /// credential headers for the summariser.
+    pub body: Bytes,
+    pub prefixes: Vec<Fingerprint>,
+    pub model: String,
+    pub credentials: HeaderMap,
+}
+
+impl Followup {
+    /// The credential headers of a request (what a summary call on its behalf needs).
+    pub fn credentials_of(headers: &HeaderMap) -> HeaderMap {
+        let mut out = HeaderMap::new();
+        for name in CREDENTIAL_HEADERS {
+            if let Some(v) = headers.get(name) {
+                out.insert(name, v.clone());
+            }
+        }
+        out
+    }
+}
+
+/// A background compaction: everything to rebuild the request's view.
+struct Job {
+    conversation: Fingerprint,
+    body: Bytes,
+    prefixes: Vec<Fingerprint>,
+    model: String,
+    headers: HeaderMap,
+    strategy: Strategy,
+}
+
+impl Compactor {
+    pub fn new(config: &Config, summariser: Summariser, store: Store, stats: Arc<Stats>) -> Self {
+        let (jobs, queue) = mpsc::channel(config.compaction.background_queue.max(1));
+        Self {
+            config: config.compaction.clone(),
+            settings: config.strategies.clone(),
+            summariser,
+            summary_timeout: config.summary.timeout(),
+            store,
+            stats,
+            jobs,
+            queue: Mutex::new(Some(queue)),
+            pending: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The hard threshold for a model.
+    pub fn threshold(&self, model: &str) -> u64 {
+        if self.config.threshold_tokens > 0 {
+            return self.config.threshold_tokens;
+        }
+        let window = models::context_window(
+            model,
+            &self.config.context_windows,
+            self.config.default_context_window,
+        );
+        ((window as f64) * self.config.threshold_ratio) as u64
+    }
+
+    /// plan: see the module docs.
+    pub async fn plan(&self, turn: &Turn<'_, '_>, reason: Reason) -> Decision {
+        let threshold = self.threshold(turn.model);
+        let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
+        let strategy = turn.controls.strategy.unwrap_or(self.config.strategy);
+        let state = turn.loaded.and_then(|l| l.state);
+        let mut decision = Decision {
+            apply: None,
+            report: Report {
+                conversation: turn.conversation,
+                ..Report::default()
+            },
+            estimate: 0,
+            threshold,
+            soft,
+            active: false,
+            strategy,
+            overs: state.map_or(0, |s| s.overs),
+        };
+        if turn.controls.compact == Compact::Off || self.config.mode == CompactionMode::Off {
+            decision.report.note = Some("compaction off".to_owned());
+            return decision;
+        }
+        let observe = self.config.mode == CompactionMode::Observe;
+        if turn.loaded.is_none() && turn.conversation.is_some() {
+            decision.report.note = Some("store unavailable: no checkpoints this turn".to_owned());
+        }
+
+        // Checkpoints of this exact history, deepest first, that can apply to this request.
+        let matching: Vec<&Checkpoint> = turn
+            .loaded
+            .map(|l| {
+                l.checkpoints
+                    .iter()
+                    .filter(|c| {
+                        turn.prefixes.get(c.through as usize) == Some(&c.prefix)
+                            && applicable(c, turn.messages)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let active = state
+            .and_then(|s| s.applied)
+            .and_then(|through| matching.iter().copied().find(|c| c.through == through));
+        let predicted = self.predict(turn, state, active);
+        decision.estimate = predicted;
+        let forced =
+            turn.controls.compact == Compact::Force || matches!(reason, Reason::Overflow { .. });
+        let suspended = state.is_some_and(|s| s.suspended_until_ms > now_ms());
+        decision.active = !observe && (!suspended || forced);
+
+        if !forced && predicted <= threshold {
+            if !observe {
+                self.use_checkpoint(&mut decision, active, predicted);
+            }
+            return decision;
+        }
+        if suspended && !forced {
+            self.use_checkpoint(&mut decision, active, predicted);
+            decision.report.note =
+                Some("compaction suspended for this conversation (anti-thrash)".to_owned());
+            return decision;
+        }
+
+        // Over the threshold: a prepared, deeper checkpoint that fits needs no work now.
+        if !forced {
+            let deeper = matching
+                .iter()
+                .copied()
+                .filter(|c| active.is_none_or(|a| c.through > a.through));
+            for candidate in deeper {
+                let estimate = self.estimate_with(turn, Some(candidate));
+                if estimate <= threshold {
+                    if observe {
+                        self.observe(&mut decision, candidate, predicted, estimate);
+                    } else {
+                        self.use_checkpoint(&mut decision, Some(candidate), estimate);
+                    }
+                    return decision;
+                }
+            }
+        }
+
+        let budget = match reason {
+            Reason::Overflow { sent } => (sent / 2).min(soft),
+            Reason::Request if forced => (predicted / 2).min(soft),
+            Reason::Request => soft,
+        };
+        let trigger = match reason {
+            Reason::Overflow { .. } => Trigger::Retry,
+            Reason::Request if forced => Trigger::Forced,
+            Reason::Request => Trigger::Threshold,
+        };
+        // Observe mode: what recency (no LLM, nothing stored) would do.
+        let (strategy, previous) = if observe {
+            (Strategy::Recency, matching.first().copied())
+        } else {
+            (strategy, matching.first().copied())
+        };
+        let attempt = Attempt {
+            strategy,
+            previous,
+            budget,
+            trigger,
+            real: !observe,
+            wait: true,
+        };
+        match self.compact_now(turn, attempt).await {
+            Ok((checkpoint, plan_note)) => {
+                let estimate = self.estimate_with(turn, Some(&checkpoint));
+                if observe {
+                    self.observe(&mut decision, &checkpoint, predicted, estimate);
+                } else {
+                    self.use_checkpoint(&mut decision, Some(&checkpoint), estimate);
+                    decision.report.tokens_before = Some(predicted.max(checkpoint.tokens_before));
+                    decision.report.note = plan_note;
+                }
+            }
+            Err(cannot) => {
+                if let (CannotCompact::TooLarge { .. }, Some(conversation), false) =
+                    (&cannot, turn.conversation, observe)
+                {
+                    self.suspend(conversation, &cannot.to_string()).await;
+                }
+                self.use_checkpoint(
+                    &mut decision,
+                    if observe { None } else { active },
+                    predicted,
+                );
+                decision.report.note = Some(format!("not compacted: {cannot}"));
+            }
+        }
+        decision
+    }
+
+    /// Predicted prompt tokens of the request with `applied` applied.
+    fn predict(
+        &self,
+        turn: &Turn<'_, '_>,
+        state: Option<State>,
+        applied: Option<&Checkpoint>,
+    ) -> u64 {
+        if let Some(s) = state {
+            let n = s.messages as usize;
+            let same_history = n >= 1
+                && n <= turn.messages.len()
+                && s.prefix
+                    .is_some_and(|p| turn.prefixes.get(n - 1) == Some(&p));
+            if same_history && s.applied == applied.map(|c| c.through) {
+                // The provider's own count, plus only what was appended since.
+                let exact = Estimator::for_model(turn.model);
+                return s.tokens
+                    + turn.messages[n..]
+                        .iter()
+                        .map(|m| exact.message(m))
+                        .sum::<u64>();
+            }
+        }
+        self.estimate_with(turn, applied)
+    }
+
+    /// Estimated prompt tokens of the forwarded view with `applied` applied. Cheap
+    /// estimate first; the model's exact tokenizer only when that is near the threshold.
+    fn estimate_with(&self, turn: &Turn<'_, '_>, applied: Option<&Checkpoint>) -> u64 {
+        let threshold = self.threshold(turn.model);
+        let cheap = forwarded_estimate(&Estimator::approx(), turn.messages, applied);
+        let exact = Estimator::for_model(turn.model);
+        if !exact.is_exact() || cheap < threshold / 2 {
+            return cheap;
+        }
+        forwarded_estimate(&exact, turn.messages, applied)
+    }
+
+    fn use_checkpoint(
+        &self,
+        decision: &mut Decision,
+        checkpoint: Option<&Checkpoint>,
+        estimate: u64,
+    ) {
+        decision.estimate = estimate;
+        let Some(c) = checkpoint else {
+            return;
+        };
+        let saved = c.tokens_before.saturating_sub(c.tokens_after);
+        let report = &mut decision.report;
+        report.compacted = true;
+        report.strategy = c.strategy.parse().ok();
+        report.tokens_after = Some(estimate);
+        report.tokens_before = Some(estimate + saved);
+        report.messages_replaced = Some((c.through + 1).saturating_sub(c.head) as usize);
+        decision.apply = Some(c.clone());
+        self.stats.checkpoint_applied();
+    }
+
+    fn observe(
+        &self,
+        decision: &mut Decision,
+        checkpoint: &Checkpoint,
+        predicted: u64,
+        estimate: u64,
+    ) {
+        decision.apply = None;
+        decision.estimate = predicted;
+        let report = &mut decision.report;
+        report.compacted = false;
+        report.strategy = checkpoint.strategy.parse().ok();
+        report.tokens_before = Some(predicted);
+        report.tokens_after = Some(estimate);
+        report.messages_replaced =
+            Some((checkpoint.through + 1).saturating_sub(checkpoint.head) as usize);
+        report.note = Some("observe mode: would compact; forwarded unmodified".to_owned());
+        self.stats.observed();
+    }
+
+    async fn suspend(&self, conversation: Fingerprint, why: &str) {
+        let until = now_ms() + self.config.anti_thrash_secs * 1000;
+        self.stats.anti_thrash();
+        tracing::warn!(%conversation, reason = why, secs = self.config.anti_thrash_secs, "compaction suspended for a conversation (anti-thrash)");
+        let _ = self.store.suspend(&conversation, until).await;
+    }
+
+    /// Runs a strategy and stores the checkpoint. With a summarising strategy and a
+    /// store, only one request per conversation builds at a time (single-flight): the
+    /// others wait for its checkpoint (`attempt.wait`) or give up (background jobs).
+    /// Returns the checkpoint and a note when the strategy fell back.
+    async fn compact_now(
+        &self,
+        turn: &Turn<'_, '_>,
+        attempt: Attempt<'_>,
+    ) -> Result<(Checkpoint, Option<String>), CannotCompact> {
+        let stored = attempt.real && turn.loaded.is_some() && turn.conversation.is_some();
+        let llm = matches!(
+            attempt.strategy,
+            Strategy::Structured | Strategy::LlmReplace
+        );
+        // Without a store a summary could not be kept: it would be paid for every turn.
+        let attempt = if llm && !stored {
+            Attempt {
+                strategy: Strategy::Recency,
+                ..attempt
+            }
+        } else {
+            attempt
+        };
+        let mut lock = None;
+        if stored
+            && llm
+            && let Some(conversation) = turn.conversation
+        {
+            let ttl = Duration::from_millis(self.config.lock_ttl_ms);
+            match self.store.try_lock(&conversation, ttl).await {
+                Ok(Some(l)) => lock = Some(l),
+                Ok(None) if attempt.wait => {
+                    if let Some(found) = self
+                        .wait_for_peer(turn, conversation, attempt.previous)
+                        .await
+                    {
+                        return Ok((found, None));
+                    }
+                    // The peer took too long: recency now, without the LLM.
+                    let recency = Attempt {
+                        strategy: Strategy::Recency,
+                        ..attempt
+                    };
+                    return self.compact_now_unlocked(turn, recency, stored).await;
+                }
+                Ok(None) => return Err(CannotCompact::NothingToReplace),
+                Err(_) => {}
+            }
+        }
+        let result = self.compact_now_unlocked(turn, attempt, stored).await;
+        if let (Some(lock), Some(conversation)) = (lock, turn.conversation) {
+            let _ = self.store.unlock(&conversation, &lock).await;
+        }
+        result
+    }
+
+    async fn compact_now_unlocked(
+        &self,
+        turn: &Turn<'_, '_>,
+        attempt: Attempt<'_>,
+        stored: bool,
+    ) -> Result<(Checkpoint, Option<String>), CannotCompact> {
+        let Attempt {
+            strategy,
+            previous,
+            budget,
+            trigger,
+            real,
+            ..
+        } = attempt;
+        let estimator = Estimator::for_model(turn.model);
+        let previous_replacement: Vec<Box<RawValue>> = previous
+            .and_then(|c| serde_json::from_str(c.replacement.get()).ok())
+            .unwrap_or_default();
+        let input = Input {
+            messages: turn.messages,
+            budget,
+            previous: previous.map(|c| Previous {
+                head: c.head as usize,
+                through: c.through as usize,
+                replacement: &previous_replacement,
+                summary: c.summary.as_deref(),
+            }),
+            focus: None,
+            estimator: &estimator,
+        };
+        let summarise = |request: SummaryRequest| async move {
+            self.stats.summary_call();
+            let call = self
+                .summariser
+                .summarise(turn.headers, turn.model, &request);
+            let result = match tokio::time::timeout(self.summary_timeout, call).await {
+                Ok(result) => result.map_err(SummaryError::from),
+                Err(_) => Err(SummaryError::TimedOut),
+            };
+            if result.is_err() {
+                self.stats.summary_failure();
+            }
+            result
+        };
+        let plan = compact::compact(strategy, &input, &self.settings, summarise).await?;
+        let note = plan
+            .fallback
+            .as_ref()
+            .map(|f| format!("{} fell back to recency: {f}", plan.requested));
+        let checkpoint = checkpoint_of(&plan, turn.prefixes)?;
+        if !real {
+            return Ok((checkpoint, note));
+        }
+        if plan.fallback.is_some() {
+            self.stats.fallback();
+        }
+        self.stats.compaction(
+            plan.strategy,
+            trigger,
+            plan.tokens_before,
+            plan.tokens_after,
+        );
+        tracing::info!(
+            conversation = ?turn.conversation,
+            strategy = %plan.strategy,
+            trigger = ?trigger,
+            tokens_before = plan.tokens_before,
+            tokens_after = plan.tokens_after,
+            messages_replaced = plan.messages_replaced,
+            fallback = plan.fallback.as_ref().map(ToString::to_string),
+            "compacted"
+        );
+        let (Some(conversation), true) = (turn.conversation, stored) else {
+            return Ok((checkpoint, note));
+        };
+        match self.store.save_checkpoint(&conversation, &checkpoint).await {
+            Ok(Saved::AlreadyPresent) => {
+                // Someone stored one for the same history first: forward theirs, so every
+                // replica sends the same bytes.
+                if let Ok(loaded) = self.store.load(&conversation).await
+                    && let Some(first) = loaded
+                        .checkpoints
+                        .into_iter()
+                        .find(|c| c.through == checkpoint.through && c.prefix == checkpoint.prefix)
+                {
+                    return Ok((first, None));
+                }
+                Ok((checkpoint, note))
+            }
+            Ok(Saved::Stored) | Err(_) => Ok((checkpoint, note)),
+        }
+    }
+
+    /// Polls the store for the checkpoint a peer is building (deeper than `previous`).
+    async fn wait_for_peer(
+        &self,
+        turn: &Turn<'_, '_>,
+        conversation: Fingerprint,
+        previous: Option<&Checkpoint>,
+    ) -> Option<Checkpoint> {
+        let deadline = tokio::time::Instant::now() + self.summary_timeout + Duration::from_secs(1);
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(PEER_POLL).await;
+            let Ok(loaded) = self.store.load(&conversation).await else {
+                return None;
+            };
+            let found = loaded.checkpoints.into_iter().find(|c| {
+                turn.prefixes.get(c.through as usize) == Some(&c.prefix)
+                    && applicable(c, turn.messages)
+                    && previous.is_none_or(|p| c.through > p.through)
+            });
+            if found.is_some() {
+                self.stats.waited_for_peer();
+                return found;
+            }
+        }
+        None
+    }
+
+    /// record: the usage the provider reported goes to the store (in the background:
+    /// the client has its bytes already); reports over the threshold although a
+    /// checkpoint was applied count towards anti-thrash; over the soft threshold the next
+    /// checkpoint is queued for a background build.
+    pub fn record(self: &Arc<Self>, followup: Followup, reported: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let over = followup.applied.is_some() && reported > followup.threshold;
+        let me = self.clone();
+        let record = UsageRecord {
+            tokens: reported,
+            messages: followup.messages,
+            prefix: followup.prefix,
+            applied: followup.applied,
+            over,
+        };
+        let conversation = followup.conversation;
+        let suspend = over && followup.overs + 1 >= self.config.anti_thrash_after;
+        runtime.spawn(async move {
+            // Failures are counted and logged by the store.
+            let _ = me.store.record_usage(&conversation, record).await;
+            if suspend {
+                me.suspend(
+                    conversation,
+                    "the provider keeps reporting over the threshold after compaction",
+                )
+                .await;
+            }
+        });
+        if self.config.background && followup.active && reported > followup.soft && !suspend {
+            self.queue_job(followup);
+        }
+    }
+
+    /// Background compactions queued or running.
+    pub fn pending_jobs(&self) -> usize {
+        lock(&self.pending).len()
+    }
+
+    fn queue_job(&self, followup: Followup) {
+        let conversation = followup.conversation;
+        if !self.store.is_healthy() || !lock(&self.pending).insert(conversation) {
+            return;
+        }
+        let job = Job {
+            conversation,
+            body: followup.body,
+            prefixes: followup.prefixes,
+            model: followup.model,
+            headers: followup.credentials,
+            strategy: followup.strategy,
+        };
+        if self.jobs.try_send(job).is_err() {
+            lock(&self.pending).remove(&conversation);
+            self.stats.background_dropped();
+        }
+    }
+
+    /// Starts the background workers; they stop when `stop` changes (after finishing the
+    /// job at hand).
+    pub fn start_background(self: &Arc<Self>, stop: watch::Receiver<()>) -> JoinSet<()> {
+        let mut set = JoinSet::new();
+        let Some(queue) = lock(&self.queue).take() else {
+            return set;
+        };
+        let queue = Arc::new(tokio::sync::Mutex::new(queue));
+        for _ in 0..self.config.background_workers.max(1) {
+            let (me, queue, mut stop) = (self.clone(), queue.clone(), stop.clone());
+            set.spawn(async move {
+                loop {
+                    let job = tokio::select! {
+                        _ = stop.changed() => break,
+                        job = async { queue.lock().await.recv().await } => job,
+                    };
+                    let Some(job) = job else { break };
+                    let conversation = job.conversation;
+                    me.run_job(job).await;
+                    lock(&me.pending).remove(&conversation);
+                }
+            });
+        }
+        set
+    }
+
+    async fn run_job(&self, job: Job) {
+        let Ok(parsed) = chat::parse(&job.body) else {
+            return;
+        };
+        let Ok(loaded) = self.store.load(&job.conversation).await else {
+            return;
+        };
+        let controls = Controls::default();
+        let turn = Turn {
+            messages: &parsed.messages,
+            prefixes: &job.prefixes,
+            conversation: Some(job.conversation),
+            loaded: Some(&loaded),
+            controls: &controls,
+            model: &job.model,
+            headers: &job.headers,
+        };
+        let soft = ((self.threshold(&job.model) as f64) * self.config.soft_ratio) as u64;
+        let deepest = loaded.checkpoints.iter().find(|c| {
+            job.prefixes.get(c.through as usize) == Some(&c.prefix)
+                && applicable(c, &parsed.messages)
+        });
+        // Already prepared: the forwarded view with the deepest checkpoint is small enough.
+        if self.estimate_with(&turn, deepest) <= soft {
+            return;
+        }
+        let attempt = Attempt {
+            strategy: job.strategy,
+            previous: deepest,
+            budget: soft,
+            trigger: Trigger::Background,
+            real: true,
+            wait: false,
+        };
+        match self.compact_now(&turn, attempt).await {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(conversation = %job.conversation, error = %e, "background compaction skipped")
+            }
+        }
+    }
+}
+
+/// Estimated prompt tokens of `messages` with `applied` applied.
+fn forwarded_estimate(
+    estimator: &Estimator,
+    messages: &[Message<'_>],
+    applied: Option<&Checkpoint>,
+) -> u64 {
+    let Some(c) = applied else {
+        return estimator.messages(messages);
+    };
+    let (head, through) = (c.head as usize, c.through as usize);
+    let replacement: Vec<&RawValue> = serde_json::from_str(c.replacement.get()).unwrap_or_default();
+    let replaced: u64 = replacement
+        .iter()
+        .filter_map(|raw| Message::parse(raw).ok())
+        .map(|m| estimator.message(&m))
+        .sum();
+    let kept: u64 = messages
+        .iter()
+        .take(head)
+        .chain(messages.iter().skip(through + 1))
+        .map(|m| estimator.message(m))
+        .sum();
+    kept + replaced + estimator.per_request()
+}
+
+/// A stored checkpoint fits this request: its cuts lie before the final turn and after
+/// it comes no tool result (a later turn cannot change what was checked when it was
+/// built, since the prefix hash matches; this guards against a corrupt store).
+fn applicable(c: &Checkpoint, messages: &[Message<'_>]) -> bool {
+    let (head, through) = (c.head as usize, c.through as usize);
+    let last_user = messages.iter().rposition(|m| m.role == Role::User);
+    head <= through + 1
+        && last_user.is_some_and(|u| through < u)
+        && messages
+            .get(through + 1)
+            .is_some_and(|m| !matches!(m.role, Role::Tool | Role::Function))
+}
+
+fn checkpoint_of(plan: &Plan, prefixes: &[Fingerprint]) -> Result<Checkpoint, CannotCompact> {
+    let prefix = *prefixes
+        .get(plan.through)
+        .ok_or(CannotCompact::NothingToReplace)?;
+    let raw: Vec<&RawValue> = plan.replacement.iter().map(|r| &**r).collect();
+    let replacement =
+        serde_json::value::to_raw_value(&raw).map_err(|_| CannotCompact::NothingToReplace)?;
+    Ok(Checkpoint {
+        through: u32::try_from(plan.through).unwrap_or(u32::MAX),
+        prefix,
+        head: u32::try_from(plan.head).unwrap_or(u32::MAX),
+        replacement,
+        summary: plan.summary.clone(),
+        strategy: plan.strategy.to_string(),
+        tokens_before: plan.tokens_before,
+        tokens_after: plan.tokens_after,
+        created_ms: now_ms(),
+    })
+}
+
+/// The forwarded messages of `messages` with `checkpoint` applied (`None`: as sent).
+pub fn forwarded<'r>(
+    messages: &'r [Message<'r>],
+    checkpoint: &'r Checkpoint,
+) -> Option<Vec<&'r RawValue>> {
+    let replacement: Vec<&'r RawValue> = serde_json::from_str(checkpoint.replacement.get()).ok()?;
+    let (head, through) = (checkpoint.head as usize, checkpoint.through as usize);
+    Some(
+        messages
+            .iter()
+            .take(head)
+            .map(|m| m.raw)
+            .chain(replacement)
+            .chain(messages.iter().skip(through + 1).map(|m| m.raw))
+            .collect(),
+    )
+}
+
+/// A std mutex around plain data; never held across an `.await`.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,700 @@
+//! Compaction on the request path, end to end: real sockets, the fake provider, real
+//! Redis where state must outlive a process or be shared by two.
+
+use std::time::Duration;
+
+use abridge::compact::Strategy;
+use abridge::config::{CompactionMode, Config};
+use abridge::secret::Secret;
+use fake_provider::{
+    Behavior, FakeProvider, Recorded, SummaryMode, count_tokens, is_summary_request,
+};
+use serde_json::{Value, json};
+
+use crate::common::redis::RedisServer;
+use crate::common::{Proxy, client, config_for, eventually};
+
+const MODEL: &str = "fake-model";
+const THRESHOLD: u64 = 3000;
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}])
+}
+
+/// A configuration with a small absolute threshold, for a provider at `url`.
+fn config(url: &str, strategy: Strategy) -> Config {
+    let mut config = config_for(url);
+    config.compaction.threshold_tokens = THRESHOLD;
+    config.compaction.strategy = strategy;
+    config.summary.timeout_ms = 5000;
+    config
+}
+
+/// An agent as real clients are: it keeps the whole history and resends it every turn;
+/// each turn the model calls a tool, gets its (bulky) result, then answers.
+struct Agent {
+    url: String,
+    tenant: String,
+    messages: Vec<Value>,
+    headers: Vec<(String, String)>,
+    /// Every body sent, in order.
+    sent: std::sync::Mutex<Vec<String>>,
+}
+
+/// One request's answer.
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    }
+
+    fn compacted(&self) -> bool {
+        self.header("x-abridge-compacted").as_deref() == Some("true")
+    }
+}
+
+impl Agent {
+    fn new(proxy: &Proxy, tenant: &str) -> Self {
+        Self {
+            url: proxy.url("/v1/chat/completions"),
+            tenant: tenant.to_owned(),
+            messages: vec![
+                json!({"role": "system", "content": "You are a careful coding agent. Work in /srv/app."}),
+            ],
+            headers: Vec::new(),
+            sent: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn body(&self) -> String {
+        json!({"model": MODEL, "messages": self.messages, "tools": tools()}).to_string()
+    }
+
+    async fn send(&self) -> Answer {
+        let body = self.body();
+        self.sent.lock().unwrap().push(body.clone());
+        let mut request = client()
+            .post(&self.url)
+            .header("authorization", format!("Bearer {}", self.tenant))
+            .header("content-type", "application/json")
+            .body(body);
+        for (k, v) in &self.headers {
+            request = request.header(k.as_str(), v.as_str());
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.json().await.unwrap_or(Value::Null);
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// One agentic turn: two requests (tool call, then the answer after the result).
+    async fn turn(&mut self, n: usize) -> Vec<Answer> {
+        self.turn_observed(n, None)
+            .await
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect()
+    }
+
+    /// A turn, and for each request the summary requests made on its critical path (before
+    /// it was forwarded); with `watch`, background work finishes before each request.
+    async fn turn_observed(
+        &mut self,
+        n: usize,
+        watch: Option<(&FakeProvider, &Proxy)>,
+    ) -> Vec<(Answer, usize)> {
+        let observed = async |agent: &Agent| {
+            let Some((provider, proxy)) = watch else {
+                return (agent.send().await, 0);
+            };
+            idle(proxy).await;
+            let before = provider.requests().len();
+            let answer = agent.send().await;
+            // Summaries before the request itself reached the provider were on its
+            // critical path; later ones are the background work its response started.
+            let log = provider.requests();
+            let is_summary = |r: &Recorded| {
+                r.json()["messages"]
+                    .as_array()
+                    .is_some_and(|m| is_summary_request(m))
+            };
+            let critical = log[before..].iter().take_while(|r| is_summary(r)).count();
+            (answer, critical)
+        };
+        self.messages.push(json!({"role": "user", "content": format!(
+            "Step {n}: open src/module_{n}.rs and fix the failing check number {n}; keep the API stable. {}",
+            "Context: the build must stay green and the change must be small. ".repeat(2)
+        )}));
+        let (first, first_summaries) = observed(self).await;
+        assert_eq!(first.status, 200, "turn {n}: {}", first.body);
+        let call = first.body["choices"][0]["message"].clone();
+        let id = call["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+        self.messages.push(call);
+        self.messages.push(json!({"role": "tool", "tool_call_id": id, "content": format!(
+            "fn check_{n}() -> u32 {{ {} }} // src/module_{n}.rs line {n}0", "let value = compute(input) + offset; ".repeat(30)
+        )}));
+        let (second, second_summaries) = observed(self).await;
+        assert_eq!(second.status, 200, "turn {n}: {}", second.body);
+        self.messages
+            .push(second.body["choices"][0]["message"].clone());
+        vec![(first, first_summaries), (second, second_summaries)]
+    }
+}
+
+/// The chat requests the provider received (summary requests left out).
+fn main_requests(provider: &FakeProvider) -> Vec<Recorded> {
+    provider
+        .requests()
+        .into_iter()
+        .filter(|r| r.uri.path().ends_with("/chat/completions"))
+        .filter(|r| {
+            !r.json()["messages"]
+                .as_array()
+                .is_some_and(|m| is_summary_request(m))
+        })
+        .collect()
+}
+
+fn summary_requests(provider: &FakeProvider) -> usize {
+    provider
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.json()["messages"]
+                .as_array()
+                .is_some_and(|m| is_summary_request(m))
+        })
+        .count()
+}
+
+fn messages_of(r: &Recorded) -> Vec<Value> {
+    r.json()["messages"].as_array().unwrap().clone()
+}
+
+/// The raw text of each forwarded message, as spliced into the body.
+fn raw_messages(r: &Recorded) -> Vec<String> {
+    let parsed = abridge::chat::parse(&r.body).unwrap();
+    parsed
+        .messages
+        .iter()
+        .map(|m| m.raw.get().to_owned())
+        .collect()
+}
+
+async fn idle(proxy: &Proxy) {
+    assert!(
+        eventually(Duration::from_secs(10), || proxy
+            .state
+            .compactor()
+            .pending_jobs()
+            == 0)
+        .await
+    );
+}
+
+/// Runs `turns` turns, background work finishing before each request, and returns every
+/// answer with the summary requests made while it was being served.
+async fn converse(
+    agent: &mut Agent,
+    provider: &FakeProvider,
+    proxy: &Proxy,
+    turns: usize,
+) -> Vec<(Answer, usize)> {
+    let mut out = Vec::new();
+    for n in 1..=turns {
+        out.extend(agent.turn_observed(n, Some((provider, proxy))).await);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_long_agentic_conversation_stays_under_the_threshold_with_a_stable_prefix() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-agent");
+    let answers: Vec<Answer> = {
+        let mut all = Vec::new();
+        for n in 1..=40 {
+            all.extend(agent.turn(n).await);
+        }
+        all
+    };
+    let sent = main_requests(&provider);
+    assert_eq!(sent.len(), 80);
+    let first_compacted = answers
+        .iter()
+        .position(Answer::compacted)
+        .expect("the conversation was compacted");
+    assert!(first_compacted > 4, "not before the conversation was long");
+
+    for (i, request) in sent.iter().enumerate().skip(first_compacted) {
+        let messages = messages_of(request);
+        let tokens = count_tokens(&messages);
+        assert!(
+            tokens <= THRESHOLD,
+            "request {i}: {tokens} prompt tokens at the provider, over {THRESHOLD}"
+        );
+        assert_eq!(messages[0]["role"], "system");
+        assert_eq!(
+            messages[0], agent.messages[0],
+            "system message first and unchanged"
+        );
+        assert!(
+            answers[i].compacted(),
+            "request {i} after the first compaction is compacted"
+        );
+    }
+    // The final user message reaches the provider verbatim every time.
+    let last_user = |m: &[Value]| {
+        m.iter()
+            .rev()
+            .find(|x| x["role"] == "user")
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        last_user(&messages_of(sent.last().unwrap())),
+        last_user(&agent.messages)
+    );
+
+    // Between compactions, the forwarded prefix is byte-identical turn to turn.
+    let mut changes = 0;
+    for i in first_compacted + 1..sent.len() {
+        let (prev, next) = (raw_messages(&sent[i - 1]), raw_messages(&sent[i]));
+        let same_checkpoint = answers[i - 1].header("x-abridge-messages-replaced")
+            == answers[i].header("x-abridge-messages-replaced");
+        let extends = next.len() >= prev.len() && next[..prev.len()] == prev[..];
+        if same_checkpoint {
+            assert!(
+                extends,
+                "request {i}: same checkpoint but the prefix changed"
+            );
+        } else {
+            changes += 1;
+        }
+    }
+    let stats = proxy.stats();
+    assert!(
+        changes < stats.compactions_total() as usize,
+        "{changes} prefix changes for {} compactions",
+        stats.compactions_total()
+    );
+    assert!(
+        stats.compactions_total() < 20,
+        "compaction aims below the threshold, not every turn: {}",
+        stats.compactions_total()
+    );
+    assert!(stats.checkpoints_applied >= (sent.len() - first_compacted) as u64);
+}
+
+#[tokio::test]
+async fn with_background_precompaction_the_crossing_turn_calls_no_summariser() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let proxy = Proxy::start_with(config(&provider.url(), Strategy::Structured)).await;
+    let mut agent = Agent::new(&proxy, "sk-bg");
+    let answers = converse(&mut agent, &provider, &proxy, 20).await;
+    let stats = proxy.stats();
+    assert!(
+        stats.compactions_by(Strategy::Structured, abridge::stats::Trigger::Background) >= 1,
+        "{stats:?}"
+    );
+    assert!(answers.iter().any(|(a, _)| a.compacted()));
+    for (i, (answer, summaries)) in answers.iter().enumerate() {
+        assert_eq!(
+            *summaries,
+            0,
+            "request {i} waited for a summary (compacted: {})",
+            answer.compacted()
+        );
+    }
+    assert_eq!(
+        stats.compactions_by(Strategy::Structured, abridge::stats::Trigger::Threshold),
+        0
+    );
+    assert_eq!(
+        stats.fallbacks, 0,
+        "the fake's summaries pass the fidelity check"
+    );
+    for r in main_requests(&provider)
+        .iter()
+        .skip(answers.iter().position(|(a, _)| a.compacted()).unwrap())
+    {
+        assert!(count_tokens(&messages_of(r)) <= THRESHOLD);
+    }
+
+    // Without background work the crossing turn builds the summary itself.
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Structured);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-bg");
+    let answers = converse(&mut agent, &provider, &proxy, 12).await;
+    assert!(answers.iter().any(|(_, summaries)| *summaries > 0));
+    assert!(
+        proxy
+            .stats()
+            .compactions_by(Strategy::Structured, abridge::stats::Trigger::Threshold)
+            >= 1
+    );
+}
+
+#[tokio::test]
+async fn a_forked_history_never_gets_the_originals_summary() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Structured);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-fork");
+    for n in 1..=12 {
+        agent.turn(n).await;
+    }
+    let last = main_requests(&provider).pop().unwrap();
+    let summary = messages_of(&last)
+        .iter()
+        .find(|m| m["content"].as_str().is_some_and(|c| c.contains("## Goal")))
+        .cloned();
+    let summary = summary.expect("the original was summarised").to_string();
+    assert!(summary.contains("module_5"), "the summary covers step 5");
+
+    // Edit step 5 (inside the summarised range) and continue from there.
+    let mut fork = Agent::new(&proxy, "sk-fork");
+    fork.messages = agent.messages.clone();
+    let step5 = fork
+        .messages
+        .iter()
+        .position(|m| {
+            m["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("Step 5:"))
+        })
+        .unwrap();
+    fork.messages[step5] =
+        json!({"role": "user", "content": "Step 5: instead, rename FORKED_ITEM in src/other.rs"});
+    let answers = fork.turn(13).await;
+    assert!(answers.iter().all(|a| a.status == 200));
+    for r in main_requests(&provider).iter().rev().take(2) {
+        let text = String::from_utf8_lossy(&r.body);
+        assert!(
+            !text.contains(&summary[..summary.len().min(200)]),
+            "the fork got the original's summary"
+        );
+        assert!(
+            !text.contains("module_5.rs and fix"),
+            "the original step 5 is not in the fork"
+        );
+    }
+}
+
+#[tokio::test]
+async fn after_a_restart_with_redis_the_next_turn_gets_the_same_replacement() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.store.redis_url = Some(Secret::new(redis.url()));
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg.clone()).await;
+    let mut agent = Agent::new(&proxy, "sk-restart");
+    let mut n = 0;
+    loop {
+        n += 1;
+        let answers = agent.turn(n).await;
+        if answers[1].compacted() {
+            break;
+        }
+        assert!(n < 20, "never compacted");
+    }
+    let before = raw_messages(&main_requests(&provider).pop().unwrap());
+    proxy.shutdown().await.unwrap();
+
+    let proxy = Proxy::start_with(cfg).await;
+    agent.url = proxy.url("/v1/chat/completions");
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "One more question."}));
+    let answer = agent.send().await;
+    assert!(answer.compacted(), "{:?}", answer.headers);
+    let after = raw_messages(&main_requests(&provider).pop().unwrap());
+    assert_eq!(
+        after[..before.len()],
+        before[..],
+        "the same head and replacement, byte for byte"
+    );
+    assert_eq!(
+        proxy.stats().compactions_total(),
+        0,
+        "reused, not recomputed"
+    );
+}
+
+#[tokio::test]
+async fn tenants_with_identical_conversations_never_share_checkpoints() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut a = Agent::new(&proxy, "sk-tenant-a");
+    for n in 1..=10 {
+        a.turn(n).await;
+    }
+    let compactions = proxy.stats().compactions_total();
+    assert!(compactions >= 1);
+    // Tenant B sends exactly A's conversation: it must be compacted on its own.
+    let mut b = Agent::new(&proxy, "sk-tenant-b");
+    b.messages = a.messages.clone();
+    b.messages
+        .push(json!({"role": "user", "content": "And now?"}));
+    let answer = b.send().await;
+    assert!(answer.compacted());
+    assert_eq!(
+        proxy.stats().compactions_total(),
+        compactions + 1,
+        "B did not reuse A's checkpoint"
+    );
+    assert_ne!(answer.header("x-abridge-conversation"), None);
+    let a_again = {
+        a.messages
+            .push(json!({"role": "user", "content": "And now?"}));
+        a.send().await
+    };
+    assert_ne!(
+        answer.header("x-abridge-conversation"),
+        a_again.header("x-abridge-conversation")
+    );
+}
+
+#[tokio::test]
+async fn off_is_byte_identical_and_force_compacts_a_short_conversation() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-ctl");
+    for n in 1..=10 {
+        agent.turn(n).await;
+    }
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "Summarise what you did."}));
+    agent.headers = vec![("x-abridge-compact".into(), "off".into())];
+    let answer = agent.send().await;
+    assert!(!answer.compacted());
+    assert_eq!(
+        main_requests(&provider).pop().unwrap().body,
+        agent.body().as_bytes(),
+        "off: the client's bytes"
+    );
+
+    let mut short = Agent::new(&proxy, "sk-short");
+    short.turn(1).await;
+    short.turn(2).await;
+    short
+        .messages
+        .push(json!({"role": "user", "content": "Next?"}));
+    short.headers = vec![("x-abridge-compact".into(), "force".into())];
+    let before = short.messages.len();
+    let answer = short.send().await;
+    assert!(answer.compacted(), "{:?}", answer.headers);
+    let forwarded = messages_of(&main_requests(&provider).pop().unwrap());
+    assert!(
+        forwarded.len() < before,
+        "{} of {before} messages forwarded",
+        forwarded.len()
+    );
+    assert_eq!(forwarded.last(), short.messages.last());
+
+    short.headers = vec![("x-abridge-compact".into(), "sometimes".into())];
+    let answer = short.send().await;
+    assert_eq!(answer.status, 400);
+    assert_eq!(answer.body["error"]["code"], "invalid_header");
+    assert_eq!(answer.body["error"]["param"], "x-abridge-compact");
+}
+
+#[tokio::test]
+async fn a_provider_window_below_the_threshold_means_exactly_one_compact_and_retry() {
+    let provider = FakeProvider::start(Behavior {
+        context_window: Some(2000),
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.threshold_tokens = 100_000;
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-retry");
+    let mut n = 0;
+    while count_tokens(&agent.messages) < 1800 {
+        n += 1;
+        agent.turn(n).await;
+    }
+    let before = main_requests(&provider).len();
+    agent.messages.push(
+        json!({"role": "user", "content": format!("Final check: {}", "all green? ".repeat(100))}),
+    );
+    let answer = agent.send().await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.compacted());
+    let sent = main_requests(&provider);
+    assert_eq!(sent.len() - before, 2, "the original and exactly one retry");
+    assert!(count_tokens(&messages_of(&sent[sent.len() - 1])) <= 2000);
+    assert_eq!(proxy.stats().retries, 1);
+    assert!(
+        answer
+            .header("x-abridge-note")
+            .unwrap()
+            .contains("context length exceeded")
+    );
+}
+
+#[tokio::test]
+async fn summariser_failures_fall_back_and_the_request_succeeds() {
+    for mode in [
+        SummaryMode::Error,
+        SummaryMode::Empty,
+        SummaryMode::MissingSections,
+    ] {
+        let provider = FakeProvider::start(Behavior {
+            summary: mode,
+            ..Behavior::default()
+        })
+        .await
+        .unwrap();
+        let mut cfg = config(&provider.url(), Strategy::Structured);
+        cfg.compaction.background = false;
+        let proxy = Proxy::start_with(cfg).await;
+        let mut agent = Agent::new(&proxy, "sk-fallback");
+        let mut compacted = None;
+        for n in 1..=12 {
+            let answers = agent.turn(n).await;
+            if let Some(a) = answers.into_iter().find(Answer::compacted) {
+                compacted = Some(a);
+                break;
+            }
+        }
+        let answer = compacted.unwrap_or_else(|| panic!("{mode:?}: never compacted"));
+        assert_eq!(
+            answer.header("x-abridge-strategy").as_deref(),
+            Some("recency"),
+            "{mode:?}"
+        );
+        assert!(
+            answer
+                .header("x-abridge-note")
+                .unwrap()
+                .contains("fell back"),
+            "{mode:?}"
+        );
+        assert!(proxy.stats().fallbacks >= 1);
+    }
+}
+
+#[tokio::test]
+async fn two_replicas_on_one_redis_make_one_summary_per_compaction() {
+    let redis = RedisServer::start();
+    // Summaries take a while, so the second replica's request arrives during the first's.
+    let provider = FakeProvider::start(Behavior {
+        latency: Duration::from_millis(300),
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Structured);
+    cfg.store.redis_url = Some(Secret::new(redis.url()));
+    cfg.compaction.background = false;
+    let (one, two) = (
+        Proxy::start_with(cfg.clone()).await,
+        Proxy::start_with(cfg).await,
+    );
+    // Build a long history under the threshold with compaction off, then send the same
+    // over-threshold request to both replicas at once.
+    let mut agent = Agent::new(&one, "sk-shared");
+    agent.headers = vec![("x-abridge-compact".into(), "off".into())];
+    let mut n = 0;
+    while count_tokens(&agent.messages) < THRESHOLD + 500 {
+        n += 1;
+        agent.turn(n).await;
+    }
+    agent.headers.clear();
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "Where are we?"}));
+    let mut other = Agent::new(&two, "sk-shared");
+    other.messages = agent.messages.clone();
+    let summaries = summary_requests(&provider);
+    let (a, b) = tokio::join!(agent.send(), other.send());
+    assert!(
+        a.compacted() && b.compacted(),
+        "{:?} {:?}",
+        a.headers,
+        b.headers
+    );
+    assert_eq!(
+        summary_requests(&provider) - summaries,
+        1,
+        "exactly one summariser call"
+    );
+    let sent = main_requests(&provider);
+    let (x, y) = (
+        raw_messages(&sent[sent.len() - 1]),
+        raw_messages(&sent[sent.len() - 2]),
+    );
+    assert_eq!(x, y, "both replicas forwarded the same replacement");
+}
+
+#[tokio::test]
+async fn observe_mode_forwards_unmodified_but_reports() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.mode = CompactionMode::Observe;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-observe");
+    let mut reported = None;
+    for n in 1..=10 {
+        for answer in agent.turn(n).await {
+            assert!(!answer.compacted());
+            if answer
+                .header("x-abridge-note")
+                .is_some_and(|n| n.contains("observe"))
+            {
+                reported = Some(answer);
+            }
+        }
+    }
+    let sent = agent.sent.lock().unwrap().clone();
+    let received: Vec<String> = main_requests(&provider)
+        .iter()
+        .map(|r| String::from_utf8(r.body.to_vec()).unwrap())
+        .collect();
+    assert_eq!(received, sent, "every request forwarded byte for byte");
+    let answer = reported.expect("observe mode reported what it would do");
+    let before: u64 = answer
+        .header("x-abridge-tokens-before")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let after: u64 = answer
+        .header("x-abridge-tokens-after")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after < before);
+    let stats = proxy.stats();
+    assert!(stats.observed >= 1);
+    assert_eq!(stats.checkpoints_applied, 0);
+    assert_eq!(stats.compactions_total(), 0, "nothing stored or applied");
+}
