@@ -57,6 +57,9 @@ pub struct Checkpoint {
     pub summary: Option<String>,
     /// Name of the strategy that produced it.
     pub strategy: String,
+    /// Why the requested strategy was not the one that produced it (a fallback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     pub tokens_before: u64,
     pub tokens_after: u64,
     /// Milliseconds since the Unix epoch.
@@ -72,6 +75,7 @@ impl PartialEq for Checkpoint {
             && self.replacement.get() == other.replacement.get()
             && self.summary == other.summary
             && self.strategy == other.strategy
+            && self.fallback == other.fallback
             && self.tokens_before == other.tokens_before
             && self.tokens_after == other.tokens_after
             && self.created_ms == other.created_ms

@@ -14,6 +14,7 @@ mod compaction;
 mod conversations;
 mod errors;
 mod lifecycle;
+mod llama;
 mod passthrough;
 mod redis_support;
 mod sdk;

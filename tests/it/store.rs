@@ -72,6 +72,7 @@ fn checkpoint(through: u32, prefix: Fingerprint, text: &str) -> Checkpoint {
         replacement: RawValue::from_string(replacement).unwrap(),
         summary: Some(format!("summary: {text}")),
         strategy: "recency".into(),
+        fallback: None,
         tokens_before: 1000 + u64::from(through),
         tokens_after: 100,
         created_ms: 1_700_000_000_000,

@@ -1,0 +1,133 @@
+//! A real OpenAI-compatible provider: llama.cpp's `llama-server` with SmolLM2-135M,
+//! built and fetched by `scripts/setup-llama` (cached in target/llama). A conversation
+//! driven through abridge with the official Python SDK grows past a small threshold, with
+//! `recency` and with `structured` (the summariser is the same llama-server): the
+//! provider-reported prompt tokens drop after compaction and stay under the threshold,
+//! every turn is answered, streaming works, and a summary either passes the fidelity
+//! check or falls back — never fails the request. `#[ignore]`d for a bare `cargo test`;
+//! `scripts/test` runs it.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use abridge::compact::Strategy;
+
+use crate::common::{Proxy, client, closed_port, config_for};
+
+const THRESHOLD: u64 = 1500;
+
+fn llama_dir() -> PathBuf {
+    std::env::var_os("ABRIDGE_LLAMA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/llama"))
+}
+
+/// `llama-server` on a free port, killed when dropped.
+struct LlamaServer {
+    child: tokio::process::Child,
+    url: String,
+}
+
+impl LlamaServer {
+    async fn start() -> Self {
+        let dir = llama_dir();
+        let (binary, model) = (
+            dir.join("bin/llama-server"),
+            dir.join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        );
+        assert!(
+            binary.exists() && model.exists(),
+            "run scripts/setup-llama (scripts/test does) to build llama-server"
+        );
+        let addr = closed_port().await;
+        let child = tokio::process::Command::new(binary)
+            .arg("-m")
+            .arg(model)
+            .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
+            // One thread for generation, two for the prompt: stable timings on 2 cores.
+            .args(["-c", "4096", "-t", "1", "-tb", "2", "--no-webui"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let health = format!("http://{addr}/health");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if client()
+                .get(&health)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "llama-server did not become healthy"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Self {
+            child,
+            url: format!("http://{addr}/v1"),
+        }
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn conversation(strategy: Strategy) -> String {
+    let llama = LlamaServer::start().await;
+    let mut config = config_for(&llama.url);
+    config.compaction.threshold_tokens = THRESHOLD;
+    config.compaction.strategy = strategy;
+    config.summary.timeout_ms = 120_000;
+    let proxy = Proxy::start_with(config).await;
+    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/sdk/venv/bin/python");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/llama_conversation.py");
+    let run = tokio::process::Command::new(python)
+        .arg(script)
+        .args([proxy.url("/v1"), THRESHOLD.to_string(), "26".to_owned()])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(900), run)
+        .await
+        .expect("the conversation finishes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{strategy}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats = proxy.stats();
+    assert!(stats.compactions_total() >= 1, "{stats:?}");
+    assert_eq!(stats.upstream_errors, 0);
+    stdout
+}
+
+#[tokio::test]
+#[ignore = "needs llama-server from scripts/setup-llama (scripts/test runs it)"]
+async fn a_real_model_conversation_compacts_with_recency() {
+    let out = conversation(Strategy::Recency).await;
+    assert!(out.contains(r#""strategies": ["recency"]"#), "{out}");
+}
+
+#[tokio::test]
+#[ignore = "needs llama-server from scripts/setup-llama (scripts/test runs it)"]
+async fn a_real_model_conversation_compacts_with_structured_or_falls_back() {
+    let out = conversation(Strategy::Structured).await;
+    // A 135M model rarely writes the whole template: the summary passes the fidelity
+    // check or the turn falls back to recency and says so — either way it is answered.
+    let summary = out.lines().last().unwrap();
+    assert!(
+        summary.contains(r#""structured""#) || summary.contains("fell back to recency"),
+        "{out}"
+    );
+}
