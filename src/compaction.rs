@@ -326,8 +326,11 @@ impl Compactor {
                 }
             }
             Err(cannot) => {
-                if let (CannotCompact::TooLarge { .. }, Some(conversation), false) =
+                // Anti-thrash only when even the smallest result is over the threshold
+                // itself (a forced or retry budget is stricter than the threshold).
+                if let (CannotCompact::TooLarge { estimate, .. }, Some(conversation), false) =
                     (&cannot, turn.conversation, observe)
+                    && *estimate > threshold
                 {
                     self.suspend(conversation, &cannot.to_string()).await;
                 }

@@ -698,3 +698,139 @@ async fn observe_mode_forwards_unmodified_but_reports() {
     assert_eq!(stats.checkpoints_applied, 0);
     assert_eq!(stats.compactions_total(), 0, "nothing stored or applied");
 }
+
+#[tokio::test]
+async fn anti_thrash_suspends_a_conversation_that_cannot_fit_and_says_so() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    // A system prompt alone over the threshold: no compaction can help.
+    let mut agent = Agent::new(&proxy, "sk-huge");
+    agent.messages[0] = json!({"role": "system", "content": "rule: be precise. ".repeat(900)});
+    for n in 0..8 {
+        agent
+            .messages
+            .push(json!({"role": "user", "content": format!("Question {n}")}));
+        agent
+            .messages
+            .push(json!({"role": "assistant", "content": format!("Answer {n}")}));
+    }
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "Hello"}));
+    let first = agent.send().await;
+    assert_eq!(first.status, 200, "never fails the request");
+    assert!(!first.compacted());
+    assert!(
+        first
+            .header("x-abridge-note")
+            .unwrap()
+            .contains("not compacted"),
+        "{:?}",
+        first.headers
+    );
+    assert_eq!(
+        proxy.stats().anti_thrash,
+        1,
+        "{:?}",
+        first.header("x-abridge-note")
+    );
+    agent
+        .messages
+        .push(json!({"role": "assistant", "content": "Hi"}));
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "Again"}));
+    let second = agent.send().await;
+    assert_eq!(second.status, 200);
+    assert!(
+        second
+            .header("x-abridge-note")
+            .unwrap()
+            .contains("anti-thrash"),
+        "{:?}",
+        second.headers
+    );
+    assert_eq!(proxy.stats().compactions_total(), 0);
+}
+
+#[tokio::test]
+async fn anti_thrash_after_the_provider_keeps_reporting_over_the_threshold() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    // Runs of spaces: abridge's estimate (a space is 0.03 token) is far below what this
+    // provider counts (a quarter token per byte). Each question alone is over the
+    // threshold at the provider, so compacted requests keep coming back over it.
+    let mut agent = Agent::new(&proxy, "sk-spaces");
+    let padded = |n: usize| format!("Step {n}:{}end", " ".repeat(13_000));
+    let mut notes = Vec::new();
+    for n in 1..=10 {
+        agent
+            .messages
+            .push(json!({"role": "user", "content": padded(n)}));
+        let answer = agent.send().await;
+        assert_eq!(answer.status, 200);
+        notes.push(format!(
+            "{} {} {}",
+            answer.compacted(),
+            answer.body["usage"]["prompt_tokens"],
+            answer.header("x-abridge-note").unwrap_or_default()
+        ));
+        agent
+            .messages
+            .push(answer.body["choices"][0]["message"].clone());
+        if proxy.stats().anti_thrash > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(proxy.stats().anti_thrash, 1, "notes: {notes:?}");
+    agent
+        .messages
+        .push(json!({"role": "user", "content": padded(99)}));
+    // The suspension is stored by the record stage in the background.
+    let mut suspended = false;
+    for _ in 0..50 {
+        let answer = agent.send().await;
+        if answer
+            .header("x-abridge-note")
+            .is_some_and(|n| n.contains("anti-thrash"))
+        {
+            suspended = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(suspended, "later turns say compaction is suspended");
+}
+
+#[tokio::test]
+async fn a_retry_that_cannot_fit_passes_the_error_on_and_suspends_nothing() {
+    let provider = FakeProvider::start(Behavior {
+        context_window: Some(500),
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.threshold_tokens = 100_000;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-toolong");
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "x ".repeat(3000)}));
+    let answer = agent.send().await;
+    assert_eq!(
+        answer.status, 400,
+        "the provider's own error reaches the client"
+    );
+    assert_eq!(answer.body["error"]["code"], "context_length_exceeded");
+    assert_eq!(
+        proxy.stats().anti_thrash,
+        0,
+        "a retry budget is not the threshold"
+    );
+}

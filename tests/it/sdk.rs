@@ -6,7 +6,19 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::common::setup;
+use fake_provider::FakeProvider;
+
+use crate::common::{Proxy, config_for};
+
+/// The fake provider and abridge with a threshold small enough for the SDK scripts' long
+/// conversation to be compacted (their other scenarios stay far below it).
+async fn setup() -> (FakeProvider, Proxy) {
+    let provider = FakeProvider::start(Default::default()).await.unwrap();
+    let mut config = config_for(&provider.url());
+    config.compaction.threshold_tokens = 2000;
+    let proxy = Proxy::start_with(config).await;
+    (provider, proxy)
+}
 
 fn sdk_dir() -> PathBuf {
     std::env::var_os("ABRIDGE_SDK_DIR")

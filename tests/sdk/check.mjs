@@ -95,3 +95,33 @@ if (chunks.some((c) => c.usage) || chunks.some((c) => c.choices.length === 0)) {
   process.exit(1);
 }
 console.log("ok usage invisible");
+
+// A conversation that grows past abridge's threshold (the test sets 2,000 tokens): through
+// abridge it is compacted, and the client notices nothing but the x-abridge-* headers —
+// each answer equals the provider's direct answer to the full history, apart from the
+// usage (fewer prompt tokens) and the id (derived from what was sent).
+const messages = [MESSAGES[0], { role: "user", content: "Let us plan a long river trip." }];
+let compacted = 0;
+for (let n = 0; n < 24; n++) {
+  messages.push({ role: "user", content: `Step ${n}: ` + "tell me more about the next river. ".repeat(12) });
+  const { data: got, response } = await v.chat.completions.create({ model: MODEL, messages }).withResponse();
+  const expected = await d.chat.completions.create({ model: MODEL, messages });
+  if (response.headers.get("x-abridge-compacted") === "true") {
+    compacted++;
+    if (!(got.usage.prompt_tokens < expected.usage.prompt_tokens)) {
+      console.log("MISMATCH long_conversation usage", got.usage, expected.usage);
+      process.exit(1);
+    }
+  }
+  const strip = ({ usage, id, ...rest }) => JSON.parse(JSON.stringify(rest));
+  if (!isDeepStrictEqual(strip(got), strip(expected))) {
+    console.log(`MISMATCH long_conversation step ${n}`, JSON.stringify(strip(expected)), JSON.stringify(strip(got)));
+    process.exit(1);
+  }
+  messages.push({ role: "assistant", content: got.choices[0].message.content });
+}
+if (compacted === 0) {
+  console.log("MISMATCH long_conversation never compacted");
+  process.exit(1);
+}
+console.log(`ok long_conversation (${compacted} compacted turns)`);

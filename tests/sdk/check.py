@@ -108,6 +108,35 @@ SCENARIOS = [
 ]
 
 
+def long_conversation():
+    """A conversation that grows past abridge's threshold (the test sets 2,000 tokens):
+    through abridge it is compacted, and the client notices nothing but the x-abridge-*
+    headers — each answer equals the provider's direct answer to the full history, apart
+    from the usage (fewer prompt tokens) and the id (derived from what was sent)."""
+    direct, via = client(DIRECT), client(VIA)
+    messages = [MESSAGES[0], {"role": "user", "content": "Let us plan a long river trip."}]
+    compacted = 0
+    for n in range(24):
+        messages.append({"role": "user", "content": f"Step {n}: " + "tell me more about the next river. " * 12})
+        raw = via.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+        got = raw.parse().model_dump()
+        expected = direct.chat.completions.create(model=MODEL, messages=messages).model_dump()
+        if raw.headers.get("x-abridge-compacted") == "true":
+            compacted += 1
+            assert got["usage"]["prompt_tokens"] < expected["usage"]["prompt_tokens"]
+        for answer in (got, expected):
+            answer.pop("usage")
+            answer.pop("id")
+        if got != expected:
+            print(f"MISMATCH long_conversation step {n}")
+            print("direct:", json.dumps(expected, indent=1, sort_keys=True))
+            print("abridge:", json.dumps(got, indent=1, sort_keys=True))
+            sys.exit(1)
+        messages.append({"role": "assistant", "content": got["choices"][0]["message"]["content"]})
+    assert compacted > 0, "the conversation was never compacted"
+    print(f"ok long_conversation ({compacted} compacted turns)")
+
+
 def main():
     direct, via = client(DIRECT), client(VIA)
     for scenario in SCENARIOS:
@@ -123,6 +152,7 @@ def main():
     assert all(chunk["usage"] is None for chunk in chunks), chunks
     assert all(chunk["choices"] for chunk in chunks), "no usage-only chunk"
     print("ok usage invisible")
+    long_conversation()
 
 
 main()
