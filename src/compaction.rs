@@ -25,7 +25,7 @@
 //! a plan that cannot get under the threshold — each leaves the request forwarded as
 //! well as can be, and says so in the report.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,6 +80,8 @@ pub struct Turn<'t, 'a> {
 pub enum Reason {
     /// A request arriving.
     Request,
+    /// `POST /admin/preview`: decide as for a request, store and count nothing.
+    Preview,
     /// The provider answered "context length exceeded" to a request estimated at
     /// `sent` tokens: compact harder and retry once.
     Overflow { sent: u64 },
@@ -117,6 +119,25 @@ pub struct Compactor {
     queue: Mutex<Option<mpsc::Receiver<Job>>>,
     /// Conversations with a background job queued or running.
     pending: Mutex<HashSet<Fingerprint>>,
+    /// The latest compactions, newest last (for the admin API and dashboard).
+    recent: Mutex<VecDeque<CompactionEvent>>,
+}
+
+/// How many compactions [`Compactor::recent_compactions`] remembers.
+const RECENT_COMPACTIONS: usize = 100;
+
+/// One compaction, as the admin API lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CompactionEvent {
+    pub at_ms: u64,
+    pub conversation: Fingerprint,
+    pub strategy: Strategy,
+    pub requested: Strategy,
+    pub trigger: &'static str,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub messages_replaced: usize,
+    pub fallback: Option<String>,
 }
 
 /// One run of a strategy.
@@ -131,6 +152,8 @@ struct Attempt<'c> {
     real: bool,
     /// Wait for a peer's summary when the single-flight lock is taken (false: give up).
     wait: bool,
+    /// What a summary should keep in particular detail (an operator's request).
+    focus: Option<&'c str>,
 }
 
 /// What the record stage needs about a request, built by the request path.
@@ -191,6 +214,7 @@ impl Compactor {
             jobs,
             queue: Mutex::new(Some(queue)),
             pending: Mutex::new(HashSet::new()),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT_COMPACTIONS)),
         }
     }
 
@@ -212,7 +236,9 @@ impl Compactor {
         let threshold = self.threshold(turn.model);
         let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
         let strategy = turn.controls.strategy.unwrap_or(self.config.strategy);
-        let state = turn.loaded.and_then(|l| l.state);
+        let state = turn.loaded.and_then(|l| l.state.as_ref());
+        // A preview decides exactly as a request would, but changes and counts nothing.
+        let dry = reason == Reason::Preview;
         let mut decision = Decision {
             apply: None,
             report: Report {
@@ -253,19 +279,23 @@ impl Compactor {
             .and_then(|through| matching.iter().copied().find(|c| c.through == through));
         let predicted = self.predict(turn, state, active);
         decision.estimate = predicted;
-        let forced =
-            turn.controls.compact == Compact::Force || matches!(reason, Reason::Overflow { .. });
+        // An operator's scheduled compaction (POST /admin/conversations/{id}/compact)
+        // forces this turn, with its focus for a summary.
+        let scheduled = state.and_then(|s| s.scheduled.as_deref());
+        let forced = turn.controls.compact == Compact::Force
+            || matches!(reason, Reason::Overflow { .. })
+            || scheduled.is_some();
         let suspended = state.is_some_and(|s| s.suspended_until_ms > now_ms());
         decision.active = !observe && (!suspended || forced);
 
         if !forced && predicted <= threshold {
             if !observe {
-                self.use_checkpoint(&mut decision, active, predicted);
+                self.use_checkpoint(&mut decision, active, predicted, dry);
             }
             return decision;
         }
         if suspended && !forced {
-            self.use_checkpoint(&mut decision, active, predicted);
+            self.use_checkpoint(&mut decision, active, predicted, dry);
             decision.report.note =
                 Some("compaction suspended for this conversation (anti-thrash)".to_owned());
             return decision;
@@ -281,24 +311,19 @@ impl Compactor {
                 let estimate = self.estimate_with(turn, Some(candidate));
                 if estimate <= threshold {
                     if observe {
-                        self.observe(&mut decision, candidate, predicted, estimate);
+                        self.observe(&mut decision, candidate, predicted, estimate, dry);
                     } else {
-                        self.use_checkpoint(&mut decision, Some(candidate), estimate);
+                        self.use_checkpoint(&mut decision, Some(candidate), estimate, dry);
                     }
                     return decision;
                 }
             }
         }
 
-        let budget = match reason {
-            Reason::Overflow { sent } => (sent / 2).min(soft),
-            Reason::Request if forced => (predicted / 2).min(soft),
-            Reason::Request => soft,
-        };
-        let trigger = match reason {
-            Reason::Overflow { .. } => Trigger::Retry,
-            Reason::Request if forced => Trigger::Forced,
-            Reason::Request => Trigger::Threshold,
+        let (budget, trigger) = match reason {
+            Reason::Overflow { sent } => ((sent / 2).min(soft), Trigger::Retry),
+            _ if forced => ((predicted / 2).min(soft), Trigger::Forced),
+            _ => (soft, Trigger::Threshold),
         };
         // Observe mode: what recency (no LLM, nothing stored) would do.
         let (strategy, previous) = if observe {
@@ -311,25 +336,31 @@ impl Compactor {
             previous,
             budget,
             trigger,
-            real: !observe,
+            real: !observe && !dry,
             wait: true,
+            focus: scheduled.filter(|f| !f.is_empty()),
         };
         match self.compact_now(turn, attempt).await {
             Ok((checkpoint, plan_note)) => {
                 let estimate = self.estimate_with(turn, Some(&checkpoint));
                 if observe {
-                    self.observe(&mut decision, &checkpoint, predicted, estimate);
+                    self.observe(&mut decision, &checkpoint, predicted, estimate, dry);
                 } else {
-                    self.use_checkpoint(&mut decision, Some(&checkpoint), estimate);
+                    self.use_checkpoint(&mut decision, Some(&checkpoint), estimate, dry);
                     decision.report.tokens_before = Some(predicted.max(checkpoint.tokens_before));
                     decision.report.note = plan_note;
+                }
+                if let (Some(_), Some(conversation), false) =
+                    (scheduled, turn.conversation, observe || dry)
+                {
+                    let _ = self.store.clear_scheduled(&conversation).await;
                 }
             }
             Err(cannot) => {
                 // Anti-thrash only when even the smallest result is over the threshold
                 // itself (a forced or retry budget is stricter than the threshold).
                 if let (CannotCompact::TooLarge { estimate, .. }, Some(conversation), false) =
-                    (&cannot, turn.conversation, observe)
+                    (&cannot, turn.conversation, observe || dry)
                     && *estimate > threshold
                 {
                     self.suspend(conversation, &cannot.to_string()).await;
@@ -338,6 +369,7 @@ impl Compactor {
                     &mut decision,
                     if observe { None } else { active },
                     predicted,
+                    dry,
                 );
                 decision.report.note = Some(format!("not compacted: {cannot}"));
             }
@@ -349,7 +381,7 @@ impl Compactor {
     fn predict(
         &self,
         turn: &Turn<'_, '_>,
-        state: Option<State>,
+        state: Option<&State>,
         applied: Option<&Checkpoint>,
     ) -> u64 {
         if let Some(s) = state {
@@ -392,6 +424,7 @@ impl Compactor {
         decision: &mut Decision,
         checkpoint: Option<&Checkpoint>,
         estimate: u64,
+        dry: bool,
     ) {
         decision.estimate = estimate;
         let Some(c) = checkpoint else {
@@ -408,7 +441,9 @@ impl Compactor {
             report.note.clone_from(&c.fallback);
         }
         decision.apply = Some(c.clone());
-        self.stats.checkpoint_applied();
+        if !dry {
+            self.stats.checkpoint_applied();
+        }
     }
 
     fn observe(
@@ -417,6 +452,7 @@ impl Compactor {
         checkpoint: &Checkpoint,
         predicted: u64,
         estimate: u64,
+        dry: bool,
     ) {
         decision.apply = None;
         decision.estimate = predicted;
@@ -428,7 +464,9 @@ impl Compactor {
         report.messages_replaced =
             Some((checkpoint.through + 1).saturating_sub(checkpoint.head) as usize);
         report.note = Some("observe mode: would compact; forwarded unmodified".to_owned());
-        self.stats.observed();
+        if !dry {
+            self.stats.observed();
+        }
     }
 
     async fn suspend(&self, conversation: Fingerprint, why: &str) {
@@ -447,13 +485,14 @@ impl Compactor {
         turn: &Turn<'_, '_>,
         attempt: Attempt<'_>,
     ) -> Result<(Checkpoint, Option<String>), CannotCompact> {
-        let stored = attempt.real && turn.loaded.is_some() && turn.conversation.is_some();
+        let has_store = turn.loaded.is_some() && turn.conversation.is_some();
+        let stored = attempt.real && has_store;
         let llm = matches!(
             attempt.strategy,
             Strategy::Structured | Strategy::LlmReplace
         );
         // Without a store a summary could not be kept: it would be paid for every turn.
-        let attempt = if llm && !stored {
+        let attempt = if llm && !has_store {
             Attempt {
                 strategy: Strategy::Recency,
                 ..attempt
@@ -521,7 +560,7 @@ impl Compactor {
                 replacement: &previous_replacement,
                 summary: c.summary.as_deref(),
             }),
-            focus: None,
+            focus: attempt.focus,
             estimator: &estimator,
         };
         let summarise = |request: SummaryRequest| async move {
@@ -553,6 +592,23 @@ impl Compactor {
             plan.tokens_before,
             plan.tokens_after,
         );
+        if let Some(conversation) = turn.conversation {
+            let mut recent = lock(&self.recent);
+            if recent.len() == RECENT_COMPACTIONS {
+                recent.pop_front();
+            }
+            recent.push_back(CompactionEvent {
+                at_ms: checkpoint.created_ms,
+                conversation,
+                strategy: plan.strategy,
+                requested: plan.requested,
+                trigger: trigger.as_str(),
+                tokens_before: plan.tokens_before,
+                tokens_after: plan.tokens_after,
+                messages_replaced: plan.messages_replaced,
+                fallback: checkpoint.fallback.clone(),
+            });
+        }
         tracing::info!(
             conversation = ?turn.conversation,
             strategy = %plan.strategy,
@@ -645,6 +701,11 @@ impl Compactor {
         }
     }
 
+    /// The latest compactions, newest first.
+    pub fn recent_compactions(&self) -> Vec<CompactionEvent> {
+        lock(&self.recent).iter().rev().cloned().collect()
+    }
+
     /// Background compactions queued or running.
     pub fn pending_jobs(&self) -> usize {
         lock(&self.pending).len()
@@ -728,6 +789,7 @@ impl Compactor {
             trigger: Trigger::Background,
             real: true,
             wait: false,
+            focus: None,
         };
         match self.compact_now(&turn, attempt).await {
             Ok(_) => {}

@@ -25,8 +25,9 @@
 //! - [`overflow`]  — recognising a provider's "context length exceeded" answer.
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads both namings.
-//! - [`stats`]     — lock-free counters of what happened.
-//! - [`admin`]     — the admin listener (`/healthz`).
+//! - [`stats`]     — the metrics (prometheus-client): counters, gauges, latency.
+//! - [`admin`]     — the admin listener: health, readiness, metrics, the token-guarded
+//!   `/admin` API (stats, conversations, preview) and the dashboard page.
 //! - [`error`]     — abridge's own errors, answered in OpenAI's error shape.
 //! - [`secret`]    — a string type whose `Debug`/`Display` print `*****`.
 //!

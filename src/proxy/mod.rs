@@ -8,7 +8,9 @@ pub mod headers;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use std::time::{Duration, Instant};
+
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Uri, Version, header};
@@ -23,16 +25,54 @@ use crate::identity::{self, Identified};
 use crate::overflow;
 use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::server::AppState;
+use crate::stats::{InFlight, Route};
 use crate::store::{Checkpoint, Loaded};
 
 /// Largest provider error body read to see whether it says "context length exceeded".
 const MAX_ERROR_BODY: usize = 1024 * 1024;
 
+/// One request's bookkeeping: in flight until its response body ends, and the time spent
+/// waiting for the provider, which abridge's added latency excludes.
+struct Exchange {
+    started: Instant,
+    upstream_wait: Duration,
+    inflight: Option<InFlight>,
+}
+
+impl Exchange {
+    fn start(state: &AppState) -> Self {
+        Self {
+            started: Instant::now(),
+            upstream_wait: Duration::ZERO,
+            inflight: Some(state.stats().request_started()),
+        }
+    }
+
+    fn finish(self, state: &AppState, route: Route, response: &Response) {
+        state.stats().response(route, response.status());
+        let own = self.started.elapsed().saturating_sub(self.upstream_wait);
+        state.stats().added_latency(route, own);
+    }
+}
+
 /// `POST /v1/chat/completions`: ingress → parse → identify (+ one store round trip) →
 /// plan → rewrite → forward (compact-and-retry once on "context length exceeded") →
 /// relay → record.
-pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Response, Error> {
-    state.stats().request(true);
+pub async fn chat(State(state): State<AppState>, request: Request) -> Response {
+    let mut exchange = Exchange::start(&state);
+    let response = chat_stages(&state, request, &mut exchange)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    exchange.finish(&state, Route::Chat, &response);
+    response
+}
+
+async fn chat_stages(
+    state: &AppState,
+    request: Request,
+    exchange: &mut Exchange,
+) -> Result<Response, Error> {
+    let state = state.clone();
     let (mut parts, body) = request.into_parts();
     let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
     let controls = Controls::from_headers(&parts.headers)?;
@@ -58,13 +98,14 @@ pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Res
                 note: Some("request body not understood: forwarded untouched".to_owned()),
                 ..Report::default()
             };
-            let response = send(&state, &parts, &target, body).await?;
+            let response = send(&state, &parts, &target, body, exchange).await?;
             return Ok(respond(
                 &state,
                 Upstream::Streaming(response),
                 Watch::Usage { strip: false },
                 &report,
                 None,
+                exchange,
             ));
         }
     };
@@ -86,7 +127,7 @@ pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Res
     // plan → rewrite → forward.
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
     let (outgoing, mut watch) = rewrite(&state, &body, &parsed, decision.apply.as_ref());
-    let mut upstream = first_answer(&state, &parts, &target, outgoing).await?;
+    let mut upstream = first_answer(&state, &parts, &target, outgoing, exchange).await?;
 
     // compact-and-retry: the provider said the prompt is too long, and nothing has
     // reached the client yet.
@@ -112,7 +153,8 @@ pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Res
             tracing::info!(conversation = ?turn.conversation, "context length exceeded: compacted and retried once");
             let (outgoing, retry_watch) = rewrite(&state, &body, &parsed, retry.apply.as_ref());
             watch = retry_watch;
-            upstream = Upstream::Streaming(send(&state, &parts, &target, outgoing).await?);
+            upstream =
+                Upstream::Streaming(send(&state, &parts, &target, outgoing, exchange).await?);
             decision = retry;
             decision.report.note =
                 Some("provider reported context length exceeded: compacted and retried".to_owned());
@@ -122,27 +164,50 @@ pub async fn chat(State(state): State<AppState>, request: Request) -> Result<Res
     // relay → record.
     let followup = identified
         .map(|identified| followup(identified, &decision, &parsed, &body, model, credentials));
-    Ok(respond(&state, upstream, watch, &decision.report, followup))
+    Ok(respond(
+        &state,
+        upstream,
+        watch,
+        &decision.report,
+        followup,
+        exchange,
+    ))
 }
 
 /// Every other request under `/v1`: method, path, query, headers and body stream through.
-pub async fn passthrough(
-    State(state): State<AppState>,
+pub async fn passthrough(State(state): State<AppState>, request: Request) -> Response {
+    let mut exchange = Exchange::start(&state);
+    let response = passthrough_stages(&state, request, &mut exchange)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    exchange.finish(&state, Route::Passthrough, &response);
+    response
+}
+
+async fn passthrough_stages(
+    state: &AppState,
     request: Request,
+    exchange: &mut Exchange,
 ) -> Result<Response, Error> {
-    state.stats().request(false);
     let (mut parts, body) = request.into_parts();
     let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
     headers::strip_request(&mut parts.headers);
     parts.uri = target;
     parts.version = Version::HTTP_11;
+    let waiting = Instant::now();
     let response = state
         .upstream()
         .send(http::Request::from_parts(parts, body))
         .await
-        .inspect_err(|_| state.stats().upstream_error())?;
+        .inspect_err(|_| state.stats().upstream_error());
+    exchange.upstream_wait += waiting.elapsed();
+    let response = response?;
     let recorder = state.clone();
-    let on_done: OnDone = Box::new(move |outcome: Outcome| recorder.stats().outcome(&outcome));
+    let inflight = exchange.inflight.take();
+    let on_done: OnDone = Box::new(move |outcome: Outcome| {
+        recorder.stats().outcome(&outcome, false);
+        drop(inflight);
+    });
     Ok(relay::respond(
         response,
         Watch::Nothing,
@@ -232,6 +297,7 @@ async fn send(
     parts: &Parts,
     target: &Uri,
     body: Bytes,
+    exchange: &mut Exchange,
 ) -> Result<http::Response<hyper::body::Incoming>, Error> {
     let mut request = http::Request::new(Body::from(body.clone()));
     *request.method_mut() = parts.method.clone();
@@ -241,11 +307,10 @@ async fn send(
     request
         .headers_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    state
-        .upstream()
-        .send(request)
-        .await
-        .inspect_err(|_| state.stats().upstream_error())
+    let waiting = Instant::now();
+    let response = state.upstream().send(request).await;
+    exchange.upstream_wait += waiting.elapsed();
+    response.inspect_err(|_| state.stats().upstream_error())
 }
 
 async fn first_answer(
@@ -253,14 +318,17 @@ async fn first_answer(
     parts: &Parts,
     target: &Uri,
     body: Bytes,
+    exchange: &mut Exchange,
 ) -> Result<Upstream, Error> {
-    let response = send(state, parts, target, body).await?;
+    let response = send(state, parts, target, body, exchange).await?;
     if !matches!(response.status().as_u16(), 400 | 413 | 422) {
         return Ok(Upstream::Streaming(response));
     }
     let (head, incoming) = response.into_parts();
     let idle = state.config().timeouts.stream_idle();
+    let waiting = Instant::now();
     let read = tokio::time::timeout(idle, Limited::new(incoming, MAX_ERROR_BODY).collect()).await;
+    exchange.upstream_wait += waiting.elapsed();
     match read {
         Ok(Ok(collected)) => Ok(Upstream::Buffered(head, collected.to_bytes())),
         // An unreadable error body: say what happened rather than invent one.
@@ -277,9 +345,26 @@ fn respond(
     watch: Watch,
     report: &Report,
     followup: Option<Followup>,
+    exchange: &mut Exchange,
 ) -> Response {
+    let stream = match &upstream {
+        Upstream::Streaming(r) if relay::is_event_stream(r.headers()) => {
+            Some(state.stats().stream_started())
+        }
+        _ => None,
+    };
+    if report.compacted
+        && let (Some(before), Some(after)) = (report.tokens_before, report.tokens_after)
+    {
+        state.stats().tokens_saved(before.saturating_sub(after));
+    }
     let recorder = state.clone();
-    let on_done: OnDone = Box::new(move |outcome: Outcome| record(&recorder, &outcome, followup));
+    let compacted = report.compacted;
+    let inflight = exchange.inflight.take();
+    let on_done: OnDone = Box::new(move |outcome: Outcome| {
+        record(&recorder, &outcome, followup, compacted);
+        drop((inflight, stream));
+    });
     let mut response = match upstream {
         Upstream::Streaming(response) => relay::respond(
             response,
@@ -326,8 +411,8 @@ fn followup(
 
 /// record: the outcome in the stats; the usage the provider reported to the compactor
 /// (store, anti-thrash, background build).
-fn record(state: &AppState, outcome: &Outcome, followup: Option<Followup>) {
-    state.stats().outcome(outcome);
+fn record(state: &AppState, outcome: &Outcome, followup: Option<Followup>, compacted: bool) {
+    state.stats().outcome(outcome, compacted);
     let Some(usage) = outcome.usage else {
         return;
     };

@@ -142,6 +142,15 @@ pub fn respond_buffered(mut head: http::response::Parts, body: Bytes, on_done: O
     Response::from_parts(head, Body::from(body))
 }
 
+/// Whether a response is a server-sent-events stream.
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
 enum Tap {
     None,
     Json { chunks: Vec<Bytes>, size: usize },

@@ -60,7 +60,7 @@ impl MemoryStore {
                 c.expires = now + self.ttl;
                 Loaded {
                     checkpoints: c.checkpoints.values().rev().cloned().collect(),
-                    state: c.state,
+                    state: c.state.clone(),
                 }
             }
             None => Loaded::default(),
@@ -138,6 +138,28 @@ impl MemoryStore {
         existed
     }
 
+    pub fn schedule(&self, id: &Fingerprint, focus: Option<&str>) -> bool {
+        let mut inner = lock(&self.inner);
+        let now = Instant::now();
+        let Some(c) = live(&mut inner, id, now) else {
+            return false;
+        };
+        c.state.get_or_insert_with(State::default).scheduled = focus.map(str::to_owned);
+        true
+    }
+
+    pub fn active_since(&self, since_ms: u64) -> u64 {
+        let inner = lock(&self.inner);
+        let now = Instant::now();
+        inner
+            .conversations
+            .values()
+            .filter(|c| {
+                c.expires > now && c.state.as_ref().is_some_and(|s| s.last_seen_ms >= since_ms)
+            })
+            .count() as u64
+    }
+
     pub fn recent(&self, offset: usize, limit: usize) -> Vec<Recent> {
         let inner = lock(&self.inner);
         let now = Instant::now();
@@ -147,7 +169,7 @@ impl MemoryStore {
             .filter(|(_, c)| c.expires > now)
             .map(|(id, c)| Recent {
                 conversation: *id,
-                last_seen_ms: c.state.map_or(0, |s| s.last_seen_ms),
+                last_seen_ms: c.state.as_ref().map_or(0, |s| s.last_seen_ms),
             })
             .collect();
         all.sort_by(|a, b| {

@@ -83,7 +83,7 @@ impl PartialEq for Checkpoint {
 }
 
 /// The usage the provider last reported for a conversation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct State {
     /// Input tokens the provider counted for the request of `messages` messages.
     pub tokens: u64,
@@ -98,6 +98,9 @@ pub struct State {
     pub overs: u32,
     /// Compaction is suspended for this conversation until then (ms since the epoch).
     pub suspended_until_ms: u64,
+    /// An operator asked for this conversation to be compacted at its next turn, with
+    /// this focus for a summary (empty: none).
+    pub scheduled: Option<String>,
     /// Checkpoints saved over the conversation's life.
     pub compactions: u64,
     pub last_seen_ms: u64,
@@ -347,6 +350,47 @@ impl Store {
             match &self.backend {
                 Backend::Memory(m) => Ok(m.delete(conversation)),
                 Backend::Redis(r) => r.delete(conversation).await,
+            }
+        })
+        .await
+    }
+
+    /// Schedules a compaction of the conversation at its next turn (with an optional
+    /// focus for a summary); `false` if the conversation is unknown.
+    pub async fn schedule_compaction(
+        &self,
+        conversation: &Fingerprint,
+        focus: &str,
+    ) -> Result<bool, StoreError> {
+        self.call("schedule_compaction", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.schedule(conversation, Some(focus))),
+                Backend::Redis(r) => r.schedule(conversation, Some(focus)).await,
+            }
+        })
+        .await
+    }
+
+    /// Clears a scheduled compaction (it ran).
+    pub async fn clear_scheduled(&self, conversation: &Fingerprint) -> Result<(), StoreError> {
+        self.call("clear_scheduled", async {
+            match &self.backend {
+                Backend::Memory(m) => {
+                    m.schedule(conversation, None);
+                    Ok(())
+                }
+                Backend::Redis(r) => r.schedule(conversation, None).await.map(|_| ()),
+            }
+        })
+        .await
+    }
+
+    /// Conversations used since `since_ms` (ms since the epoch).
+    pub async fn active_since(&self, since_ms: u64) -> Result<u64, StoreError> {
+        self.call("active_since", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.active_since(since_ms)),
+                Backend::Redis(r) => r.active_since(since_ms).await,
             }
         })
         .await

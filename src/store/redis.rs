@@ -308,6 +308,53 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Sets (`Some`) or clears the scheduled-compaction mark; `false` if the
+    /// conversation has no state.
+    pub async fn schedule(
+        &self,
+        conversation: &Fingerprint,
+        focus: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let state = self.key(conversation, "state");
+        let mut conn = self.conn().await?;
+        match focus {
+            Some(focus) => {
+                let exists: i64 = redis::cmd("EXISTS")
+                    .arg(&state)
+                    .query_async(&mut conn)
+                    .await?;
+                if exists == 0 {
+                    return Ok(false);
+                }
+                let () = redis::cmd("HSET")
+                    .arg(&state)
+                    .arg("scheduled")
+                    .arg(focus)
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(true)
+            }
+            None => {
+                let _: i64 = redis::cmd("HDEL")
+                    .arg(&state)
+                    .arg("scheduled")
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(true)
+            }
+        }
+    }
+
+    pub async fn active_since(&self, since_ms: u64) -> Result<u64, StoreError> {
+        let n: u64 = redis::cmd("ZCOUNT")
+            .arg(self.global("recent"))
+            .arg(since_ms)
+            .arg("+inf")
+            .query_async(&mut self.conn().await?)
+            .await?;
+        Ok(n)
+    }
+
     pub async fn try_lock(
         &self,
         conversation: &Fingerprint,
@@ -415,6 +462,7 @@ fn parse_state(fields: &HashMap<String, String>) -> Result<Option<State>, StoreE
             .transpose()?,
         overs: u32::try_from(number("overs")?).unwrap_or(u32::MAX),
         suspended_until_ms: number("suspended_until")?,
+        scheduled: fields.get("scheduled").cloned(),
         compactions: number("compactions")?,
         last_seen_ms: number("last_seen")?,
     }))

@@ -9,9 +9,12 @@
 
 mod common;
 
+mod admin;
+
 mod compaction;
 
 mod conversations;
+mod dashboard;
 mod errors;
 mod lifecycle;
 mod llama;

@@ -137,7 +137,7 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
         vec![checkpoint(7, p7, "seven"), checkpoint(3, p3, "three")],
         "deepest first"
     );
-    let state = loaded.state.unwrap();
+    let state = loaded.state.clone().unwrap();
     assert_eq!(
         (
             state.tokens,

@@ -6,6 +6,7 @@
     reason = "each test module uses a different part of the support"
 )]
 
+pub mod agent;
 pub mod redis;
 
 use std::net::SocketAddr;
