@@ -48,15 +48,6 @@ use crate::store::{Checkpoint, Loaded, Saved, State, Store, UsageRecord, now_ms}
 use crate::summariser::Summariser;
 use crate::tokens::Estimator;
 
-/// Headers a background job keeps to call the summariser as the client would.
-const CREDENTIAL_HEADERS: [&str; 5] = [
-    "authorization",
-    "api-key",
-    "x-api-key",
-    "openai-organization",
-    "openai-project",
-];
-
 /// Poll interval while another request or replica builds the checkpoint we need.
 const PEER_POLL: Duration = Duration::from_millis(50);
 
@@ -73,6 +64,27 @@ pub struct Turn<'t, 'a> {
     pub model: &'t str,
     /// The client's headers (credentials for the summariser on the main upstream).
     pub headers: &'t HeaderMap,
+}
+
+impl<'t, 'a> Turn<'t, 'a> {
+    /// The turn of a parsed request, identified (or not) and with what the store had.
+    pub fn new(
+        parsed: &'t chat::Parsed<'a>,
+        identified: Option<&'t crate::identity::Identified>,
+        loaded: Option<&'t Loaded>,
+        controls: &'t Controls,
+        credentials: &'t HeaderMap,
+    ) -> Self {
+        Self {
+            messages: &parsed.messages,
+            prefixes: identified.map_or(&[][..], |i| &i.hashes.prefixes),
+            conversation: identified.map(|i| i.conversation),
+            loaded,
+            controls,
+            model: parsed.request.model.as_deref().unwrap_or_default(),
+            headers: credentials,
+        }
+    }
 }
 
 /// Why the plan stage is asked.
@@ -176,19 +188,6 @@ pub struct Followup {
     pub prefixes: Vec<Fingerprint>,
     pub model: String,
     pub credentials: HeaderMap,
-}
-
-impl Followup {
-    /// The credential headers of a request (what a summary call on its behalf needs).
-    pub fn credentials_of(headers: &HeaderMap) -> HeaderMap {
-        let mut out = HeaderMap::new();
-        for name in CREDENTIAL_HEADERS {
-            if let Some(v) = headers.get(name) {
-                out.insert(name, v.clone());
-            }
-        }
-        out
-    }
 }
 
 /// A background compaction: everything to rebuild the request's view.

@@ -55,6 +55,18 @@ pub enum SummaryFailure {
     Transport(String),
 }
 
+/// The credential headers of a request: what a summary call on its behalf needs (and
+/// all a background job keeps of the client's headers).
+pub fn credentials(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in CREDENTIAL_HEADERS {
+        if let Some(v) = headers.get(name) {
+            out.insert(HeaderName::from_static(name), v.clone());
+        }
+    }
+    out
+}
+
 impl From<SummaryFailure> for SummaryError {
     fn from(failure: SummaryFailure) -> Self {
         match failure {

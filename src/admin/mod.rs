@@ -482,17 +482,14 @@ async fn preview(State(state): State<AppState>, body: Bytes) -> Response {
         Some(i) => state.store().load(&i.conversation).await.ok(),
         None => None,
     };
-    let credentials = compaction::Followup::credentials_of(&headers);
-    let model = parsed.request.model.as_deref().unwrap_or_default();
-    let turn = Turn {
-        messages: &parsed.messages,
-        prefixes: identified.as_ref().map_or(&[][..], |i| &i.hashes.prefixes),
-        conversation: identified.as_ref().map(|i| i.conversation),
-        loaded: loaded.as_ref(),
-        controls: &controls,
-        model,
-        headers: &credentials,
-    };
+    let credentials = crate::summariser::credentials(&headers);
+    let turn = Turn::new(
+        &parsed,
+        identified.as_ref(),
+        loaded.as_ref(),
+        &controls,
+        &credentials,
+    );
     let decision = state.compactor().plan(&turn, Reason::Preview).await;
     let forwarded: Vec<Value> = match &decision.apply {
         Some(c) => compaction::forwarded(&parsed.messages, c)

@@ -85,7 +85,7 @@ async fn chat_stages(
         .get(&state.config().identity.tenant_header.0)
         .map(|v| v.as_bytes().to_vec())
         .unwrap_or_default();
-    let credentials = Followup::credentials_of(&parts.headers);
+    let credentials = crate::summariser::credentials(&parts.headers);
     prepare_headers(&mut parts);
 
     // parse: a body abridge does not understand goes untouched.
@@ -114,15 +114,13 @@ async fn chat_stages(
     let identified = identify(&state, &tenant, &controls, &parsed.messages).await;
     let loaded = load(&state, identified.as_ref()).await;
     let model = parsed.request.model.as_deref().unwrap_or_default();
-    let turn = Turn {
-        messages: &parsed.messages,
-        prefixes: identified.as_ref().map_or(&[][..], |i| &i.hashes.prefixes),
-        conversation: identified.as_ref().map(|i| i.conversation),
-        loaded: loaded.as_ref(),
-        controls: &controls,
-        model,
-        headers: &credentials,
-    };
+    let turn = Turn::new(
+        &parsed,
+        identified.as_ref(),
+        loaded.as_ref(),
+        &controls,
+        &credentials,
+    );
 
     // plan → rewrite → forward.
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
