@@ -17,6 +17,7 @@ mod lifecycle;
 mod llama;
 mod passthrough;
 mod redis_support;
+mod scale;
 mod sdk;
 mod store;
 mod streaming;
