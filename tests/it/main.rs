@@ -19,6 +19,7 @@ mod passthrough;
 mod redis_support;
 mod scale;
 mod sdk;
+mod sentinel;
 mod store;
 mod streaming;
 mod summariser;
