@@ -127,9 +127,9 @@ impl ConnectionLike for Conn {
                 let replies = c.conn.req_packed_commands(cmd, offset, count);
                 Box::pin(async move {
                     let replies = replies.await;
-                    let read_only = |v: &Value| matches!(v, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly));
                     let wrong = match &replies {
-                        Ok(values) => values.iter().any(read_only),
+                        // A pipeline reports each command's error among the values.
+                        Ok(values) => values.iter().any(demoted),
                         Err(e) => wrong_master(e),
                     };
                     if wrong {
@@ -156,6 +156,11 @@ fn wrong_master(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_unrecoverable_error()
         || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+}
+
+/// A reply of a server that is no longer the master.
+fn demoted(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly))
 }
 
 /// Redis behind Sentinel: the master is asked of the sentinels on first use and again
