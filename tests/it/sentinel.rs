@@ -139,7 +139,8 @@ async fn abridge_follows_a_sentinel_failover_and_keeps_the_checkpoints() {
     loop {
         let answer = send(&proxy, &messages).await;
         assert_eq!(answer.status, 200, "never failed by the store");
-        if answer.note.is_none() && answer.compacted {
+        let promoted = redis.master_port() == Some(redis.replica.port);
+        if promoted && answer.note.is_none() && answer.compacted {
             assert_eq!(answer.conversation.as_deref(), Some(conversation.as_str()));
             break;
         }
@@ -152,8 +153,6 @@ async fn abridge_follows_a_sentinel_failover_and_keeps_the_checkpoints() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(redis.master_port(), Some(redis.replica.port), "failed over");
-    assert_ne!(redis.replica.port, old_master);
     let notes: BTreeSet<&String> = during.iter().collect();
     assert!(
         notes.iter().all(|n| n.contains("store")),
