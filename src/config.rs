@@ -168,12 +168,14 @@ pub struct IdentityConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// A Redis URL (`redis://[:password@]host:port[/db]`, `rediss://` for TLS). With
-    /// neither this nor `redis_cluster`, the in-process store is used.
+    /// A Redis URL (`redis://[:password@]host:port[/db]`). With none of this,
+    /// `redis_cluster` and `sentinel.nodes`, the in-process store is used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_url: Option<Secret>,
     /// Redis Cluster node URLs (any subset of the nodes; the rest is discovered).
     pub redis_cluster: Vec<Secret>,
+    /// Redis behind Sentinel: the master is found through the sentinels.
+    pub sentinel: SentinelConfig,
     /// Prefix of every key abridge writes.
     pub key_prefix: String,
     /// Lifetime of a conversation's keys, refreshed whenever it is used.
@@ -186,6 +188,34 @@ pub struct StoreConfig {
     pub connect_timeout_ms: u64,
     /// In-process store only: conversations kept at most (least recently used go first).
     pub memory_max_conversations: usize,
+}
+
+/// Redis behind Sentinel (`store.sentinel`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SentinelConfig {
+    /// Sentinel URLs (`redis://host:26379`, with credentials when the sentinels need
+    /// them). Empty: Sentinel is not used.
+    pub nodes: Vec<Secret>,
+    /// The name the sentinels monitor the master under (`sentinel monitor <name> …`).
+    pub master: String,
+    /// The master's own ACL user, when it needs one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// The master's own password (`requirepass` or the ACL user's), when it needs one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+}
+
+impl Default for SentinelConfig {
+    fn default() -> Self {
+        Self {
+            nodes: Vec::new(),
+            master: "mymaster".to_owned(),
+            username: None,
+            password: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -262,6 +292,7 @@ impl Default for StoreConfig {
         Self {
             redis_url: None,
             redis_cluster: Vec::new(),
+            sentinel: SentinelConfig::default(),
             key_prefix: "abridge".to_owned(),
             ttl_secs: 7 * 24 * 3600,
             max_checkpoints: 8,
@@ -571,6 +602,21 @@ impl Config {
                 "set either store.redis_url or store.redis_cluster, not both".to_owned(),
             ));
         }
+        if !store.sentinel.nodes.is_empty() {
+            if store.redis_url.is_some() || !store.redis_cluster.is_empty() {
+                return Err((
+                    "store.sentinel.nodes",
+                    "set one of store.redis_url, store.redis_cluster and store.sentinel.nodes"
+                        .to_owned(),
+                ));
+            }
+            if store.sentinel.master.is_empty() {
+                return Err((
+                    "store.sentinel.master",
+                    "must name the master the sentinels monitor".to_owned(),
+                ));
+            }
+        }
         if store.key_prefix.is_empty() || store.key_prefix.contains(['{', '}']) {
             return Err((
                 "store.key_prefix",
@@ -833,6 +879,39 @@ mod tests {
         .unwrap();
         assert_eq!(cluster.store.redis_cluster.len(), 2);
         assert_eq!(cluster.store.redis_cluster[1].expose(), "redis://b:2");
+
+        let sentinel = load(
+            "",
+            &[
+                (
+                    "ABRIDGE_STORE__SENTINEL__NODES",
+                    "redis://s1:26379,redis://s2:26379",
+                ),
+                ("ABRIDGE_STORE__SENTINEL__MASTER", "cache"),
+                ("ABRIDGE_STORE__SENTINEL__PASSWORD", "12345"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(sentinel.store.sentinel.nodes.len(), 2);
+        assert_eq!(sentinel.store.sentinel.master, "cache");
+        assert_eq!(
+            sentinel
+                .store
+                .sentinel
+                .password
+                .as_ref()
+                .map(Secret::expose),
+            Some("12345"),
+            "a password of digits stays text"
+        );
+        assert!(!format!("{sentinel:?}").contains("12345"));
+        let err = load(
+            "[store.sentinel]\nnodes = [\"redis://s1:26379\"]\n",
+            &[("ABRIDGE_REDIS_URL", "redis://a")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("store.sentinel.nodes"), "{err}");
 
         let err = load(
             "[store]\nredis_url = \"redis://a\"\nredis_cluster = [\"redis://b\"]\n",

@@ -10,8 +10,8 @@
 //! - [`proxy::headers`] — hop-by-hop and `x-abridge-*` header hygiene, both directions.
 //! - [`chat`]      — the chat request parsed by borrowing; edits are splices of the bytes.
 //! - [`identity`]  — canonical message form, rolling prefix hashes, tenant namespaces.
-//! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (Cluster),
-//!   fail-open behind a timeout and a probe gate.
+//! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (single,
+//!   Cluster or Sentinel), fail-open behind a timeout and a probe gate.
 //! - [`controls`]  — `x-abridge-*` request controls and the response report.
 //! - [`compaction`] — the plan stage: predict, decide, apply or build checkpoints,
 //!   single-flight, compact-and-retry, anti-thrash, background pre-compaction.

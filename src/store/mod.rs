@@ -4,7 +4,8 @@
 //!
 //! One enum, two backends with the same behaviour and the same test suite:
 //! [`memory::MemoryStore`] (the default: nothing to install, state lost on restart) and
-//! [`redis::RedisStore`] (a single Redis or a Redis Cluster, shared by replicas).
+//! [`redis::RedisStore`] (a single Redis, a Redis Cluster or Redis behind Sentinel,
+//! shared by replicas).
 //!
 //! **Fail-open.** Every call is bounded by `store.response_timeout_ms`. An error or a
 //! timeout is returned to the caller, which proceeds as if there were no state (the
@@ -206,7 +207,10 @@ impl Store {
     /// The backend the configuration names. Connects lazily: a Redis that is down at
     /// start-up only makes the store unhealthy until it is up.
     pub fn from_config(config: &StoreConfig) -> Result<Self, StoreError> {
-        let backend = if config.redis_url.is_some() || !config.redis_cluster.is_empty() {
+        let backend = if config.redis_url.is_some()
+            || !config.redis_cluster.is_empty()
+            || !config.sentinel.nodes.is_empty()
+        {
             Backend::Redis(redis::RedisStore::new(config)?)
         } else {
             Backend::Memory(memory::MemoryStore::new(config))
@@ -218,7 +222,7 @@ impl Store {
         })
     }
 
-    /// `"memory"`, `"redis"` or `"redis-cluster"`.
+    /// `"memory"`, `"redis"`, `"redis-cluster"` or `"redis-sentinel"`.
     pub fn backend_name(&self) -> &'static str {
         match &self.backend {
             Backend::Memory(_) => "memory",

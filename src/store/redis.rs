@@ -1,6 +1,8 @@
 //! The Redis backend: a single server (through `redis`'s `ConnectionManager`, which
-//! reconnects by itself) or a Redis Cluster (`cluster-async`, which follows MOVED/ASK and
-//! topology changes). Connected lazily, so abridge starts while Redis is down.
+//! reconnects by itself), a Redis Cluster (`cluster-async`, which follows MOVED/ASK and
+//! topology changes) or a master found through Sentinel (asked again after its
+//! connection fails, so a failover is followed). Connected lazily, so abridge starts
+//! while Redis is down.
 //!
 //! Every request-path operation is one round trip: a pipeline or a Lua script over the
 //! keys of one conversation, which share a hash tag and so one Cluster slot. The
@@ -8,13 +10,20 @@
 //! keys off the hot path.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisConnectionInfo, RedisError, RedisFuture,
+    Script, ServerErrorKind, Value,
+};
 use tokio::sync::OnceCell;
 
 use super::{
@@ -62,6 +71,7 @@ pub struct RedisStore {
 
 struct Inner {
     target: Target,
+    /// The connection of a single server or a cluster (they reconnect by themselves).
     conn: OnceCell<Conn>,
     prefix: String,
     ttl_ms: u64,
@@ -73,6 +83,7 @@ struct Inner {
 enum Target {
     Single(redis::Client, ConnectionManagerConfig),
     Cluster(ClusterClient),
+    Sentinel(Arc<Sentinel>),
 }
 
 /// Either connection, usable wherever `redis` takes a connection.
@@ -80,6 +91,7 @@ enum Target {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(MasterConn),
 }
 
 impl ConnectionLike for Conn {
@@ -87,6 +99,17 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => {
+                let failed = c.failed.clone();
+                let reply = c.conn.req_packed_command(cmd);
+                Box::pin(async move {
+                    let reply = reply.await;
+                    if reply.as_ref().is_err_and(wrong_master) {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    reply
+                })
+            }
         }
     }
 
@@ -99,6 +122,22 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Sentinel(c) => {
+                let failed = c.failed.clone();
+                let replies = c.conn.req_packed_commands(cmd, offset, count);
+                Box::pin(async move {
+                    let replies = replies.await;
+                    let wrong = match &replies {
+                        // A pipeline reports each command's error among the values.
+                        Ok(values) => values.iter().any(demoted),
+                        Err(e) => wrong_master(e),
+                    };
+                    if wrong {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    replies
+                })
+            }
         }
     }
 
@@ -106,13 +145,111 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.conn.get_db(),
         }
+    }
+}
+
+/// An error after which the master must be asked of the sentinels again: the connection
+/// broke (the master died or moved) or the server is no longer the master (READONLY).
+fn wrong_master(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_unrecoverable_error()
+        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+}
+
+/// A reply of a server that is no longer the master.
+fn demoted(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly))
+}
+
+/// Redis behind Sentinel: the master is asked of the sentinels on first use and again
+/// once its connection has failed (see [`wrong_master`]).
+struct Sentinel {
+    /// Asks the sentinels (and checks the answer with `ROLE`); one caller at a time.
+    client: tokio::sync::Mutex<SentinelClient>,
+    config: AsyncConnectionConfig,
+    /// The master's connection while it works. A std mutex: never held across an await.
+    current: Mutex<Option<MasterConn>>,
+}
+
+/// A connection to the master and whether it failed in a way that means "ask again".
+#[derive(Clone)]
+struct MasterConn {
+    conn: MultiplexedConnection,
+    failed: Arc<AtomicBool>,
+}
+
+impl Sentinel {
+    fn usable(&self) -> Option<MasterConn> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .filter(|c| !c.failed.load(Ordering::Relaxed))
+            .cloned()
+    }
+
+    async fn conn(self: &Arc<Self>) -> Result<MasterConn, StoreError> {
+        if let Some(conn) = self.usable() {
+            return Ok(conn);
+        }
+        // Spawned: a caller that stops waiting (store.response_timeout_ms) must not
+        // cancel the search halfway, or a slow sentinel would be asked forever.
+        let me = self.clone();
+        tokio::spawn(async move { me.find_master().await })
+            .await
+            .map_err(|e| StoreError::Backend(format!("asking the sentinels: {e}")))?
+    }
+
+    async fn find_master(&self) -> Result<MasterConn, StoreError> {
+        let mut client = self.client.lock().await;
+        // Someone else may have found it while this one waited for the lock.
+        if let Some(conn) = self.usable() {
+            return Ok(conn);
+        }
+        let conn = client
+            .get_async_connection_with_config(&self.config)
+            .await?;
+        let conn = MasterConn {
+            conn,
+            failed: Arc::default(),
+        };
+        *self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn.clone());
+        Ok(conn)
     }
 }
 
 impl RedisStore {
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+        let sentinel = &config.sentinel;
         let target = match &config.redis_url {
+            None if !sentinel.nodes.is_empty() => {
+                let mut master = RedisConnectionInfo::default();
+                if let Some(user) = &sentinel.username {
+                    master = master.set_username(user);
+                }
+                if let Some(password) = &sentinel.password {
+                    master = master.set_password(password.expose());
+                }
+                let client = SentinelClient::build(
+                    sentinel.nodes.iter().map(Secret::expose).collect(),
+                    sentinel.master.clone(),
+                    Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(master)),
+                    SentinelServerType::Master,
+                )
+                .map_err(|e| StoreError::Backend(format!("store.sentinel: {e}")))?;
+                Target::Sentinel(Arc::new(Sentinel {
+                    client: tokio::sync::Mutex::new(client),
+                    config: AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(config.connect_timeout()))
+                        .set_response_timeout(Some(config.response_timeout())),
+                    current: Mutex::new(None),
+                }))
+            }
             Some(url) => {
                 let client = redis::Client::open(url.expose())
                     .map_err(|e| StoreError::Backend(format!("store.redis_url: {e}")))?;
@@ -151,11 +288,15 @@ impl RedisStore {
         match self.inner.target {
             Target::Single(..) => "redis",
             Target::Cluster(_) => "redis-cluster",
+            Target::Sentinel(_) => "redis-sentinel",
         }
     }
 
     /// The shared connection, made on first use (and again after a failed attempt).
     async fn conn(&self) -> Result<Conn, StoreError> {
+        if let Target::Sentinel(sentinel) = &self.inner.target {
+            return sentinel.conn().await.map(Conn::Sentinel);
+        }
         let conn = self
             .inner
             .conn
@@ -169,6 +310,10 @@ impl RedisStore {
                     Target::Cluster(client) => {
                         client.get_async_connection().await.map(Conn::Cluster)
                     }
+                    Target::Sentinel(_) => Err(RedisError::from((
+                        ErrorKind::Client,
+                        "a sentinel connection is made by Sentinel::conn",
+                    ))),
                 }
             })
             .await?;

@@ -1,5 +1,6 @@
-//! Real Redis for tests: a `redis-server` (or a 3-node Redis Cluster) on ephemeral
-//! loopback ports, in a temporary directory, without persistence.
+//! Real Redis for tests: a `redis-server` (or a 3-node Redis Cluster, or a master with a
+//! replica and a sentinel) on ephemeral loopback ports, in a temporary directory,
+//! without persistence.
 //!
 //! Each server runs under a tiny `sh` watchdog that holds our end of a pipe: when the
 //! test binary exits for any reason, the pipe closes and the watchdog kills the server,
@@ -20,37 +21,89 @@ pub struct RedisServer {
     watchdog: Child,
     stdin: Option<ChildStdin>,
     dir: tempfile::TempDir,
-    cluster: bool,
+    mode: Mode,
 }
+
+/// What a server is started as.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Standalone,
+    ClusterNode,
+    /// A replica of the server on this port.
+    Replica(u16),
+    /// A sentinel monitoring the master on this port as [`SENTINEL_MASTER`].
+    Sentinel(u16),
+}
+
+/// The name the test sentinel monitors its master under.
+pub const SENTINEL_MASTER: &str = "abridge-test";
 
 impl RedisServer {
     /// A standalone server on a free port.
     pub fn start() -> Self {
-        Self::spawn(free_port(false), false, tempfile::tempdir().unwrap())
+        Self::spawn(
+            free_port(false),
+            Mode::Standalone,
+            tempfile::tempdir().unwrap(),
+        )
     }
 
     /// A cluster-enabled node (its bus port, +10000, is free too).
     fn start_cluster_node() -> Self {
-        Self::spawn(free_port(true), true, tempfile::tempdir().unwrap())
+        Self::spawn(
+            free_port(true),
+            Mode::ClusterNode,
+            tempfile::tempdir().unwrap(),
+        )
     }
 
-    fn spawn(port: u16, cluster: bool, dir: tempfile::TempDir) -> Self {
+    fn spawn(port: u16, mode: Mode, dir: tempfile::TempDir) -> Self {
         let server = which("redis-server");
-        let mut args: Vec<String> = vec![
+        let mut args: Vec<String> = Vec::new();
+        if let Mode::Sentinel(master) = mode {
+            // Sentinel rewrites its configuration file, so it lives in the directory.
+            let conf = dir.path().join("sentinel.conf");
+            if !conf.exists() {
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master} 1\n\
+                         sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                         sentinel failover-timeout {SENTINEL_MASTER} 5000\n"
+                    ),
+                )
+                .unwrap();
+            }
+            args.extend([conf.display().to_string(), "--sentinel".into()]);
+        }
+        args.extend([
             "--port".into(),
             port.to_string(),
             "--bind".into(),
             "127.0.0.1".into(),
-            "--save".into(),
-            String::new(),
-            "--appendonly".into(),
-            "no".into(),
             "--dir".into(),
             dir.path().display().to_string(),
             "--logfile".into(),
             dir.path().join("redis.log").display().to_string(),
-        ];
-        if cluster {
+        ]);
+        if !matches!(mode, Mode::Sentinel(_)) {
+            // No persistence; a replica's first sync starts at once (not after 5 s).
+            args.extend(
+                [
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--repl-diskless-sync-delay",
+                    "0",
+                ]
+                .map(String::from),
+            );
+        }
+        if let Mode::Replica(master) = mode {
+            args.extend(["--replicaof".into(), "127.0.0.1".into(), master.to_string()]);
+        }
+        if let Mode::ClusterNode = mode {
             args.extend(
                 [
                     "--cluster-enabled",
@@ -88,7 +141,7 @@ impl RedisServer {
             watchdog,
             stdin,
             dir,
-            cluster,
+            mode,
         };
         server.wait_ready();
         server
@@ -125,7 +178,13 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.stop();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        *self = Self::spawn(self.port, self.cluster, dir);
+        *self = Self::spawn(self.port, self.mode, dir);
+    }
+
+    /// Starts it again on the same port and data directory, as a replica of `master`.
+    pub fn restart_as_replica_of(&mut self, master: u16) {
+        self.mode = Mode::Replica(master);
+        self.restart();
     }
 
     /// SIGSTOP: the server keeps its sockets open but answers nothing.
@@ -190,6 +249,96 @@ impl RedisCluster {
     /// Node URLs, as a cluster client takes them.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+/// A master, a replica of it and one sentinel watching them (quorum 1, the master down
+/// after 1 s without answers), so a killed master is replaced by its replica within a
+/// few seconds.
+pub struct RedisSentinel {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub sentinel: RedisServer,
+}
+
+impl RedisSentinel {
+    pub fn start() -> Self {
+        let master = RedisServer::start();
+        let replica = RedisServer::spawn(
+            free_port(false),
+            Mode::Replica(master.port),
+            tempfile::tempdir().unwrap(),
+        );
+        let sentinel = RedisServer::spawn(
+            free_port(false),
+            Mode::Sentinel(master.port),
+            tempfile::tempdir().unwrap(),
+        );
+        let this = Self {
+            master,
+            replica,
+            sentinel,
+        };
+        // Ready when the master streams to the replica (until it is "online" the master
+        // holds writes back) and the sentinel knows the replica (it can fail over).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let synced = command(this.master.port, &["INFO", "replication"])
+                .unwrap_or_default()
+                .contains("state=online");
+            let known = this.sentinel_replicas() > 0;
+            if synced && known {
+                return this;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinel setup did not become ready"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The sentinel's URL, as abridge's `store.sentinel.nodes` takes it.
+    pub fn url(&self) -> String {
+        self.sentinel.url()
+    }
+
+    /// The port of the master according to the sentinel.
+    pub fn master_port(&self) -> Option<u16> {
+        let mut con = redis::Client::open(self.sentinel.url())
+            .ok()?
+            .get_connection()
+            .ok()?;
+        let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(SENTINEL_MASTER)
+            .query(&mut con)
+            .ok()?;
+        addr?.1.parse().ok()
+    }
+
+    /// `SENTINEL FAILOVER`: promotes the replica while the master runs (a switchover).
+    pub fn switchover(&self) -> Result<(), String> {
+        let mut con = redis::Client::open(self.sentinel.url())
+            .and_then(|c| c.get_connection())
+            .map_err(|e| e.to_string())?;
+        redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(SENTINEL_MASTER)
+            .query::<()>(&mut con)
+            .map_err(|e| e.to_string())
+    }
+
+    fn sentinel_replicas(&self) -> usize {
+        let Ok(mut con) = redis::Client::open(self.sentinel.url()).and_then(|c| c.get_connection())
+        else {
+            return 0;
+        };
+        redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg(SENTINEL_MASTER)
+            .query::<Vec<redis::Value>>(&mut con)
+            .map_or(0, |r| r.len())
     }
 }
 

@@ -1,0 +1,758 @@
+//! Scale-out, end to end: three real `abridge` processes on a real 3-node Redis Cluster,
+//! 200 conversations driven at once, each turn sent to the next replica round-robin;
+//! one replica is killed (SIGKILL) mid-run and later restarted on the same port.
+//!
+//! What it shows, from the outside only (client responses, the requests the fake
+//! provider received, the keys in Redis, the replicas' logs):
+//! - exactly one summariser call per compaction, across replicas (a compaction is a
+//!   distinct checkpoint stored in Redis; calls are counted per conversation);
+//! - no client-visible error: every request a live replica received is answered 200; a
+//!   request to the killed replica fails at the connection and is retried on the next
+//!   replica, as a load balancer would, and that succeeds;
+//! - a conversation's keys share one slot, and the conversations spread over the nodes;
+//! - after a compaction every turn forwards exactly head + the stored replacement +
+//!   the rest, whichever replica serves it;
+//! - the restarted replica carries on with the stored checkpoints;
+//! - and it prints the Redis memory a compacted conversation takes (README, Scale-out).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use abridge::store::Checkpoint;
+use fake_provider::{Behavior, FakeProvider, Recorded, is_summary_request};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use crate::common::closed_port;
+use crate::common::redis::RedisCluster;
+
+const CONVERSATIONS: usize = 200;
+const TURNS: usize = 14;
+const IN_FLIGHT: usize = 50;
+const REPLICAS: usize = 3;
+/// The replica that is killed and restarted.
+const VICTIM: usize = 2;
+/// Share of all turns answered when the victim is killed, and when it comes back.
+const KILL_AT: f64 = 0.35;
+const RESTART_AT: f64 = 0.6;
+const THRESHOLD: u64 = 4000;
+const PREFIX: &str = "scale";
+const MODEL: &str = "fake-model";
+
+/// One of the `abridge` processes, on fixed ports so it can come back on the same ones.
+struct Replica {
+    index: usize,
+    listen: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+    /// 1 for the first process, 2 after a restart.
+    life: Arc<AtomicUsize>,
+    /// stderr of every life, each line tagged with replica and life.
+    logs: Arc<Mutex<String>>,
+}
+
+impl Replica {
+    async fn new(index: usize, env: Vec<(String, String)>) -> Self {
+        Self {
+            index,
+            listen: closed_port().await,
+            admin: closed_port().await,
+            env,
+            child: None,
+            life: Arc::new(AtomicUsize::new(0)),
+            logs: Arc::default(),
+        }
+    }
+
+    /// The summariser key of a life: the fake provider records it, so every summary
+    /// call says which process made it.
+    fn summary_key(index: usize, life: usize) -> String {
+        format!("summary-r{index}-life{life}")
+    }
+
+    fn start(&mut self) {
+        let life = self.life.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_abridge"))
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("ABRIDGE_LISTEN", self.listen.to_string())
+            .env("ABRIDGE_ADMIN__LISTEN", self.admin.to_string())
+            .env(
+                "ABRIDGE_SUMMARY__API_KEY",
+                Self::summary_key(self.index, life),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pipe = child.stderr.take().unwrap();
+        let (logs, tag) = (self.logs.clone(), format!("[r{} life{life}] ", self.index));
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut logs = logs.lock().unwrap();
+                logs.push_str(&tag);
+                logs.push_str(&line);
+                logs.push('\n');
+            }
+        });
+        self.child = Some(child);
+    }
+
+    async fn wait_ready(&self) {
+        let url = format!("http://{}/healthz", self.admin);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = reqwest::get(&url).await
+                && r.status() == 200
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica {} did not become healthy:\n{}",
+                self.index,
+                self.logs.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL: no drain, no goodbye; in-flight requests on it are lost to their clients.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One request a client got an HTTP answer to.
+struct Served {
+    conv: usize,
+    turn: usize,
+    attempt: usize,
+    replica: usize,
+    life: usize,
+    status: u16,
+    compacted: bool,
+    conversation: Option<String>,
+    note: Option<String>,
+    sent: String,
+}
+
+/// A request that failed below HTTP (refused, reset, cut short).
+struct Failure {
+    replica: usize,
+    /// The replica was being killed, dead, or not yet back when the failure was seen.
+    during_outage: bool,
+    error: String,
+}
+
+/// What the conversation tasks share.
+struct Clients {
+    http: reqwest::Client,
+    urls: Vec<String>,
+    lives: Vec<Arc<AtomicUsize>>,
+    outage: Vec<AtomicBool>,
+    in_flight: Semaphore,
+    answered: AtomicUsize,
+    served: Mutex<Vec<Served>>,
+    failures: Mutex<Vec<Failure>>,
+}
+
+impl Clients {
+    /// Sends one turn to its replica (round-robin by conversation and turn); on a failure
+    /// below HTTP, to the next one, as a load balancer would.
+    async fn send(&self, conv: usize, turn: usize, body: String) -> Value {
+        for attempt in 0..2 * REPLICAS {
+            let replica = (conv + turn + attempt) % REPLICAS;
+            let life = self.lives[replica].load(Ordering::SeqCst);
+            let _permit = self.in_flight.acquire().await.unwrap();
+            let result = async {
+                let response = self
+                    .http
+                    .post(&self.urls[replica])
+                    .header("authorization", format!("Bearer sk-scale-{conv}"))
+                    .header("content-type", "application/json")
+                    .header("x-test-tag", format!("{conv}/{turn}/{attempt}"))
+                    .body(body.clone())
+                    .send()
+                    .await?;
+                let headers = response.headers().clone();
+                let status = response.status().as_u16();
+                let bytes = response.bytes().await?;
+                Ok::<_, reqwest::Error>((status, headers, bytes))
+            }
+            .await;
+            match result {
+                Ok((status, headers, bytes)) => {
+                    let header =
+                        |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+                    self.served.lock().unwrap().push(Served {
+                        conv,
+                        turn,
+                        attempt,
+                        replica,
+                        life,
+                        status,
+                        compacted: header("x-abridge-compacted").as_deref() == Some("true"),
+                        conversation: header("x-abridge-conversation"),
+                        note: header("x-abridge-note"),
+                        sent: body,
+                    });
+                    self.answered.fetch_add(1, Ordering::SeqCst);
+                    let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    return answer["choices"][0]["message"].clone();
+                }
+                Err(e) => self.failures.lock().unwrap().push(Failure {
+                    replica,
+                    during_outage: self.outage[replica].load(Ordering::SeqCst),
+                    error: format!("{e:?}"),
+                }),
+            }
+        }
+        panic!("conversation {conv} turn {turn}: no replica answered");
+    }
+}
+
+/// A user turn: the conversation's marker, then prose heavy enough that a conversation
+/// crosses the threshold in a few turns (about 600 tokens a turn).
+fn user_message(conv: usize, turn: usize) -> Value {
+    json!({"role": "user", "content": format!(
+        "[sc-{conv:03}] Turn {turn}: {}",
+        "Please review the next part of the design carefully and keep every constraint we agreed on earlier. "
+            .repeat(24)
+    )})
+}
+
+/// Drives one conversation turn by turn, resending the whole history each time.
+async fn converse(clients: Arc<Clients>, conv: usize) {
+    let mut messages = vec![json!({"role": "system", "content": format!(
+        "You are a patient design reviewer for project number {conv}. Answer briefly."
+    )})];
+    for turn in 1..=TURNS {
+        messages.push(user_message(conv, turn));
+        let body = json!({"model": MODEL, "messages": messages}).to_string();
+        let reply = clients.send(conv, turn, body).await;
+        assert_eq!(
+            reply["role"], "assistant",
+            "conversation {conv} turn {turn}"
+        );
+        messages.push(reply);
+    }
+}
+
+fn node(url: &str) -> redis::Connection {
+    redis::Client::open(url).unwrap().get_connection().unwrap()
+}
+
+fn keys(url: &str, pattern: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(pattern)
+        .query(&mut node(url))
+        .unwrap()
+}
+
+/// The conversation hash inside a key's braces.
+fn tag_of(key: &str) -> Option<&str> {
+    let start = key.find('{')? + 1;
+    let end = key[start..].find('}')? + start;
+    Some(&key[start..end])
+}
+
+fn used_memory(url: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query(&mut node(url))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn memory_usage(con: &mut redis::Connection, key: &str) -> u64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query::<Option<u64>>(con)
+        .unwrap()
+        .unwrap_or(0)
+}
+
+/// The conversations a (summary) request body talks about, from the `[sc-NNN]` markers.
+fn markers(body: &[u8]) -> BTreeSet<usize> {
+    let text = String::from_utf8_lossy(body);
+    text.match_indices("[sc-")
+        .filter_map(|(i, _)| text.get(i + 4..i + 7)?.parse().ok())
+        .collect()
+}
+
+fn raw_messages(body: &[u8]) -> Vec<String> {
+    abridge::chat::parse(body)
+        .unwrap()
+        .messages
+        .iter()
+        .map(|m| m.raw.get().to_owned())
+        .collect()
+}
+
+/// `sent` with `checkpoint` applied: head + replacement + the rest, as raw messages.
+fn applied(sent: &[String], checkpoint: &Checkpoint) -> Vec<String> {
+    let replacement: Vec<&RawValue> = serde_json::from_str(checkpoint.replacement.get()).unwrap();
+    let (head, through) = (checkpoint.head as usize, checkpoint.through as usize);
+    sent[..head]
+        .iter()
+        .cloned()
+        .chain(replacement.iter().map(|r| r.get().to_owned()))
+        .chain(sent[through + 1..].iter().cloned())
+        .collect()
+}
+
+/// What Redis holds about one conversation.
+struct Stored {
+    checkpoints: Vec<Checkpoint>,
+    compactions: u64,
+    /// `MEMORY USAGE` of the checkpoint hash and of the state hash.
+    ckpt_bytes: u64,
+    state_bytes: u64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kill() {
+    let started = Instant::now();
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls();
+    let baseline: u64 = urls.iter().map(|u| used_memory(u)).sum();
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+
+    let env: Vec<(String, String)> = [
+        ("ABRIDGE_UPSTREAM", provider.url()),
+        ("ABRIDGE_STORE__REDIS_CLUSTER", urls.join(",")),
+        ("ABRIDGE_STORE__KEY_PREFIX", PREFIX.to_owned()),
+        // Every checkpoint stays, so a compaction can be counted from what is stored.
+        ("ABRIDGE_STORE__MAX_CHECKPOINTS", "64".to_owned()),
+        // Three debug builds, the cluster and 50 clients share two cores here.
+        ("ABRIDGE_STORE__RESPONSE_TIMEOUT_MS", "2000".to_owned()),
+        (
+            "ABRIDGE_COMPACTION__THRESHOLD_TOKENS",
+            THRESHOLD.to_string(),
+        ),
+        ("ABRIDGE_COMPACTION__STRATEGY", "structured".to_owned()),
+        // A lock held by the killed replica lapses soon.
+        ("ABRIDGE_COMPACTION__LOCK_TTL_MS", "3000".to_owned()),
+        // The same fake, but with a per-process key: each summary call names its maker.
+        ("ABRIDGE_SUMMARY__UPSTREAM", provider.url()),
+        ("ABRIDGE_SUMMARY__TIMEOUT_MS", "5000".to_owned()),
+        ("ABRIDGE_LOG__FILTER", "warn".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut replicas = Vec::new();
+    for index in 0..REPLICAS {
+        let mut replica = Replica::new(index, env.clone()).await;
+        replica.start();
+        // One after the other: the first publishes the identity secret, the rest read it.
+        replica.wait_ready().await;
+        replicas.push(replica);
+    }
+
+    let clients = Arc::new(Clients {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+        urls: replicas
+            .iter()
+            .map(|r| format!("http://{}/v1/chat/completions", r.listen))
+            .collect(),
+        lives: replicas.iter().map(|r| r.life.clone()).collect(),
+        outage: (0..REPLICAS).map(|_| AtomicBool::new(false)).collect(),
+        in_flight: Semaphore::new(IN_FLIGHT),
+        answered: AtomicUsize::new(0),
+        served: Mutex::default(),
+        failures: Mutex::default(),
+    });
+    let drive = started.elapsed();
+    let tasks: Vec<_> = (0..CONVERSATIONS)
+        .map(|conv| tokio::spawn(converse(clients.clone(), conv)))
+        .collect();
+
+    // Mid-run: kill the victim, note which conversations had a summary lock then (a lock
+    // the dead process held stays until its TTL), later restart it on the same ports.
+    let total = CONVERSATIONS * TURNS;
+    let answered = || clients.answered.load(Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let wait_for = async |share: f64| {
+        while (answered() as f64) < share * total as f64 {
+            assert!(Instant::now() < deadline, "the run is too slow");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    wait_for(KILL_AT).await;
+    clients.outage[VICTIM].store(true, Ordering::SeqCst);
+    replicas[VICTIM].kill();
+    let killed_at = answered();
+    let locked_at_kill: BTreeSet<String> = urls
+        .iter()
+        .flat_map(|u| keys(u, &format!("{PREFIX}:*:lock")))
+        .filter_map(|k| tag_of(&k).map(str::to_owned))
+        .collect();
+    wait_for(RESTART_AT).await;
+    replicas[VICTIM].start();
+    replicas[VICTIM].wait_ready().await;
+    clients.outage[VICTIM].store(false, Ordering::SeqCst);
+    let restarted_at = answered();
+
+    for task in tasks {
+        tokio::time::timeout_at(deadline.into(), task)
+            .await
+            .expect("the run is too slow")
+            .unwrap();
+    }
+    let run = started.elapsed() - drive;
+    // Background compactions started by the last turns finish before anything is counted.
+    let mut last = (provider.completed(), Instant::now());
+    while last.1.elapsed() < Duration::from_secs(1)
+        || urls
+            .iter()
+            .any(|u| !keys(u, &format!("{PREFIX}:*:lock")).is_empty())
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if provider.completed() != last.0 {
+            last = (provider.completed(), Instant::now());
+        }
+        assert!(Instant::now() < deadline, "background work never settled");
+    }
+
+    // --- No client-visible error. -------------------------------------------------------
+    let served = std::mem::take(&mut *clients.served.lock().unwrap());
+    let failures = std::mem::take(&mut *clients.failures.lock().unwrap());
+    assert_eq!(served.len(), total, "one answer per turn");
+    for s in &served {
+        assert_eq!(s.status, 200, "conversation {} turn {}", s.conv, s.turn);
+        assert!(
+            !s.note.as_deref().unwrap_or_default().contains("store"),
+            "conversation {} turn {}: {:?}",
+            s.conv,
+            s.turn,
+            s.note
+        );
+    }
+    for f in &failures {
+        assert!(
+            f.replica == VICTIM && f.during_outage,
+            "a request failed on a live replica {}: {}",
+            f.replica,
+            f.error
+        );
+    }
+    let logs: String = replicas
+        .iter()
+        .map(|r| r.logs.lock().unwrap().clone())
+        .collect();
+    for bad in [
+        "CROSSSLOT",
+        "MOVED",
+        "store unavailable",
+        " ERROR ",
+        " WARN ",
+    ] {
+        assert!(!logs.contains(bad), "{bad} in the replicas' logs:\n{logs}");
+    }
+
+    // --- Keys: one slot per conversation, spread over the nodes. -----------------------
+    let mut conversation_of: BTreeMap<usize, String> = BTreeMap::new();
+    for s in &served {
+        let key = s.conversation.clone().expect("every turn is identified");
+        let known = conversation_of.entry(s.conv).or_insert_with(|| key.clone());
+        assert_eq!(
+            *known, key,
+            "conversation {}: the same key on every replica and life",
+            s.conv
+        );
+    }
+    let index_of: HashMap<&str, usize> = conversation_of
+        .iter()
+        .map(|(c, k)| (k.as_str(), *c))
+        .collect();
+    assert_eq!(
+        index_of.len(),
+        CONVERSATIONS,
+        "no two conversations share a key"
+    );
+    let mut stored: BTreeMap<usize, Stored> = BTreeMap::new();
+    let mut per_node = vec![0; REPLICAS];
+    let mut recent_bytes = 0;
+    for (n, url) in urls.iter().enumerate() {
+        let mut con = node(url);
+        let mut by_conversation: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for key in keys(url, &format!("{PREFIX}:*")) {
+            match tag_of(&key) {
+                Some(tag) => by_conversation.entry(tag.to_owned()).or_default().push(key),
+                None if key == format!("{PREFIX}:recent") => {
+                    recent_bytes = memory_usage(&mut con, &key);
+                }
+                None => assert_eq!(key, format!("{PREFIX}:secret"), "an unexpected key"),
+            }
+        }
+        for (tag, keys) in by_conversation {
+            let conv = *index_of
+                .get(tag.as_str())
+                .unwrap_or_else(|| panic!("keys of an unknown conversation {tag}"));
+            let slots: BTreeSet<i64> = keys
+                .iter()
+                .map(|k| {
+                    redis::cmd("CLUSTER")
+                        .arg("KEYSLOT")
+                        .arg(k)
+                        .query(&mut con)
+                        .unwrap()
+                })
+                .collect();
+            assert_eq!(slots.len(), 1, "conversation {conv}: {keys:?} in one slot");
+            let ckpt: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(format!("{PREFIX}:{{{tag}}}:ckpt"))
+                .query(&mut con)
+                .unwrap();
+            let state: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(format!("{PREFIX}:{{{tag}}}:state"))
+                .query(&mut con)
+                .unwrap();
+            let mut checkpoints: Vec<Checkpoint> = ckpt
+                .values()
+                .map(|j| serde_json::from_str(j).unwrap())
+                .collect();
+            checkpoints.sort_by_key(|c| c.through);
+            let previous = stored.insert(
+                conv,
+                Stored {
+                    compactions: state.get("compactions").map_or(0, |v| v.parse().unwrap()),
+                    ckpt_bytes: memory_usage(&mut con, &format!("{PREFIX}:{{{tag}}}:ckpt")),
+                    state_bytes: memory_usage(&mut con, &format!("{PREFIX}:{{{tag}}}:state")),
+                    checkpoints,
+                },
+            );
+            assert!(
+                previous.is_none(),
+                "conversation {conv} has keys on two nodes"
+            );
+            per_node[n] += 1;
+        }
+    }
+    assert_eq!(stored.len(), CONVERSATIONS, "every conversation is stored");
+    assert!(
+        per_node.iter().filter(|&&n| n > 0).count() >= 2,
+        "conversations spread over the nodes: {per_node:?}"
+    );
+
+    // --- One summariser call per compaction. -------------------------------------------
+    let requests = provider.requests();
+    let mut calls: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let mut forwarded: HashMap<String, &Recorded> = HashMap::new();
+    for r in &requests {
+        let is_summary = r.json()["messages"]
+            .as_array()
+            .is_some_and(|m| is_summary_request(m));
+        if is_summary {
+            let about = markers(&r.body);
+            assert_eq!(about.len(), 1, "a summary is about one conversation");
+            let key = r.headers["authorization"].to_str().unwrap();
+            calls
+                .entry(*about.first().unwrap())
+                .or_default()
+                .push(key.trim_start_matches("Bearer ").to_owned());
+        } else {
+            let tag = r.headers["x-test-tag"].to_str().unwrap().to_owned();
+            assert!(
+                forwarded.insert(tag.clone(), r).is_none(),
+                "{tag} forwarded twice"
+            );
+        }
+    }
+    let victim_first_life = Replica::summary_key(VICTIM, 1);
+    let (mut total_calls, mut total_compactions, mut orphans, mut recency) = (0, 0, 0, 0);
+    for (conv, s) in &stored {
+        let made = calls.get(conv).map_or(&[][..], Vec::as_slice);
+        let llm = s
+            .checkpoints
+            .iter()
+            .filter(|c| c.strategy == "structured" && c.fallback.is_none())
+            .count();
+        let other = s.checkpoints.len() - llm;
+        assert_eq!(
+            s.compactions,
+            s.checkpoints.len() as u64,
+            "conversation {conv}: every compaction counted once, none trimmed"
+        );
+        assert!(llm >= 1, "conversation {conv} compacted");
+        total_calls += made.len();
+        total_compactions += s.checkpoints.len();
+        if locked_at_kill.contains(&conversation_of[conv]) {
+            // Its summary may have been in the killed process's hands: that call may
+            // have no checkpoint, and a peer that waited for it may have used recency.
+            assert!(
+                made.len() >= llm,
+                "conversation {conv}: {made:?} for {llm} summaries"
+            );
+            let extra = made.len() - llm;
+            assert!(
+                extra <= made.iter().filter(|k| **k == victim_first_life).count(),
+                "conversation {conv}: {made:?} for {llm} summaries"
+            );
+            orphans += extra;
+            recency += other;
+        } else {
+            assert_eq!(
+                (made.len(), other),
+                (llm, 0),
+                "conversation {conv}: summary calls {made:?}, checkpoints {:?}",
+                s.checkpoints
+                    .iter()
+                    .map(|c| (c.through, &c.strategy, &c.fallback))
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+    assert_eq!(
+        calls.keys().filter(|c| !stored.contains_key(c)).count(),
+        0,
+        "summaries of unknown conversations"
+    );
+
+    // --- Every turn after a compaction: head + the stored replacement + the rest. ------
+    let mut by_conv: BTreeMap<usize, Vec<&Served>> = BTreeMap::new();
+    for s in &served {
+        by_conv.entry(s.conv).or_default().push(s);
+    }
+    // (conversation, checkpoint through) → replicas that forwarded it.
+    let mut applied_by: BTreeMap<(usize, u32), BTreeSet<usize>> = BTreeMap::new();
+    let mut turns_after_first = 0;
+    let (mut resumed_same, mut resumed_deeper) = (0, 0);
+    for (conv, turns) in &mut by_conv {
+        turns.sort_by_key(|s| s.turn);
+        let checkpoints = &stored[conv].checkpoints;
+        let mut current: Option<u32> = None;
+        let mut victim_second_life_seen = false;
+        for s in turns.iter() {
+            let tag = format!("{}/{}/{}", s.conv, s.turn, s.attempt);
+            let request = forwarded
+                .get(&tag)
+                .unwrap_or_else(|| panic!("{tag} never reached the provider"));
+            let sent = raw_messages(s.sent.as_bytes());
+            let got = raw_messages(&request.body);
+            let found = if s.compacted {
+                checkpoints
+                    .iter()
+                    .find(|c| applied(&sent, c) == got)
+                    .map(|c| c.through)
+            } else {
+                assert_eq!(request.body, s.sent.as_bytes(), "{tag}: forwarded as sent");
+                None
+            };
+            assert!(
+                !s.compacted || found.is_some(),
+                "{tag}: compacted, but not with a stored checkpoint"
+            );
+            if let Some(before) = current {
+                let now = found
+                    .unwrap_or_else(|| panic!("{tag}: after a compaction every turn is compacted"));
+                assert!(now >= before, "{tag}: went back to an older checkpoint");
+                turns_after_first += 1;
+            }
+            if s.replica == VICTIM && s.life == 2 && !victim_second_life_seen {
+                victim_second_life_seen = true;
+                // The restarted process's first turn of this conversation.
+                match (current, found) {
+                    (Some(before), Some(now)) if now == before => resumed_same += 1,
+                    (Some(_), Some(_)) => resumed_deeper += 1,
+                    _ => {}
+                }
+            }
+            if let Some(through) = found {
+                applied_by
+                    .entry((*conv, through))
+                    .or_default()
+                    .insert(s.replica);
+            }
+            current = found.or(current);
+        }
+        assert!(current.is_some(), "conversation {conv} was compacted");
+    }
+    let shared_by_replicas = applied_by.values().filter(|r| r.len() >= 2).count();
+    assert!(
+        shared_by_replicas * 2 > applied_by.len(),
+        "most checkpoints are forwarded by several replicas: {shared_by_replicas} of {}",
+        applied_by.len()
+    );
+    assert!(
+        resumed_same > 0,
+        "the restarted replica carried on with stored checkpoints"
+    );
+    let restarted_calls = calls
+        .values()
+        .flatten()
+        .filter(|k| **k == Replica::summary_key(VICTIM, 2))
+        .count();
+
+    // --- Redis memory per compacted conversation. --------------------------------------
+    let after: u64 = urls.iter().map(|u| used_memory(u)).sum();
+    let n = CONVERSATIONS as u64;
+    let ckpt_bytes = stored.values().map(|s| s.ckpt_bytes).sum::<u64>() / n;
+    let state_bytes = stored.values().map(|s| s.state_bytes).sum::<u64>() / n;
+    let all: Vec<&Checkpoint> = stored.values().flat_map(|s| &s.checkpoints).collect();
+    let json_bytes = all
+        .iter()
+        .map(|c| serde_json::to_string(c).unwrap().len())
+        .sum::<usize>()
+        / all.len();
+    let summary_bytes = all
+        .iter()
+        .map(|c| c.summary.as_deref().map_or(0, str::len))
+        .sum::<usize>()
+        / all.len();
+    eprintln!(
+        "scale: {CONVERSATIONS} conversations x {TURNS} turns on {REPLICAS} replicas, {IN_FLIGHT} in flight: \
+         run {:.1} s (whole test {:.1} s)\n\
+         scale: victim r{VICTIM} killed after {killed_at} answers, back after {restarted_at}; \
+         {} requests failed at the connection and were retried ({} on r{VICTIM} while it was down)\n\
+         scale: {total_compactions} compactions, {total_calls} summary calls \
+         ({orphans} orphaned by the kill, {recency} recency checkpoints after it; \
+         {} locks held at the kill; {restarted_calls} calls by the restarted process)\n\
+         scale: {turns_after_first} turns after a first compaction, all head + stored replacement; \
+         {shared_by_replicas} of {} checkpoints forwarded by 2+ replicas; restarted replica's first turns: \
+         {resumed_same} with the same checkpoint as the turn before, {resumed_deeper} with a deeper one\n\
+         scale: conversations per node {per_node:?}\n\
+         scale: Redis memory per compacted conversation: {} bytes = checkpoints {ckpt_bytes} \
+         ({:.2} checkpoints of {json_bytes} bytes of JSON, summaries of {summary_bytes} bytes) \
+         + state {state_bytes} + recent index {}; used_memory grew by {} bytes per conversation",
+        run.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+        failures.len(),
+        failures.iter().filter(|f| f.replica == VICTIM).count(),
+        locked_at_kill.len(),
+        applied_by.len(),
+        ckpt_bytes + state_bytes + recent_bytes / n,
+        total_compactions as f64 / CONVERSATIONS as f64,
+        recent_bytes / n,
+        after.saturating_sub(baseline) / n,
+    );
+    drop(cluster);
+}
