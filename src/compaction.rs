@@ -152,6 +152,16 @@ pub struct CompactionEvent {
     pub fallback: Option<String>,
 }
 
+/// What waiting for another request's (or replica's) summary came to.
+enum Peer {
+    /// Its checkpoint is stored.
+    Built(Checkpoint),
+    /// Its lock is gone and no checkpoint came: it died or gave up.
+    Gone,
+    /// It did not finish in time (or the store stopped answering).
+    Slow,
+}
+
 /// One run of a strategy.
 #[derive(Clone, Copy)]
 struct Attempt<'c> {
@@ -295,8 +305,9 @@ impl Compactor {
         }
         if suspended && !forced {
             self.use_checkpoint(&mut decision, active, predicted, dry);
-            decision.report.note =
-                Some("compaction suspended for this conversation (anti-thrash)".to_owned());
+            decision
+                .report
+                .add_note("compaction suspended for this conversation (anti-thrash)");
             return decision;
         }
 
@@ -347,7 +358,9 @@ impl Compactor {
                 } else {
                     self.use_checkpoint(&mut decision, Some(&checkpoint), estimate, dry);
                     decision.report.tokens_before = Some(predicted.max(checkpoint.tokens_before));
-                    decision.report.note = plan_note;
+                    if let Some(note) = plan_note {
+                        decision.report.add_note(note);
+                    }
                 }
                 if let (Some(_), Some(conversation), false) =
                     (scheduled, turn.conversation, observe || dry)
@@ -370,7 +383,7 @@ impl Compactor {
                     predicted,
                     dry,
                 );
-                decision.report.note = Some(format!("not compacted: {cannot}"));
+                decision.report.add_note(format!("not compacted: {cannot}"));
             }
         }
         decision
@@ -436,8 +449,8 @@ impl Compactor {
         report.tokens_after = Some(estimate);
         report.tokens_before = Some(estimate + saved);
         report.messages_replaced = Some((c.through + 1).saturating_sub(c.head) as usize);
-        if c.fallback.is_some() {
-            report.note.clone_from(&c.fallback);
+        if let Some(fallback) = &c.fallback {
+            report.add_note(fallback.clone());
         }
         decision.apply = Some(c.clone());
         if !dry {
@@ -462,7 +475,7 @@ impl Compactor {
         report.tokens_after = Some(estimate);
         report.messages_replaced =
             Some((checkpoint.through + 1).saturating_sub(checkpoint.head) as usize);
-        report.note = Some("observe mode: would compact; forwarded unmodified".to_owned());
+        report.add_note("observe mode: would compact; forwarded unmodified");
         if !dry {
             self.stats.observed();
         }
@@ -499,37 +512,67 @@ impl Compactor {
         } else {
             attempt
         };
-        let mut lock = None;
-        if stored
-            && llm
-            && let Some(conversation) = turn.conversation
-        {
-            let ttl = Duration::from_millis(self.config.lock_ttl_ms);
+        if llm && !has_store {
+            // Say why the summary was not made: a note, not a silent downgrade.
+            let result = self.compact_now_unlocked(turn, attempt, stored).await;
+            return result.map(|(checkpoint, note)| {
+                let why = "summaries need the store: recency used".to_owned();
+                (
+                    checkpoint,
+                    Some(note.map_or(why.clone(), |n| format!("{n}; {why}"))),
+                )
+            });
+        }
+        let (true, true, Some(conversation)) = (stored, llm, turn.conversation) else {
+            return self.compact_now_unlocked(turn, attempt, stored).await;
+        };
+        let ttl = Duration::from_millis(self.config.lock_ttl_ms);
+        // Twice at most: a second try when the holder's lock went away with no checkpoint
+        // (the holder died); then recency rather than wait again.
+        for _ in 0..2 {
             match self.store.try_lock(&conversation, ttl).await {
-                Ok(Some(l)) => lock = Some(l),
-                Ok(None) if attempt.wait => {
-                    if let Some(found) = self
-                        .wait_for_peer(turn, conversation, attempt.previous)
-                        .await
-                    {
-                        return Ok((found, None));
-                    }
-                    // The peer took too long: recency now, without the LLM.
-                    let recency = Attempt {
-                        strategy: Strategy::Recency,
-                        ..attempt
+                Ok(Some(lock)) => {
+                    // Kept alive while the summary is built; a holder that dies lets it
+                    // expire within the TTL, and waiters take over.
+                    let refresher = {
+                        let (store, lock) = (self.store.clone(), lock.clone());
+                        tokio::spawn(async move {
+                            loop {
+                                tokio::time::sleep(ttl / 3).await;
+                                if !matches!(
+                                    store.refresh_lock(&conversation, &lock, ttl).await,
+                                    Ok(true)
+                                ) {
+                                    break;
+                                }
+                            }
+                        })
                     };
-                    return self.compact_now_unlocked(turn, recency, stored).await;
+                    let result = self.compact_now_unlocked(turn, attempt, stored).await;
+                    refresher.abort();
+                    let _ = self.store.unlock(&conversation, &lock).await;
+                    return result;
                 }
+                Ok(None) if attempt.wait => match self
+                    .wait_for_peer(turn, conversation, attempt.previous)
+                    .await
+                {
+                    Peer::Built(found) => return Ok((found, None)),
+                    Peer::Gone => continue,
+                    Peer::Slow => break,
+                },
                 Ok(None) => return Err(CannotCompact::NothingToReplace),
-                Err(_) => {}
+                // The store failed just now: build without the lock (saving is still
+                // first-writer-wins).
+                Err(_) => return self.compact_now_unlocked(turn, attempt, stored).await,
             }
         }
-        let result = self.compact_now_unlocked(turn, attempt, stored).await;
-        if let (Some(lock), Some(conversation)) = (lock, turn.conversation) {
-            let _ = self.store.unlock(&conversation, &lock).await;
-        }
-        result
+        // The peer took too long or vanished twice: recency now, without the LLM.
+        let recency = Attempt {
+            strategy: Strategy::Recency,
+            ..attempt
+        };
+        self.compact_now_unlocked(turn, recency, stored).await
     }
 
     async fn compact_now_unlocked(
@@ -645,24 +688,27 @@ impl Compactor {
         turn: &Turn<'_, '_>,
         conversation: Fingerprint,
         previous: Option<&Checkpoint>,
-    ) -> Option<Checkpoint> {
+    ) -> Peer {
         let deadline = tokio::time::Instant::now() + self.summary_timeout + Duration::from_secs(1);
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(PEER_POLL).await;
             let Ok(loaded) = self.store.load(&conversation).await else {
-                return None;
+                return Peer::Slow;
             };
             let found = loaded.checkpoints.into_iter().find(|c| {
                 turn.prefixes.get(c.through as usize) == Some(&c.prefix)
                     && applicable(c, turn.messages)
                     && previous.is_none_or(|p| c.through > p.through)
             });
-            if found.is_some() {
+            if let Some(found) = found {
                 self.stats.waited_for_peer();
-                return found;
+                return Peer::Built(found);
+            }
+            if matches!(self.store.lock_held(&conversation).await, Ok(false)) {
+                return Peer::Gone;
             }
         }
-        None
+        Peer::Slow
     }
 
     /// record: the usage the provider reported goes to the store (in the background:
@@ -772,13 +818,20 @@ impl Compactor {
             model: &job.model,
             headers: &job.headers,
         };
-        let soft = ((self.threshold(&job.model) as f64) * self.config.soft_ratio) as u64;
+        let threshold = self.threshold(&job.model);
+        let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
         let deepest = loaded.checkpoints.iter().find(|c| {
             job.prefixes.get(c.through as usize) == Some(&c.prefix)
                 && applicable(c, &parsed.messages)
         });
-        // Already prepared: the forwarded view with the deepest checkpoint is small enough.
-        if self.estimate_with(&turn, deepest) <= soft {
+        let in_use = loaded.state.as_ref().and_then(|s| s.applied);
+        let estimate = self.estimate_with(&turn, deepest);
+        // Nothing to do while the deepest checkpoint keeps the request under the soft
+        // threshold, or while one prepared ahead (deeper than the one in use) would still
+        // leave room when the hard threshold is crossed: building again every turn
+        // would pay for summaries that are never forwarded.
+        let prepared = deepest.is_some_and(|d| in_use.is_none_or(|a| d.through > a));
+        if estimate <= soft || (prepared && estimate <= soft + (threshold - soft) / 2) {
             return;
         }
         let attempt = Attempt {

@@ -79,7 +79,8 @@ pub struct CompactionConfig {
     pub background_workers: usize,
     /// Background compactions waiting at most; more are dropped (and counted).
     pub background_queue: usize,
-    /// Lifetime of the single-flight lock of a summary build (longer than a summary takes).
+    /// Lifetime of the single-flight lock of a summary build; the builder renews it
+    /// every third of it, so it only bounds how long a crashed builder blocks others.
     pub lock_ttl_ms: u64,
     /// Compaction is suspended for a conversation this long when it cannot get under the
     /// threshold, or the provider keeps reporting over it after compaction.
@@ -109,7 +110,7 @@ impl Default for CompactionConfig {
             background: true,
             background_workers: 2,
             background_queue: 64,
-            lock_ttl_ms: 120_000,
+            lock_ttl_ms: 15_000,
             anti_thrash_secs: 600,
             anti_thrash_after: 2,
         }

@@ -110,6 +110,15 @@ pub struct Report {
 }
 
 impl Report {
+    /// Adds a note; several are joined with "; " (none is lost to a later one).
+    pub fn add_note(&mut self, note: impl Into<String>) {
+        let note = note.into();
+        self.note = Some(match self.note.take() {
+            Some(earlier) if earlier != note => format!("{earlier}; {note}"),
+            _ => note,
+        });
+    }
+
     pub fn write(&self, headers: &mut HeaderMap) {
         let mut put = |name: &'static str, value: String| {
             if let Ok(value) = HeaderValue::try_from(value) {

@@ -154,8 +154,9 @@ async fn chat_stages(
             upstream =
                 Upstream::Streaming(send(&state, &parts, &target, outgoing, exchange).await?);
             decision = retry;
-            decision.report.note =
-                Some("provider reported context length exceeded: compacted and retried".to_owned());
+            decision
+                .report
+                .add_note("provider reported context length exceeded: compacted and retried");
         }
     }
 

@@ -115,6 +115,28 @@ impl MemoryStore {
         }
     }
 
+    pub fn refresh_lock(&self, id: &Fingerprint, lock_: &Lock, ttl: Duration) -> bool {
+        let mut inner = lock(&self.inner);
+        let now = Instant::now();
+        let Some(c) = live(&mut inner, id, now) else {
+            return false;
+        };
+        match &mut c.lock {
+            Some((token, until)) if *token == lock_.token && *until > now => {
+                *until = now + ttl;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn lock_held(&self, id: &Fingerprint) -> bool {
+        let mut inner = lock(&self.inner);
+        let now = Instant::now();
+        live(&mut inner, id, now)
+            .is_some_and(|c| c.lock.as_ref().is_some_and(|(_, until)| *until > now))
+    }
+
     pub fn unlock(&self, id: &Fingerprint, lock_: &Lock) -> bool {
         let mut inner = lock(&self.inner);
         let now = Instant::now();

@@ -332,6 +332,34 @@ impl Store {
         .await
     }
 
+    /// Extends a lock for `ttl` if it is still ours (a build in progress keeps it alive;
+    /// a holder that dies lets it expire soon); `false` when it is not ours any more.
+    pub async fn refresh_lock(
+        &self,
+        conversation: &Fingerprint,
+        lock: &Lock,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.call("refresh_lock", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.refresh_lock(conversation, lock, ttl)),
+                Backend::Redis(r) => r.refresh_lock(conversation, lock, ttl).await,
+            }
+        })
+        .await
+    }
+
+    /// Whether someone holds the conversation's lock.
+    pub async fn lock_held(&self, conversation: &Fingerprint) -> Result<bool, StoreError> {
+        self.call("lock_held", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.lock_held(conversation)),
+                Backend::Redis(r) => r.lock_held(conversation).await,
+            }
+        })
+        .await
+    }
+
     /// Releases a lock if it is still ours (compare-and-delete); `false` when it had
     /// expired and possibly been taken by someone else.
     pub async fn unlock(

@@ -64,6 +64,14 @@ end
 return 0
 "#;
 
+/// Extends the lock only if it still holds our token.
+const REFRESH: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#;
+
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -78,6 +86,7 @@ struct Inner {
     max_checkpoints: usize,
     save: Script,
     unlock: Script,
+    refresh: Script,
 }
 
 enum Target {
@@ -280,6 +289,7 @@ impl RedisStore {
                 max_checkpoints: config.max_checkpoints,
                 save: Script::new(SAVE_CHECKPOINT),
                 unlock: Script::new(UNLOCK),
+                refresh: Script::new(REFRESH),
             }),
         })
     }
@@ -515,6 +525,31 @@ impl RedisStore {
             .query_async(&mut self.conn().await?)
             .await?;
         Ok(set.is_some())
+    }
+
+    pub async fn refresh_lock(
+        &self,
+        conversation: &Fingerprint,
+        lock: &Lock,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let extended: i64 = self
+            .inner
+            .refresh
+            .key(self.key(conversation, "lock"))
+            .arg(&lock.token)
+            .arg(ttl.as_millis().max(1) as u64)
+            .invoke_async(&mut self.conn().await?)
+            .await?;
+        Ok(extended == 1)
+    }
+
+    pub async fn lock_held(&self, conversation: &Fingerprint) -> Result<bool, StoreError> {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(self.key(conversation, "lock"))
+            .query_async(&mut self.conn().await?)
+            .await?;
+        Ok(exists == 1)
     }
 
     pub async fn unlock(

@@ -426,10 +426,21 @@ async fn summariser_failures_fall_back_and_the_request_succeeds() {
 
 #[tokio::test]
 async fn two_replicas_on_one_redis_make_one_summary_per_compaction() {
+    two_replicas_one_summary(Duration::from_millis(300), 15_000).await;
+}
+
+#[tokio::test]
+async fn a_summary_longer_than_the_lock_ttl_keeps_its_lock() {
+    // The builder renews its lock: a summary taking four lock lifetimes is still built
+    // once, the other replica waiting for it all along.
+    two_replicas_one_summary(Duration::from_millis(1200), 300).await;
+}
+
+async fn two_replicas_one_summary(latency: Duration, lock_ttl_ms: u64) {
     let redis = RedisServer::start();
     // Summaries take a while, so the second replica's request arrives during the first's.
     let provider = FakeProvider::start(Behavior {
-        latency: Duration::from_millis(300),
+        latency,
         ..Behavior::default()
     })
     .await
@@ -437,6 +448,7 @@ async fn two_replicas_on_one_redis_make_one_summary_per_compaction() {
     let mut cfg = config(&provider.url(), Strategy::Structured);
     cfg.store.redis_url = Some(Secret::new(redis.url()));
     cfg.compaction.background = false;
+    cfg.compaction.lock_ttl_ms = lock_ttl_ms;
     let (one, two) = (
         Proxy::start_with(cfg.clone()).await,
         Proxy::start_with(cfg).await,
@@ -653,5 +665,86 @@ async fn a_retry_that_cannot_fit_passes_the_error_on_and_suspends_nothing() {
         proxy.stats().anti_thrash,
         0,
         "a retry budget is not the threshold"
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_summary_builder_does_not_block_the_conversation() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Structured);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-crashed");
+    agent.headers = vec![("x-abridge-compact".into(), "off".into())];
+    let mut n = 0;
+    let mut conversation = None;
+    while count_tokens(&agent.messages) < THRESHOLD + 500 {
+        n += 1;
+        conversation = agent.turn(n).await[0].header("x-abridge-conversation");
+    }
+    agent.headers.clear();
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "Where are we?"}));
+    // A builder that took the lock and died: nobody renews it, it expires.
+    let id = abridge::identity::Fingerprint::from_hex(&conversation.unwrap()).unwrap();
+    let store = proxy.state.store();
+    let _abandoned = store
+        .try_lock(&id, Duration::from_millis(400))
+        .await
+        .unwrap()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let answer = agent.send().await;
+    assert!(answer.compacted(), "{:?}", answer.headers);
+    assert_eq!(
+        answer.header("x-abridge-strategy").as_deref(),
+        Some("structured"),
+        "the waiter built the summary itself"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "waited {:?}, not the summary timeout",
+        started.elapsed()
+    );
+    assert_eq!(proxy.stats().summary_calls, 1);
+}
+
+#[tokio::test]
+async fn without_the_store_a_summarising_strategy_says_why_it_used_recency() {
+    let mut redis = RedisServer::start();
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Structured);
+    cfg.store.redis_url = Some(Secret::new(redis.url()));
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-nostore");
+    agent.headers = vec![("x-abridge-compact".into(), "off".into())];
+    let mut n = 0;
+    while count_tokens(&agent.messages) < THRESHOLD + 500 {
+        n += 1;
+        agent.turn(n).await;
+    }
+    agent.headers.clear();
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "Where are we?"}));
+    redis.stop();
+    let answer = agent.send().await;
+    assert_eq!(answer.status, 200);
+    assert!(answer.compacted(), "{:?}", answer.headers);
+    assert_eq!(
+        answer.header("x-abridge-strategy").as_deref(),
+        Some("recency")
+    );
+    let note = answer.header("x-abridge-note").unwrap();
+    assert!(
+        note.contains("store unavailable") && note.contains("summaries need the store"),
+        "{note}"
+    );
+    assert_eq!(
+        proxy.stats().summary_calls,
+        0,
+        "no summary that could not be kept"
     );
 }
