@@ -16,6 +16,7 @@
 //!   (OpenAI's layout), so the client receives the bytes it would have received directly.
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
 use bytes::{Bytes, BytesMut};
 use memchr::{memchr2, memmem};
@@ -324,7 +325,10 @@ enum UsageMember {
 /// Cheap check for a `"usage"` key and what it holds, without parsing the JSON.
 /// A `"usage"` string that is not followed by `:` is a value, not a key, and skipped.
 fn usage_member(data: &[u8]) -> Option<UsageMember> {
-    let finder = memmem::Finder::new(b"\"usage\"");
+    // Built once: building a searcher costs more than searching one event.
+    static FINDER: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+    let finder = &*FINDER;
     let mut from = 0;
     while let Some(i) = finder.find(&data[from..]) {
         let at = from + i;
@@ -353,7 +357,9 @@ fn skip_ws(data: &[u8], mut i: usize) -> usize {
 /// event's JSON object: only `}` and then line ends or blanks follow it (so it sits on the
 /// last data line, and the `}` closing the top-level object is the data's last byte).
 fn null_member_at_end(event: &[u8]) -> Option<usize> {
-    let start = memmem::rfind(event, NULL_MEMBER)?;
+    static FINDER: LazyLock<memmem::FinderRev<'static>> =
+        LazyLock::new(|| memmem::FinderRev::new(NULL_MEMBER));
+    let start = FINDER.rfind(event)?;
     let close = skip_ws(event, start + NULL_MEMBER.len());
     if event.get(close) != Some(&b'}') {
         return None;
