@@ -97,29 +97,35 @@ impl<'de> serde::Deserialize<'de> for Fingerprint {
 /// The server secret that keys namespaces. Shared by all replicas (configured, or created
 /// once and kept in the store).
 #[derive(Clone)]
-pub struct IdentityKey(Secret);
+pub struct IdentityKey {
+    secret: Secret,
+    /// HMAC keyed with the secret, ready to take a message: keying hashes two blocks,
+    /// which every namespace would otherwise pay again.
+    keyed: Hmac<Sha256>,
+}
 
 impl IdentityKey {
     pub fn new(secret: Secret) -> Self {
-        Self(secret)
+        let keyed = <Hmac<Sha256> as Mac>::new_from_slice(secret.expose().as_bytes())
+            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        Self { secret, keyed }
     }
 
     /// A fresh random secret (256 bits, hex).
     pub fn generate() -> Result<Self, getrandom::Error> {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes)?;
-        Ok(Self(Secret::new(hex::encode(bytes))))
+        Ok(Self::new(Secret::new(hex::encode(bytes))))
     }
 
     pub fn secret(&self) -> &Secret {
-        &self.0
+        &self.secret
     }
 
     /// The namespace of a tenant (its credential, or whatever the tenant header carries)
     /// and an optional explicit conversation id.
     pub fn namespace(&self, tenant: &[u8], conversation: Option<&[u8]>) -> Fingerprint {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.0.expose().as_bytes())
-            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        let mut mac = self.keyed.clone();
         frame(&mut mac, b't', tenant);
         match conversation {
             Some(id) => frame(&mut mac, b'c', id),
@@ -213,27 +219,38 @@ pub fn hash_message(message: &Message<'_>) -> Fingerprint {
     h.update([role_tag(*role)]);
     match message.content() {
         Content::None => {}
-        content => match content.as_text() {
-            Some(text) => {
-                if !text.is_empty() {
-                    frame(&mut h, b'T', text.as_bytes());
+        Content::Text(text) => {
+            if !text.is_empty() {
+                frame(&mut h, b'T', text.as_bytes());
+            }
+        }
+        // Only text parts: the same bytes as the string they concatenate to (see
+        // `Content::as_text`), framed without building that string.
+        Content::Parts(parts) if parts.iter().all(|p| matches!(p, Part::Text(_))) => {
+            let texts = || {
+                parts.iter().filter_map(|p| match p {
+                    Part::Text(t) => Some(t.as_bytes()),
+                    Part::Other(_) => None,
+                })
+            };
+            let len: usize = texts().map(<[u8]>::len).sum();
+            if len > 0 {
+                h.update([b'T']);
+                h.update((len as u64).to_le_bytes());
+                texts().for_each(|t| h.update(t));
+            }
+        }
+        Content::Parts(parts) => {
+            h.update([b'P']);
+            h.update((parts.len() as u64).to_le_bytes());
+            for part in &parts {
+                match part {
+                    Part::Text(t) => frame(&mut h, b't', t.as_bytes()),
+                    Part::Other(raw) => frame(&mut h, b'o', raw.get().as_bytes()),
                 }
             }
-            None => match content {
-                Content::Parts(parts) => {
-                    h.update([b'P']);
-                    h.update((parts.len() as u64).to_le_bytes());
-                    for part in &parts {
-                        match part {
-                            Part::Text(t) => frame(&mut h, b't', t.as_bytes()),
-                            Part::Other(raw) => frame(&mut h, b'o', raw.get().as_bytes()),
-                        }
-                    }
-                }
-                Content::Other(raw) => frame(&mut h, b'O', raw.get().as_bytes()),
-                Content::None | Content::Text(_) => {}
-            },
-        },
+        }
+        Content::Other(raw) => frame(&mut h, b'O', raw.get().as_bytes()),
     }
     if let Some(name) = name.as_deref().filter(|n| !n.is_empty()) {
         frame(&mut h, b'N', name.as_bytes());
