@@ -1,6 +1,7 @@
 -- wrk script of scripts/bench-load: POSTs one JSON body, read from the file given as
--- the script's first argument (`wrk -s post.lua URL -- BODY_FILE`), on every request,
--- and prints one JSON line of results when the run ends (latencies in microseconds).
+-- the script's first argument, on every request, with any further arguments as extra
+-- headers (`wrk -s post.lua URL -- BODY_FILE ["Name: value" ...]`), and prints one JSON
+-- line of results when the run ends (latencies in microseconds).
 
 function init(args)
   local file = assert(io.open(args[1], "rb"))
@@ -9,6 +10,12 @@ function init(args)
   file:close()
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["Authorization"] = "Bearer sk-bench-not-a-real-key"
+  for i = 2, #args do
+    local name, value = args[i]:match("^([^:]+):%s*(.*)$")
+    if name then
+      wrk.headers[name] = value
+    end
+  end
 end
 
 function done(summary, latency, requests)
