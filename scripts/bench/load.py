@@ -64,13 +64,18 @@ VOCABULARY = (
 
 
 def text(rng, size):
-    words = []
+    """Prose-like text with line breaks every dozen words or so and the odd quoted
+    word, as chat and tool output have (so JSON strings carry escapes)."""
+    out = []
     n = 0
     while n < size:
         w = rng.choice(VOCABULARY)
-        words.append(w)
+        if rng.random() < 0.02:
+            w = f'"{w}"'
+        out.append(w)
+        out.append("\n" if rng.random() < 0.08 else " ")
         n += len(w) + 1
-    return " ".join(words)[:size]
+    return "".join(out)[:size]
 
 
 def conversation(rng, target_bytes, message_bytes):
