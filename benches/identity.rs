@@ -16,7 +16,11 @@ use sha2::{Digest, Sha256};
 /// A chat body of `n` messages of about `size` bytes each: alternating user and
 /// assistant turns, every fifth assistant turn a tool call with its result.
 fn body(n: usize, size: usize) -> String {
-    let text = "lorem ipsum dolor sit amet, consectetur adipiscing elit. ".repeat(size / 57 + 1);
+    // A line break every ~80 characters and the odd quoted word, as chat and tool
+    // output have: JSON escapes.
+    let line = "lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor\n";
+    let quoted = "see \"src/main.rs\" ";
+    let text = format!("{line}{line}{quoted}{line}").repeat(size / 264 + 1);
     let text = &text[..size];
     let mut messages =
         vec![serde_json::json!({"role": "system", "content": "You are a helpful assistant."})];

@@ -127,7 +127,7 @@ def profile(args, bench, target, fake_base, case, workdir, bodies):
         config.write_text(f'[compaction.context_windows]\n"{load.LONG_MODEL}" = 16000\n')
         env = {"ABRIDGE_LISTEN": f"127.0.0.1:{port}", "ABRIDGE_ADMIN__LISTEN": f"127.0.0.1:{admin}",
                "ABRIDGE_UPSTREAM": fake_base}
-        argv = [*valgrind, str(load.RELEASE / "abridge"), "--config", str(config)]
+        argv = [*valgrind, args.abridge, "--config", str(config)]
         proc = bench.start(f"cg-abridge-{case}", argv, bench.proxy_core, env)
         ready = f"http://127.0.0.1:{admin}/healthz"
     try:
@@ -157,6 +157,8 @@ def main():
     parser.add_argument("--top", type=int, default=25, help="functions listed per case")
     parser.add_argument("--cores", default="0,1")
     parser.add_argument("--keep", action="store_true", help="keep the callgrind files")
+    parser.add_argument("--abridge", default=str(load.RELEASE / "abridge"),
+                        help="the abridge binary to profile (e.g. one built from an older commit)")
     args = parser.parse_args()
     args.cores = [int(c) for c in args.cores.split(",")]
     if not shutil.which("valgrind"):
