@@ -289,9 +289,9 @@ fn hash_content(h: &mut Sha256, content: &Content<'_>) {
 
 /// For a JSON string literal `raw` (quotes included, validated by the parse it was
 /// borrowed from): frames its unescaped text as [`frame`] would — nothing for an empty
-/// text — reading the pieces between escapes straight from `raw`, without building the
-/// string. `false` (and nothing hashed) when `raw` is not a string or holds an escape
-/// left to the parser (a lone surrogate).
+/// text. Without escapes the text is hashed where it lies; with them it is decoded in one
+/// pass into one buffer and hashed in one go. `false` (and nothing hashed) when `raw` is
+/// not a string or holds an escape left to the parser (a lone surrogate).
 fn frame_json_string(h: &mut Sha256, tag: u8, raw: &str) -> bool {
     let Some(inner) = raw
         .strip_prefix('"')
@@ -300,15 +300,19 @@ fn frame_json_string(h: &mut Sha256, tag: u8, raw: &str) -> bool {
     else {
         return false;
     };
-    let mut len = 0usize;
-    if unescape(inner, |piece| len += piece.len()).is_none() {
+    let Some(first) = memchr::memchr(b'\\', inner) else {
+        if !inner.is_empty() {
+            frame(h, tag, inner);
+        }
+        return true;
+    };
+    let mut text = Vec::with_capacity(inner.len());
+    text.extend_from_slice(&inner[..first]);
+    if unescape(&inner[first..], |piece| text.extend_from_slice(piece)).is_none() {
         return false;
     }
-    if len > 0 {
-        h.update([tag]);
-        h.update((len as u64).to_le_bytes());
-        // Cannot fail: the same bytes were just read.
-        let _ = unescape(inner, |piece| h.update(piece));
+    if !text.is_empty() {
+        frame(h, tag, &text);
     }
     true
 }
