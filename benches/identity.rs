@@ -1,5 +1,6 @@
 //! Conversation identity on the hot path: hashing every prefix of a request's messages
-//! (10 / 100 / 1,000 messages of ~1 KB, so up to ~1 MB), and parsing + hashing together.
+//! (10 / 100 / 1,000 messages of ~1 KB, so up to ~1 MB), parsing alone, parsing +
+//! hashing together, and the floor — SHA-256 over the body's bytes once.
 
 #![allow(
     clippy::unwrap_used,
@@ -10,11 +11,16 @@ use abridge::chat::parse;
 use abridge::identity::{IdentityKey, hash_conversation};
 use abridge::secret::Secret;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use sha2::{Digest, Sha256};
 
 /// A chat body of `n` messages of about `size` bytes each: alternating user and
 /// assistant turns, every fifth assistant turn a tool call with its result.
 fn body(n: usize, size: usize) -> String {
-    let text = "lorem ipsum dolor sit amet, consectetur adipiscing elit. ".repeat(size / 57 + 1);
+    // A line break every ~80 characters and the odd quoted word, as chat and tool
+    // output have: JSON escapes.
+    let line = "lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor\n";
+    let quoted = "see \"src/main.rs\" ";
+    let text = format!("{line}{line}{quoted}{line}").repeat(size / 264 + 1);
     let text = &text[..size];
     let mut messages =
         vec![serde_json::json!({"role": "system", "content": "You are a helpful assistant."})];
@@ -46,6 +52,13 @@ fn identity(c: &mut Criterion) {
             &parsed.messages,
             |b, messages| b.iter(|| hash_conversation(&namespace, messages)),
         );
+        // The floor: SHA-256 over the body's bytes once, no canonical form.
+        group.bench_with_input(BenchmarkId::new("sha256_of_body", n), &body, |b, body| {
+            b.iter(|| Sha256::digest(body.as_bytes()))
+        });
+        group.bench_with_input(BenchmarkId::new("parse", n), &body, |b, body| {
+            b.iter(|| parse(body.as_bytes()).unwrap().messages.len())
+        });
         group.bench_with_input(BenchmarkId::new("parse_and_hash", n), &body, |b, body| {
             b.iter(|| {
                 let parsed = parse(body.as_bytes()).unwrap();

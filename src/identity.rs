@@ -97,29 +97,35 @@ impl<'de> serde::Deserialize<'de> for Fingerprint {
 /// The server secret that keys namespaces. Shared by all replicas (configured, or created
 /// once and kept in the store).
 #[derive(Clone)]
-pub struct IdentityKey(Secret);
+pub struct IdentityKey {
+    secret: Secret,
+    /// HMAC keyed with the secret, ready to take a message: keying hashes two blocks,
+    /// which every namespace would otherwise pay again.
+    keyed: Hmac<Sha256>,
+}
 
 impl IdentityKey {
     pub fn new(secret: Secret) -> Self {
-        Self(secret)
+        let keyed = <Hmac<Sha256> as Mac>::new_from_slice(secret.expose().as_bytes())
+            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        Self { secret, keyed }
     }
 
     /// A fresh random secret (256 bits, hex).
     pub fn generate() -> Result<Self, getrandom::Error> {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes)?;
-        Ok(Self(Secret::new(hex::encode(bytes))))
+        Ok(Self::new(Secret::new(hex::encode(bytes))))
     }
 
     pub fn secret(&self) -> &Secret {
-        &self.0
+        &self.secret
     }
 
     /// The namespace of a tenant (its credential, or whatever the tenant header carries)
     /// and an optional explicit conversation id.
     pub fn namespace(&self, tenant: &[u8], conversation: Option<&[u8]>) -> Fingerprint {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.0.expose().as_bytes())
-            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        let mut mac = self.keyed.clone();
         frame(&mut mac, b't', tenant);
         match conversation {
             Some(id) => frame(&mut mac, b'c', id),
@@ -204,36 +210,18 @@ pub fn hash_message(message: &Message<'_>) -> Fingerprint {
     let Message {
         raw: _,
         role,
-        content: _,
+        content,
         name,
         tool_calls: _,
         tool_call_id,
     } = message;
     let mut h = Sha256::new();
     h.update([role_tag(*role)]);
-    match message.content() {
-        Content::None => {}
-        content => match content.as_text() {
-            Some(text) => {
-                if !text.is_empty() {
-                    frame(&mut h, b'T', text.as_bytes());
-                }
-            }
-            None => match content {
-                Content::Parts(parts) => {
-                    h.update([b'P']);
-                    h.update((parts.len() as u64).to_le_bytes());
-                    for part in &parts {
-                        match part {
-                            Part::Text(t) => frame(&mut h, b't', t.as_bytes()),
-                            Part::Other(raw) => frame(&mut h, b'o', raw.get().as_bytes()),
-                        }
-                    }
-                }
-                Content::Other(raw) => frame(&mut h, b'O', raw.get().as_bytes()),
-                Content::None | Content::Text(_) => {}
-            },
-        },
+    // A string (the common case) is hashed straight from its JSON bytes; anything else,
+    // or a string with an escape this does not take, goes through the parsed view.
+    let streamed = content.is_some_and(|raw| frame_json_string(&mut h, b'T', raw.get()));
+    if !streamed {
+        hash_content(&mut h, &message.content());
     }
     if let Some(name) = name.as_deref().filter(|n| !n.is_empty()) {
         frame(&mut h, b'N', name.as_bytes());
@@ -258,6 +246,132 @@ pub fn hash_message(message: &Message<'_>) -> Fingerprint {
         frame(&mut h, b'I', id.as_bytes());
     }
     Fingerprint::of(h)
+}
+
+/// The canonical form of parsed content (see the module docs).
+fn hash_content(h: &mut Sha256, content: &Content<'_>) {
+    match content {
+        Content::None => {}
+        Content::Text(text) => {
+            if !text.is_empty() {
+                frame(h, b'T', text.as_bytes());
+            }
+        }
+        // Only text parts: the same bytes as the string they concatenate to (see
+        // `Content::as_text`), framed without building that string.
+        Content::Parts(parts) if parts.iter().all(|p| matches!(p, Part::Text(_))) => {
+            let texts = || {
+                parts.iter().filter_map(|p| match p {
+                    Part::Text(t) => Some(t.as_bytes()),
+                    Part::Other(_) => None,
+                })
+            };
+            let len: usize = texts().map(<[u8]>::len).sum();
+            if len > 0 {
+                h.update([b'T']);
+                h.update((len as u64).to_le_bytes());
+                texts().for_each(|t| h.update(t));
+            }
+        }
+        Content::Parts(parts) => {
+            h.update([b'P']);
+            h.update((parts.len() as u64).to_le_bytes());
+            for part in parts {
+                match part {
+                    Part::Text(t) => frame(h, b't', t.as_bytes()),
+                    Part::Other(raw) => frame(h, b'o', raw.get().as_bytes()),
+                }
+            }
+        }
+        Content::Other(raw) => frame(h, b'O', raw.get().as_bytes()),
+    }
+}
+
+/// For a JSON string literal `raw` (quotes included, validated by the parse it was
+/// borrowed from): frames its unescaped text as [`frame`] would — nothing for an empty
+/// text. Without escapes the text is hashed where it lies; with them it is decoded in one
+/// pass into one buffer and hashed in one go. `false` (and nothing hashed) when `raw` is
+/// not a string or holds an escape left to the parser (a lone surrogate).
+fn frame_json_string(h: &mut Sha256, tag: u8, raw: &str) -> bool {
+    let Some(inner) = raw
+        .strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .map(str::as_bytes)
+    else {
+        return false;
+    };
+    let Some(first) = memchr::memchr(b'\\', inner) else {
+        if !inner.is_empty() {
+            frame(h, tag, inner);
+        }
+        return true;
+    };
+    let mut text = Vec::with_capacity(inner.len());
+    text.extend_from_slice(&inner[..first]);
+    if unescape(&inner[first..], |piece| text.extend_from_slice(piece)).is_none() {
+        return false;
+    }
+    if !text.is_empty() {
+        frame(h, tag, &text);
+    }
+    true
+}
+
+/// The unescaped bytes of a JSON string's inner text, handed to `visit` piece by piece
+/// (runs between escapes, and each escape decoded). `None` for an escape the JSON parser
+/// would be needed for: anything malformed, or a `\u` surrogate not in a valid pair.
+fn unescape(inner: &[u8], mut visit: impl FnMut(&[u8])) -> Option<()> {
+    let mut rest = inner;
+    while let Some(at) = memchr::memchr(b'\\', rest) {
+        visit(&rest[..at]);
+        let mut utf8 = [0u8; 4];
+        let (piece, used): (&[u8], usize) = match *rest.get(at + 1)? {
+            b'"' => (b"\"", 2),
+            b'\\' => (b"\\", 2),
+            b'/' => (b"/", 2),
+            b'b' => (b"\x08", 2),
+            b'f' => (b"\x0c", 2),
+            b'n' => (b"\n", 2),
+            b'r' => (b"\r", 2),
+            b't' => (b"\t", 2),
+            b'u' => {
+                let high = hex4(rest.get(at + 2..at + 6)?)?;
+                let (code, used) = if (0xD800..0xDC00).contains(&high) {
+                    if rest.get(at + 6..at + 8)? != b"\\u" {
+                        return None;
+                    }
+                    let low = hex4(rest.get(at + 8..at + 12)?)?;
+                    if !(0xDC00..0xE000).contains(&low) {
+                        return None;
+                    }
+                    (0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00), 12)
+                } else {
+                    (high, 6)
+                };
+                // A lone low surrogate is not a char: left to the parser.
+                let c = char::from_u32(code)?;
+                (c.encode_utf8(&mut utf8).as_bytes(), used)
+            }
+            _ => return None,
+        };
+        visit(piece);
+        rest = &rest[at + used..];
+    }
+    visit(rest);
+    Some(())
+}
+
+/// Four hex digits, as a `\u` escape has them.
+fn hex4(digits: &[u8]) -> Option<u32> {
+    digits.iter().try_fold(0u32, |n, &d| {
+        let v = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            b'A'..=b'F' => d - b'A' + 10,
+            _ => return None,
+        };
+        Some(n << 4 | u32::from(v))
+    })
 }
 
 fn role_tag(role: Role) -> u8 {
@@ -475,7 +589,70 @@ mod tests {
         hashes(ns, &format!("[{}]", messages.join(",")))
     }
 
+    /// `hash_message` as it is defined: through the parsed content.
+    fn hash_parsed(message_json: &str) -> Fingerprint {
+        let body = format!(r#"{{"messages":[{message_json}]}}"#);
+        let parsed = parse(body.as_bytes()).unwrap();
+        let m = &parsed.messages[0];
+        let mut h = Sha256::new();
+        h.update([role_tag(m.role)]);
+        match m.content().as_text() {
+            Some(text) if !text.is_empty() => frame(&mut h, b'T', text.as_bytes()),
+            Some(_) => {}
+            None => match m.content() {
+                Content::Other(raw) => frame(&mut h, b'O', raw.get().as_bytes()),
+                _ => unreachable!("only strings in these tests"),
+            },
+        }
+        Fingerprint::of(h)
+    }
+
+    /// A JSON string literal of `text` with some characters escaped as `\uXXXX`
+    /// (surrogate pairs above U+FFFF), chosen by `mask`.
+    fn escaped(text: &str, mask: u64) -> String {
+        let mut out = String::from("\"");
+        for (i, c) in text.chars().enumerate() {
+            let forced = mask >> (i % 64) & 1 == 1;
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if (c as u32) < 0x20 || forced => {
+                    let mut units = [0u16; 2];
+                    for u in c.encode_utf16(&mut units) {
+                        out.push_str(&format!("\\u{u:04X}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+        out
+    }
+
+    #[test]
+    fn escapes_the_streamed_path_leaves_to_the_parser() {
+        // Lone surrogates: whatever the parser makes of them, both paths agree.
+        for raw in [
+            r#""a\ud800b""#,
+            r#""\udc00""#,
+            r#""x\ud800\u0041""#,
+            r#""\/\b\f""#,
+        ] {
+            let m = format!(r#"{{"role":"user","content":{raw}}}"#);
+            assert_eq!(one(&m), hash_parsed(&m), "{raw}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn streamed_strings_hash_as_parsed_ones(
+            text in "(?s)[a-z \n\t\"\\\\/é🌍\u{0}-\u{1f}\u{7f}-\u{ff}]{0,40}",
+            mask in any::<u64>(),
+        ) {
+            let m = format!(r#"{{"role":"assistant","content":{}}}"#, escaped(&text, mask));
+            prop_assert_eq!(one(&m), hash_parsed(&m));
+        }
+
         #[test]
         fn equal_canonical_forms_hash_equal(messages in conversation()) {
             let ns = key().namespace(b"t", None);

@@ -126,6 +126,11 @@ impl Upstream {
 
 /// `.`/`..` literally or percent-encoded (`%2e`), which some servers decode.
 fn is_dot_segment(segment: &str) -> bool {
+    // The longest spelling is `%2e%2e`; anything longer is an ordinary segment (and
+    // costs no allocation).
+    if segment.len() > 6 || !segment.starts_with(['.', '%']) {
+        return false;
+    }
     let lower = segment.to_ascii_lowercase();
     let decoded = lower.replace("%2e", ".");
     decoded == "." || decoded == ".."

@@ -16,6 +16,7 @@
 //!   (OpenAI's layout), so the client receives the bytes it would have received directly.
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
 use bytes::{Bytes, BytesMut};
 use memchr::{memchr2, memmem};
@@ -48,7 +49,14 @@ pub struct SseTap {
 enum Action {
     Keep,
     Drop,
-    Replace(Vec<u8>),
+    /// Keep the event without the `,"usage":null` member that starts at this offset.
+    CutNull(usize),
+}
+
+/// `event` without the `,"usage":null` member at `start`, appended to `out`.
+fn extend_cut(out: &mut BytesMut, event: &[u8], start: usize) {
+    out.extend_from_slice(&event[..start]);
+    out.extend_from_slice(&event[start + NULL_MEMBER.len()..]);
 }
 
 impl SseTap {
@@ -115,7 +123,7 @@ impl SseTap {
                         match action {
                             Action::Keep => buf.extend_from_slice(&event),
                             Action::Drop => {}
-                            Action::Replace(bytes) => buf.extend_from_slice(&bytes),
+                            Action::CutNull(start) => extend_cut(buf, &event, start),
                         }
                         copied_to = end;
                     }
@@ -132,11 +140,11 @@ impl SseTap {
             if self.strip {
                 match action {
                     Action::Keep => {}
-                    Action::Drop | Action::Replace(_) => {
+                    Action::Drop | Action::CutNull(_) => {
                         let buf = out.get_or_insert_with(|| BytesMut::with_capacity(chunk.len()));
                         buf.extend_from_slice(&chunk[copied_to..pos]);
-                        if let Action::Replace(bytes) = action {
-                            buf.extend_from_slice(&bytes);
+                        if let Action::CutNull(start) = action {
+                            extend_cut(buf, &chunk[pos..end], start);
                         }
                         copied_to = end;
                     }
@@ -183,7 +191,11 @@ impl SseTap {
         match action {
             Action::Keep => Bytes::from(event),
             Action::Drop => Bytes::new(),
-            Action::Replace(bytes) => Bytes::from(bytes),
+            Action::CutNull(start) => {
+                let mut out = BytesMut::with_capacity(event.len() - NULL_MEMBER.len());
+                extend_cut(&mut out, &event, start);
+                out.freeze()
+            }
         }
     }
 
@@ -256,20 +268,17 @@ impl SseTap {
         };
         match usage_member(&data) {
             None => Action::Keep,
-            Some(UsageMember::Null) => match null_member_at_end(event) {
-                Some(start) if self.strip => {
-                    let mut edited = Vec::with_capacity(event.len() - NULL_MEMBER.len());
-                    edited.extend_from_slice(&event[..start]);
-                    edited.extend_from_slice(&event[start + NULL_MEMBER.len()..]);
-                    Action::Replace(edited)
-                }
-                _ => Action::Keep,
+            // Observe mode keeps every event as it is: no need to look further.
+            Some(UsageMember::Null) if self.strip => match null_member_at_end(event) {
+                Some(start) => Action::CutNull(start),
+                None => Action::Keep,
             },
+            Some(UsageMember::Null) => Action::Keep,
             Some(UsageMember::Object) => {
                 let Ok(envelope) = serde_json::from_slice::<Envelope>(&data) else {
                     return Action::Keep;
                 };
-                let usage_only = envelope.choices.as_ref().is_none_or(Vec::is_empty);
+                let usage_only = envelope.choices.is_none_or(|c| c.len == 0);
                 if let Some(usage) = envelope.usage.and_then(|u| u.normalise()) {
                     self.usage = Some(usage);
                     if self.strip && usage_only {
@@ -324,7 +333,10 @@ enum UsageMember {
 /// Cheap check for a `"usage"` key and what it holds, without parsing the JSON.
 /// A `"usage"` string that is not followed by `:` is a value, not a key, and skipped.
 fn usage_member(data: &[u8]) -> Option<UsageMember> {
-    let finder = memmem::Finder::new(b"\"usage\"");
+    // Built once: building a searcher costs more than searching one event.
+    static FINDER: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+    let finder = &*FINDER;
     let mut from = 0;
     while let Some(i) = finder.find(&data[from..]) {
         let at = from + i;
@@ -352,13 +364,27 @@ fn skip_ws(data: &[u8], mut i: usize) -> usize {
 /// Where `,"usage":null` starts in a raw event when it is the last member of the
 /// event's JSON object: only `}` and then line ends or blanks follow it (so it sits on the
 /// last data line, and the `}` closing the top-level object is the data's last byte).
+///
+/// Read from the end, so the cost does not grow with the event: blanks, `}`, blanks,
+/// then the member (which cannot overlap a later occurrence of itself: its only `,` is
+/// its first byte).
 fn null_member_at_end(event: &[u8]) -> Option<usize> {
-    let start = memmem::rfind(event, NULL_MEMBER)?;
-    let close = skip_ws(event, start + NULL_MEMBER.len());
-    if event.get(close) != Some(&b'}') {
+    let close = skip_ws_back(event, event.len()).checked_sub(1)?;
+    if event[close] != b'}' {
         return None;
     }
-    (skip_ws(event, close + 1) == event.len()).then_some(start)
+    let end = skip_ws_back(event, close);
+    event[..end]
+        .ends_with(NULL_MEMBER)
+        .then(|| end - NULL_MEMBER.len())
+}
+
+/// The index after the last non-blank byte of `data[..end]` (0 when all blank).
+fn skip_ws_back(data: &[u8], mut end: usize) -> usize {
+    while end > 0 && matches!(data[end - 1], b' ' | b'\t' | b'\n' | b'\r') {
+        end -= 1;
+    }
+    end
 }
 
 #[cfg(test)]

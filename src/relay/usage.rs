@@ -53,7 +53,36 @@ pub struct Envelope {
     #[serde(default)]
     pub usage: Option<RawUsage>,
     #[serde(default)]
-    pub choices: Option<Vec<serde::de::IgnoredAny>>,
+    pub choices: Option<Array>,
+}
+
+/// A JSON array, of which only the length is kept: its elements are skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Array {
+    pub len: usize,
+}
+
+impl<'de> Deserialize<'de> for Array {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Counter;
+        impl<'de> serde::de::Visitor<'de> for Counter {
+            type Value = Array;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Array, A::Error> {
+                let mut len = 0;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    len += 1;
+                }
+                Ok(Array { len })
+            }
+        }
+        d.deserialize_seq(Counter)
+    }
 }
 
 /// Reads `usage` from a complete JSON response body.
@@ -86,6 +115,15 @@ mod tests {
         let b = from_json(br#"{"usage":{"input_tokens":7,"output_tokens":2}}"#).unwrap();
         assert_eq!(b.prompt_tokens, 7);
         assert_eq!(b.completion_tokens, Some(2));
+    }
+
+    #[test]
+    fn choices_are_counted_not_collected() {
+        let e: Envelope = serde_json::from_slice(br#"{"choices":[{"a":[1,{}]},2],"x":1}"#).unwrap();
+        assert_eq!(e.choices, Some(Array { len: 2 }));
+        let e: Envelope = serde_json::from_slice(br#"{"choices":null}"#).unwrap();
+        assert_eq!(e.choices, None);
+        assert!(serde_json::from_slice::<Envelope>(br#"{"choices":{}}"#).is_err());
     }
 
     #[test]

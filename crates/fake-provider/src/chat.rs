@@ -85,12 +85,54 @@ impl Reply {
     }
 }
 
-pub(crate) fn completions(b: &Behavior, body: &Bytes, completion: Completion) -> Response {
+/// What the fake answers to one chat-completions body, worked out before anything is
+/// sent: the same body and behaviour always give the same answer, so the bench mode can
+/// keep it (see `Shared::bench`).
+pub(crate) enum Answer {
+    /// A complete response: an error in OpenAI's shape or a completion as JSON.
+    Whole(StatusCode, Bytes),
+    /// The SSE events of a streamed completion, framed, `[DONE]` included.
+    Events(Vec<Bytes>),
+}
+
+/// Sends an answer: a JSON body (gzipped when told), or its events one write each.
+pub(crate) fn send(b: &Behavior, answer: &Answer, completion: Completion) -> Response {
+    match answer {
+        Answer::Whole(status, bytes) => {
+            completion.complete();
+            if b.gzip && status.is_success() {
+                let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+                let compressed = std::io::Write::write_all(&mut gz, bytes)
+                    .and_then(|()| gz.finish())
+                    .unwrap_or_default();
+                (
+                    *status,
+                    [
+                        (header::CONTENT_TYPE, "application/json"),
+                        (header::CONTENT_ENCODING, "gzip"),
+                    ],
+                    compressed,
+                )
+                    .into_response()
+            } else {
+                (
+                    *status,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    bytes.clone(),
+                )
+                    .into_response()
+            }
+        }
+        Answer::Events(events) => stream(b, events.clone(), completion),
+    }
+}
+
+/// The answer to a chat-completions body under behaviour `b`.
+pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
     let request: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
-            completion.complete();
-            return error(
+            return error_answer(
                 StatusCode::BAD_REQUEST,
                 "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly.)",
                 "invalid_request_error",
@@ -100,8 +142,7 @@ pub(crate) fn completions(b: &Behavior, body: &Bytes, completion: Completion) ->
         }
     };
     let Some(messages) = request["messages"].as_array() else {
-        completion.complete();
-        return error(
+        return error_answer(
             StatusCode::BAD_REQUEST,
             "Invalid type for 'messages': expected an array of objects.",
             "invalid_request_error",
@@ -112,8 +153,7 @@ pub(crate) fn completions(b: &Behavior, body: &Bytes, completion: Completion) ->
     for (i, m) in messages.iter().enumerate() {
         let role = m["role"].as_str().unwrap_or("");
         if !ROLES.contains(&role) {
-            completion.complete();
-            return error(
+            return error_answer(
                 StatusCode::BAD_REQUEST,
                 &format!(
                     "Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and 'developer'."
@@ -128,8 +168,7 @@ pub(crate) fn completions(b: &Behavior, body: &Bytes, completion: Completion) ->
     if let Some(window) = b.context_window
         && prompt_tokens > window
     {
-        completion.complete();
-        return error(
+        return error_answer(
             StatusCode::BAD_REQUEST,
             &format!(
                 "This model's maximum context length is {window} tokens. However, your messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
@@ -142,8 +181,7 @@ pub(crate) fn completions(b: &Behavior, body: &Bytes, completion: Completion) ->
 
     let summary = is_summary_request(messages);
     if summary && b.summary == SummaryMode::Error {
-        completion.complete();
-        return error(
+        return error_answer(
             StatusCode::INTERNAL_SERVER_ERROR,
             "The summariser failed (as told).",
             "server_error",
@@ -188,17 +226,20 @@ pub(crate) fn completions(b: &Behavior, body: &Bytes, completion: Completion) ->
     );
     if request["stream"] == Value::Bool(true) {
         let include_usage = request["stream_options"]["include_usage"] == Value::Bool(true);
-        stream(
-            b,
-            Chunks {
-                id,
-                model,
-                reply,
-                usage,
-                include_usage,
-            },
-            completion,
-        )
+        let chunks = Chunks {
+            id,
+            model,
+            reply,
+            usage,
+            include_usage,
+        };
+        let mut events: Vec<Bytes> = chunks
+            .payloads()
+            .iter()
+            .map(|p| Bytes::from(frame(p, b.multiline_data)))
+            .collect();
+        events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        Answer::Events(events)
     } else {
         let message = match &reply {
             Reply::Text { text, .. } => {
@@ -220,31 +261,22 @@ pub(crate) fn completions(b: &Behavior, body: &Bytes, completion: Completion) ->
             "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
             "usage": usage, "service_tier": "default", "system_fingerprint": "fp_fake",
         });
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        completion.complete();
-        if b.gzip {
-            let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
-            let compressed = std::io::Write::write_all(&mut gz, &bytes)
-                .and_then(|()| gz.finish())
-                .unwrap_or_default();
-            (
-                StatusCode::OK,
-                [
-                    (header::CONTENT_TYPE, "application/json"),
-                    (header::CONTENT_ENCODING, "gzip"),
-                ],
-                compressed,
-            )
-                .into_response()
-        } else {
-            (
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, "application/json")],
-                bytes,
-            )
-                .into_response()
-        }
+        Answer::Whole(
+            StatusCode::OK,
+            Bytes::from(serde_json::to_vec(&body).unwrap_or_default()),
+        )
     }
+}
+
+/// An error in OpenAI's shape, as an [`Answer`].
+fn error_answer(
+    status: StatusCode,
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Answer {
+    Answer::Whole(status, crate::error_body(message, kind, param, code))
 }
 
 fn wants_tool_call(request: &Value, messages: &[Value]) -> bool {
@@ -394,13 +426,7 @@ fn frame(payload: &str, multiline: bool) -> String {
     }
 }
 
-fn stream(b: &Behavior, chunks: Chunks, completion: Completion) -> Response {
-    let mut events: Vec<String> = chunks
-        .payloads()
-        .iter()
-        .map(|p| frame(p, b.multiline_data))
-        .collect();
-    events.push("data: [DONE]\n\n".to_owned());
+fn stream(b: &Behavior, events: Vec<Bytes>, completion: Completion) -> Response {
     let (tx, body) = channel_body();
     let b = b.clone();
     tokio::spawn(async move {
@@ -414,18 +440,18 @@ fn stream(b: &Behavior, chunks: Chunks, completion: Completion) -> Response {
                     () = tokio::time::sleep(b.chunk_delay) => {}
                 }
             }
-            let pieces: Vec<&[u8]> = if b.split_events {
-                let (x, y) = event.as_bytes().split_at(event.len() / 2);
-                vec![x, y]
+            let pieces: Vec<Bytes> = if b.split_events {
+                let half = event.len() / 2;
+                vec![event.slice(..half), event.slice(half..)]
             } else {
-                vec![event.as_bytes()]
+                vec![event.clone()]
             };
             for piece in pieces {
                 let bytes = match &mut gz {
-                    None => Bytes::copy_from_slice(piece),
+                    None => piece,
                     Some(gz) => {
                         use std::io::Write;
-                        if gz.write_all(piece).and_then(|()| gz.flush()).is_err() {
+                        if gz.write_all(&piece).and_then(|()| gz.flush()).is_err() {
                             return;
                         }
                         Bytes::from(std::mem::take(gz.get_mut()))

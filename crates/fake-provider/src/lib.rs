@@ -24,6 +24,7 @@
 
 mod chat;
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,6 +34,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
+use axum::serve::ListenerExt;
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode, Uri, header};
 use http_body_util::BodyExt;
@@ -183,7 +185,14 @@ pub struct Shared {
     completed: AtomicU64,
     changed: Notify,
     sequence: AtomicU64,
+    /// Load-benchmark mode ([`Shared::for_bench`]).
+    bench: bool,
+    /// Bench mode: the answers to the last few distinct chat bodies.
+    answers: Mutex<VecDeque<(Bytes, Arc<chat::Answer>)>>,
 }
+
+/// Distinct chat bodies whose answers bench mode keeps.
+const CACHED_ANSWERS: usize = 8;
 
 /// Locks a mutex even if a panicking test poisoned it (the data is plain records).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -196,6 +205,37 @@ impl Shared {
             behavior: Mutex::new(behavior),
             ..Self::default()
         })
+    }
+
+    /// Load-benchmark mode: requests are not recorded (memory stays flat however long
+    /// the run), and the answer to a chat body seen recently is sent again without
+    /// being worked out anew (parsing and counting a 200 KB body costs more than a proxy
+    /// in front of it), unless the request carries `x-fake-*` overrides. The fake's own
+    /// CPU then stays small next to the proxy measured in front of it.
+    pub fn for_bench(behavior: Behavior) -> Arc<Self> {
+        Arc::new(Self {
+            behavior: Mutex::new(behavior),
+            bench: true,
+            ..Self::default()
+        })
+    }
+
+    /// The answer to a chat-completions body: from the cache in bench mode.
+    fn answer(&self, behavior: &Behavior, headers: &HeaderMap, body: &Bytes) -> Arc<chat::Answer> {
+        let cacheable = self.bench && !headers.keys().any(|k| k.as_str().starts_with("x-fake-"));
+        if !cacheable {
+            return Arc::new(chat::answer(behavior, body));
+        }
+        if let Some((_, answer)) = lock(&self.answers).iter().find(|(b, _)| b == body) {
+            return answer.clone();
+        }
+        let answer = Arc::new(chat::answer(behavior, body));
+        let mut answers = lock(&self.answers);
+        if answers.len() == CACHED_ANSWERS {
+            answers.pop_front();
+        }
+        answers.push_back((body.clone(), answer.clone()));
+        answer
     }
 
     fn record(&self, r: Recorded) {
@@ -260,7 +300,7 @@ impl FakeProvider {
         let shared = Shared::new(behavior);
         let app = router(shared.clone());
         let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
+            if let Err(e) = axum::serve(listener.tap_io(nodelay), app).await {
                 tracing::error!(error = %e, "fake provider stopped");
             }
         });
@@ -318,6 +358,14 @@ impl Drop for FakeProvider {
     }
 }
 
+/// Each event goes out in its own segment the moment it is written, as a provider's
+/// does (with Nagle's algorithm a small write waits for the peer's delayed ACK, ~40 ms).
+pub fn nodelay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "set_nodelay failed");
+    }
+}
+
 /// Every route the fake serves; the path prefix before the OpenAI path is free, so
 /// `/v1/models` and `/api/v1/models` both work (OpenRouter-style bases).
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -330,12 +378,14 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Ok(b) => b.to_bytes(),
         Err(_) => return StatusCode::BAD_REQUEST.into_response(),
     };
-    shared.record(Recorded {
-        method: parts.method.clone(),
-        uri: parts.uri.clone(),
-        headers: parts.headers.clone(),
-        body: body.clone(),
-    });
+    if !shared.bench {
+        shared.record(Recorded {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            headers: parts.headers.clone(),
+            body: body.clone(),
+        });
+    }
     let behavior = lock(&shared.behavior).for_request(&parts.headers);
     let completion = Completion::new(&shared);
 
@@ -359,7 +409,8 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             None,
         )
     } else if parts.method == Method::POST && path.ends_with("/chat/completions") {
-        chat::completions(&behavior, &body, completion)
+        let answer = shared.answer(&behavior, &parts.headers, &body);
+        chat::send(&behavior, &answer, completion)
     } else if parts.method == Method::GET && path.ends_with("/models") {
         completion.complete();
         json(
@@ -411,10 +462,18 @@ fn error(
     param: Option<&str>,
     code: Option<&str>,
 ) -> Response {
-    json(
+    (
         status,
-        &serde_json::json!({"error": {"message": message, "type": kind, "param": param, "code": code}}),
+        [(header::CONTENT_TYPE, "application/json")],
+        error_body(message, kind, param, code),
     )
+        .into_response()
+}
+
+/// The body of an error in OpenAI's shape.
+fn error_body(message: &str, kind: &str, param: Option<&str>, code: Option<&str>) -> Bytes {
+    let value = serde_json::json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
+    Bytes::from(serde_json::to_vec(&value).unwrap_or_default())
 }
 
 /// A response body fed by a channel, so the producer learns when the client is gone.

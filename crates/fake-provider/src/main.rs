@@ -6,19 +6,23 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use fake_provider::{Behavior, Shared, router};
+use axum::serve::ListenerExt;
+use fake_provider::{Behavior, Shared, nodelay, router};
 
 const USAGE: &str = "\
 fake-provider — an offline OpenAI-compatible provider for trying and testing abridge
 
 USAGE:
-    fake-provider [--listen ADDR] [--window TOKENS] [--delay-ms MS] [--words N]
+    fake-provider [--listen ADDR] [--window TOKENS] [--delay-ms MS] [--words N] [--bench]
 
 OPTIONS:
     --listen ADDR      address to serve on (default 127.0.0.1:8000)
     --window TOKENS    context window: larger prompts get context_length_exceeded
     --delay-ms MS      pause between streamed events (default 0)
-    --words N          words per reply (default 12)";
+    --words N          words per reply (default 12)
+    --bench            load-benchmark mode: record no requests (flat memory) and answer a
+                       chat body seen recently from a cache (the fake's own CPU stays
+                       small); x-fake-* request headers bypass the cache";
 
 #[expect(clippy::print_stdout, reason = "--help answers on stdout")]
 #[expect(
@@ -28,6 +32,7 @@ OPTIONS:
 fn main() -> ExitCode {
     let mut listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 8000));
     let mut behavior = Behavior::default();
+    let mut bench = false;
     let parsed = (|| -> Result<bool, lexopt::Error> {
         use lexopt::prelude::*;
         let mut parser = lexopt::Parser::from_env();
@@ -39,6 +44,7 @@ fn main() -> ExitCode {
                     behavior.chunk_delay = Duration::from_millis(parser.value()?.parse()?)
                 }
                 Long("words") => behavior.reply_words = parser.value()?.parse()?,
+                Long("bench") => bench = true,
                 Short('h') | Long("help") => return Ok(false),
                 _ => return Err(arg.unexpected()),
             }
@@ -72,11 +78,16 @@ fn main() -> ExitCode {
             }
         };
         tracing::info!("fake provider on http://{listen}/v1");
-        let app = router(Shared::new(behavior));
+        let shared = if bench {
+            Shared::for_bench(behavior)
+        } else {
+            Shared::new(behavior)
+        };
+        let app = router(shared);
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        match axum::serve(listener, app)
+        match axum::serve(listener.tap_io(nodelay), app)
             .with_graceful_shutdown(shutdown)
             .await
         {

@@ -1,0 +1,720 @@
+#!/usr/bin/env python3
+"""The load benchmark of abridge against a direct connection and a plain reverse proxy.
+
+Run by `scripts/bench-load` (which installs wrk, nginx and Redis when missing and builds
+the release binaries); see `--help` for the options. Everything listens on 127.0.0.1
+only, every load run is bounded in time, and every process started here is stopped
+(by its own process id) before the script exits.
+
+Layout of one run:
+
+    core 0: wrk (load generator) + fake-provider (no artificial delays)
+    core 1: the proxy under test (nginx, abridge, and abridge's Redis)
+
+Targets: `direct` (wrk straight at the fake provider), `nginx` (a plain reverse proxy
+with upstream keep-alive and response buffering off, so SSE streams like abridge's),
+`abridge` with the in-process store, `abridge` with Redis. Each row drives every target
+with the same body and concurrency; the proxy's CPU time comes from /proc/<pid>/stat
+(utime + stime of the whole process tree, before and after) and its peak RSS from
+VmHWM (reset with /proc/<pid>/clear_refs before each row).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = ROOT / "target" / "release"
+LUA = Path(__file__).resolve().parent / "post.lua"
+TICK = os.sysconf("SC_CLK_TCK")
+WORDS = 18  # reply words: role + 18 content + finish + usage + [DONE] = 22 SSE events
+MODEL = "bench-model"  # not an OpenAI family: abridge uses its calibrated estimate
+LONG_MODEL = "bench-long"  # a 16k context window in abridge's config: compacted
+SLOW_DELAY_MS = 100  # between events in the many-streams row: each stream stays open ~2 s
+PACED_MS = 2  # between events in the paced-stream row
+PACED_LABEL = f"2 KB stream, {PACED_MS} ms between events"
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+# --- bodies -----------------------------------------------------------------------------
+
+VOCABULARY = (
+    "the of and to in is that for it as with was on be by this are from or have an they "
+    "which one you had not but what all were when we there can more if out so about up "
+    "function return value error file path config request response stream token model "
+    "message conversation summary cache latency proxy server client header body json "
+    "struct impl trait async await future result option vector string bytes buffer"
+).split()
+
+
+def text(rng, size):
+    """Prose-like text with line breaks every dozen words or so and the odd quoted
+    word, as chat and tool output have (so JSON strings carry escapes)."""
+    out = []
+    n = 0
+    while n < size:
+        w = rng.choice(VOCABULARY)
+        if rng.random() < 0.02:
+            w = f'"{w}"'
+        out.append(w)
+        out.append("\n" if rng.random() < 0.08 else " ")
+        n += len(w) + 1
+    return "".join(out)[:size]
+
+
+def conversation(rng, target_bytes, message_bytes):
+    """An agentic conversation: a system prompt, then user/assistant turns with a tool
+    call and its result every few turns, until the JSON is about `target_bytes`."""
+    messages = [{"role": "system", "content": "You are a careful coding assistant. " + text(rng, 200)}]
+    i = 0
+    while len(json.dumps(messages)) < target_bytes:
+        i += 1
+        size = min(message_bytes, max(40, target_bytes - len(json.dumps(messages)) - 60))
+        kind = i % 6
+        if kind == 3:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [{
+                "id": f"call_{i:04d}", "type": "function",
+                "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/mod{i}.rs"})}}]})
+        elif kind == 4:
+            messages.append({"role": "tool", "tool_call_id": f"call_{i - 1:04d}", "content": text(rng, size)})
+        elif kind % 2 == 1:
+            messages.append({"role": "user", "content": text(rng, size)})
+        else:
+            messages.append({"role": "assistant", "content": text(rng, size)})
+    if messages[-1]["role"] != "user":
+        messages.append({"role": "user", "content": "Go on."})
+    return messages
+
+
+def write_bodies(directory):
+    """The request bodies of every row, as files for wrk."""
+    rng = random.Random(7)
+    small = conversation(rng, 1900, 400)
+    large = conversation(rng, 200_000, 2000)
+    long_conv = conversation(rng, 200_000, 2000)
+    bodies = {
+        "2k": {"model": MODEL, "messages": small},
+        "2k-stream": {"model": MODEL, "messages": small, "stream": True,
+                      "stream_options": {"include_usage": True}},
+        "2k-stream-strip": {"model": MODEL, "messages": small, "stream": True},
+        "200k": {"model": MODEL, "messages": large},
+        "200k-stream": {"model": MODEL, "messages": large, "stream": True,
+                        "stream_options": {"include_usage": True}},
+        "long": {"model": LONG_MODEL, "messages": long_conv},
+    }
+    paths = {}
+    for name, body in bodies.items():
+        path = directory / f"{name}.json"
+        path.write_text(json.dumps(body, separators=(",", ":")))
+        paths[name] = path
+    return paths
+
+
+# --- processes ----------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A process started here, pinned to `core`, its output in `log_path`."""
+
+    def __init__(self, name, argv, core, log_path, env=None):
+        self.name = name
+        self.log_path = log_path
+        self.log_file = open(log_path, "wb")
+        self.popen = subprocess.Popen(
+            ["taskset", "-c", str(core), *argv],
+            stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+        self.pid = self.popen.pid
+
+    def alive(self):
+        return self.popen.poll() is None
+
+    def stop(self):
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.log_file.close()
+
+
+def process_tree(pid):
+    """`pid` and all its descendants (nginx: master and worker)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def cpu_seconds(pids):
+    """utime + stime of the processes (all their threads), in seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        except OSError:
+            pass
+    return total / TICK
+
+
+def status_kb(pid, key):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def reset_peak_rss(pids):
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS
+        except OSError:
+            pass
+
+
+def peak_rss_mb(pids):
+    return sum(status_kb(p, "VmHWM") for p in pids) / 1024
+
+
+def http(method, url, body=None, headers=None, timeout=30):
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def wait_ready(url, proc, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"{proc.name} exited; see {proc.log_path}")
+        try:
+            http("GET", url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer within {timeout} s")
+
+
+# --- the targets ------------------------------------------------------------------------
+
+NGINX_CONF = """\
+worker_processes 1;
+worker_rlimit_nofile 65536;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+{user}
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/client-body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  client_max_body_size 64m;
+  client_body_buffer_size 1m;
+  keepalive_requests 10000000;
+  upstream provider {{
+    server 127.0.0.1:{upstream};
+    keepalive 1024;
+    keepalive_requests 10000000;
+  }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location / {{
+      proxy_pass http://provider;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 300s;
+    }}
+  }}
+}}
+"""
+
+
+class Target:
+    """One way to reach the provider: `url` is the chat-completions URL, `pids()` the
+    process tree whose CPU and memory are measured (none for direct)."""
+
+    def __init__(self, name, url, proc=None, helpers=()):
+        self.name = name
+        self.url = url
+        self.proc = proc
+        self.helpers = list(helpers)  # (label, Proc): e.g. abridge's Redis
+
+    def pids(self):
+        return process_tree(self.proc.pid) if self.proc else []
+
+
+class Bench:
+    def __init__(self, args, workdir):
+        self.args = args
+        self.dir = workdir
+        self.procs = []
+        self.lg_core, self.proxy_core = args.cores
+
+    def start(self, name, argv, core, env=None):
+        proc = Proc(name, argv, core, self.dir / f"{name}.log", env)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self):
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.procs = []
+
+    def fake(self, name, delay_ms=0):
+        port = free_port()
+        proc = self.start(name, [str(RELEASE / "fake-provider"), "--listen", f"127.0.0.1:{port}",
+                                 "--delay-ms", str(delay_ms), "--words", str(WORDS), "--bench"],
+                          self.lg_core)
+        base = f"http://127.0.0.1:{port}/v1"
+        wait_ready(base + "/models", proc)
+        return base
+
+    def nginx(self, upstream_base, name="nginx"):
+        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+        if not nginx:
+            return None
+        port = free_port()
+        upstream_port = upstream_base.rsplit(":", 1)[1].split("/")[0]
+        conf_dir = self.dir / name
+        conf_dir.mkdir(exist_ok=True)
+        user = "user root;" if os.geteuid() == 0 else ""
+        (conf_dir / "nginx.conf").write_text(NGINX_CONF.format(
+            dir=conf_dir, upstream=upstream_port, port=port, user=user))
+        proc = self.start(name, [nginx, "-p", str(conf_dir), "-c", str(conf_dir / "nginx.conf"),
+                                 "-e", str(conf_dir / "nginx-error.log")], self.proxy_core)
+        url = f"http://127.0.0.1:{port}/v1"
+        wait_ready(url + "/models", proc)
+        return Target(name, url + "/chat/completions", proc)
+
+    def redis(self):
+        server = shutil.which("redis-server")
+        if not server:
+            return None, None
+        port = free_port()
+        proc = self.start("redis", [server, "--port", str(port), "--bind", "127.0.0.1",
+                                    "--save", "", "--appendonly", "no"], self.proxy_core)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return proc, f"redis://127.0.0.1:{port}"
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def abridge(self, name, upstream_base, redis_url=None):
+        port, admin = free_port(), free_port()
+        config = self.dir / "abridge.toml"
+        config.write_text(f'[compaction.context_windows]\n"{LONG_MODEL}" = 16000\n')
+        env = {
+            "ABRIDGE_LISTEN": f"127.0.0.1:{port}",
+            "ABRIDGE_ADMIN__LISTEN": f"127.0.0.1:{admin}",
+            "ABRIDGE_UPSTREAM": upstream_base,
+        }
+        if redis_url:
+            env["ABRIDGE_REDIS_URL"] = redis_url
+        proc = self.start(name, [str(RELEASE / "abridge"), "--config", str(config)],
+                          self.proxy_core, env)
+        wait_ready(f"http://127.0.0.1:{admin}/healthz", proc)
+        return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", proc)
+
+    def wrk(self, url, body, connections, duration, timeout_s=30, headers=()):
+        out = subprocess.run(
+            ["taskset", "-c", str(self.lg_core), "wrk", "-t1", f"-c{connections}",
+             f"-d{duration}s", f"--timeout={timeout_s}s", "-s", str(LUA), url, "--", str(body),
+             *headers],
+            capture_output=True, text=True, timeout=duration + timeout_s + 30,
+        )
+        for line in out.stdout.splitlines():
+            if line.startswith("WRK_RESULT "):
+                return json.loads(line[len("WRK_RESULT "):])
+        raise RuntimeError(f"wrk printed no result:\n{out.stdout}\n{out.stderr}")
+
+    def measure(self, target, body, connections, duration, warmup, headers=()):
+        """One row for one target: warm up, then `duration` seconds of load."""
+        if warmup > 0:
+            self.wrk(target.url, body, connections, warmup, headers=headers)
+        pids = target.pids()
+        helper_pids = [(label, process_tree(p.pid)) for label, p in target.helpers]
+        reset_peak_rss(pids)
+        cpu0 = cpu_seconds(pids)
+        helper0 = [cpu_seconds(p) for _, p in helper_pids]
+        result = self.wrk(target.url, body, connections, duration, headers=headers)
+        cpu = cpu_seconds(pids) - cpu0
+        helper = [cpu_seconds(p) - c0 for (_, p), c0 in zip(helper_pids, helper0)]
+        n = max(result["requests"], 1)
+        seconds = result["duration_us"] / 1e6
+        return {
+            "target": target.name,
+            "requests": result["requests"],
+            "rps": result["requests"] / seconds if seconds else 0.0,
+            "p50_ms": result["p50_us"] / 1000,
+            "p99_ms": result["p99_us"] / 1000,
+            "errors": sum(result[k] for k in ("connect_errors", "read_errors", "write_errors",
+                                              "status_errors", "timeouts")),
+            "cpu_us": cpu * 1e6 / n if pids else None,
+            "cpu_util": cpu / seconds if pids and seconds else None,
+            "rss_mb": peak_rss_mb(pids) if pids else None,
+            "helpers": {label: c * 1e6 / n for (label, _), c in zip(helper_pids, helper)},
+        }
+
+
+# --- checks ---------------------------------------------------------------------------
+
+def check_long_conversation(target, body):
+    """Warm a compacting target: the first request compacts and stores the checkpoint,
+    the next ones apply it. Returns the report headers of the last request."""
+    data = body.read_bytes()
+    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench-not-a-real-key"}
+    report = {}
+    for _ in range(3):
+        status, response_headers, _ = http("POST", target.url, data, headers)
+        if status != 200:
+            raise RuntimeError(f"{target.name}: long conversation answered {status}")
+        report = {k.lower(): v for k, v in response_headers.items() if k.lower().startswith("x-abridge-")}
+        time.sleep(0.2)  # the usage record is stored after the response
+    if report.get("x-abridge-compacted") != "true":
+        raise RuntimeError(f"{target.name}: the long conversation was not compacted: {report}")
+    return report
+
+
+# --- report ----------------------------------------------------------------------------
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text_ = f.read()
+        flags = " (SHA extensions)" if " sha_ni" in text_ else ""
+    except OSError:
+        pass
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    load = os.getloadavg()
+    versions = []
+    for argv in (["wrk", "-v"], ["nginx", "-v"], ["redis-server", "--version"]):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            first = (out.stdout + out.stderr).strip().splitlines()
+            versions.append(first[0] if first else argv[0])
+        except OSError:
+            pass
+    return (f"{os.cpu_count()} × {cpu}{flags}, {mem_gb:.0f} GiB, {platform.system()} "
+            f"{platform.release()}; load average before the run {load[0]:.2f}; "
+            + "; ".join(versions))
+
+
+def fmt(value, spec, missing="–"):
+    return missing if value is None else format(value, spec)
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def table(rows):
+    """Markdown: one line per (row, target)."""
+    lines = [
+        "| load | conc. | target | req/s | ×direct | ×nginx | p50 ms | p99 ms | +p50 vs direct ms "
+        "| CPU µs/req | CPU ×nginx | peak RSS MB | errors |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        by = {r["target"]: r for r in row["results"]}
+        direct, nginx = by.get("direct"), by.get("nginx")
+        for r in row["results"]:
+            cpu = fmt(r["cpu_us"], ".1f")
+            if r["helpers"]:
+                cpu += " (" + ", ".join(f"+{v:.1f} {k}" for k, v in r["helpers"].items()) + ")"
+            lines.append(
+                f"| {row['label']} | {row['connections']} | {r['target']} "
+                f"| {r['rps']:.0f} "
+                f"| {fmt(ratio(r['rps'], direct and direct['rps']), '.2f')} "
+                f"| {fmt(ratio(r['rps'], nginx and nginx['rps']), '.2f')} "
+                f"| {r['p50_ms']:.3f} | {r['p99_ms']:.3f} "
+                f"| {fmt(r['p50_ms'] - direct['p50_ms'] if direct else None, '+.3f')} "
+                f"| {cpu} "
+                f"| {fmt(ratio(r['cpu_us'], nginx and nginx['cpu_us']), '.2f')} "
+                f"| {fmt(r['rss_mb'], '.1f')} | {r['errors']} |"
+            )
+    return "\n".join(lines)
+
+
+def goals(rows, concurrency, streams):
+    """The issue's targets, each computed from this run's rows."""
+    def get(label, c, target):
+        for row in rows:
+            if row["label"] == label and row["connections"] == c:
+                for r in row["results"]:
+                    if r["target"] == target:
+                        return r
+        return None
+
+    mid = 16 if 16 in concurrency else concurrency[-1]
+    top = concurrency[-1]
+    low = concurrency[0]
+    events = 22
+
+    def cpu(label, c):
+        return lambda t: (get(label, c, t) or {}).get("cpu_us")
+
+    def per_event(t):
+        stream, plain = cpu("2 KB stream (22 events)", mid)(t), cpu("2 KB", mid)(t)
+        return None if stream is None or plain is None else (stream - plain) / events
+
+    def per_paced_event(t):
+        stream, plain = cpu(PACED_LABEL, top)(t), cpu("2 KB", top)(t)
+        return None if stream is None or plain is None else (stream - plain) / events
+
+    def rps(t):
+        return (get("2 KB", top, t) or {}).get("rps")
+
+    def added_p50(t):
+        r, d = get("2 KB", low, t), get("2 KB", low, "direct")
+        return None if r is None or d is None else r["p50_ms"] - d["p50_ms"]
+
+    def rss(t):
+        return (get(f"stream, {SLOW_DELAY_MS} ms between events", streams, t) or {}).get("rss_mb")
+
+    checks = [
+        (f"2 KB chat path: CPU µs/req ({mid} conn.) ≤ 1× nginx", cpu("2 KB", mid), ".1f", "ratio", 1.0),
+        (f"2 KB throughput, req/s ({top} conn.) ≥ 1× nginx", rps, ".0f", "ratio_min", 1.0),
+        (f"CPU µs per relayed SSE event ((stream − plain) / {events}, {mid} conn.) ≤ 2", per_event, ".2f", "abs", 2.0),
+        (f"the same, events {PACED_MS} ms apart ({top} conn.) ≤ 2", per_paced_event, ".2f", "abs", 2.0),
+        (f"200 KB: CPU µs/req ({mid} conn.) ≤ 2× nginx", cpu("200 KB", mid), ".1f", "ratio", 2.0),
+        (f"added p50 latency, ms (2 KB, {low} conn.) ≤ nginx's + 0.05", added_p50, ".3f", "plus", 0.05),
+        (f"peak RSS MB with {streams} open streams < 30", rss, ".1f", "abs_lt", 30.0),
+    ]
+    lines = ["| target (from the issue) | abridge | abridge + Redis | nginx | abridge met |",
+             "|---|---:|---:|---:|---|"]
+    for name, value, spec, kind, bound in checks:
+        a, r, n = value("abridge"), value("abridge-redis"), value("nginx")
+        met = "–"
+        if a is not None:
+            if kind == "ratio" and n:
+                met = f"{'yes' if a / n <= bound else 'no'} ({a / n:.2f}×)"
+            elif kind == "ratio_min" and n:
+                met = f"{'yes' if a / n >= bound else 'no'} ({a / n:.2f}×)"
+            elif kind == "abs":
+                met = "yes" if a <= bound else "no"
+            elif kind == "abs_lt":
+                met = "yes" if a < bound else "no"
+            elif kind == "plus" and n is not None:
+                met = f"{'yes' if a - n <= bound else 'no'} ({a - n:+.3f} ms)"
+        lines.append(f"| {name} | {fmt(a, spec)} | {fmt(r, spec)} | {fmt(n, spec)} | {met} |")
+    return "\n".join(lines)
+
+
+# --- main ----------------------------------------------------------------------------------
+
+ROWS = [
+    # (label, body, streaming)
+    ("2 KB", "2k", False),
+    ("2 KB stream (22 events)", "2k-stream", True),
+    ("200 KB", "200k", False),
+    ("200 KB stream (22 events)", "200k-stream", True),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 2 s per row, 300 streams for the RSS check (about 4 minutes)")
+    parser.add_argument("--duration", type=int, help="seconds per row (default 8, --quick 2)")
+    parser.add_argument("--warmup", type=int, help="warm-up seconds per row (default 1)")
+    parser.add_argument("--concurrency", default="1,16,64", help="connections per row (default 1,16,64)")
+    parser.add_argument("--streams", type=int,
+                        help="concurrent streams of the RSS check (default 1000, --quick 300)")
+    parser.add_argument("--cores", default="0,1",
+                        help="LOADGEN_CORE,PROXY_CORE: wrk + provider on the first, the proxy on the second")
+    parser.add_argument("--targets", default="direct,nginx,abridge,abridge-redis",
+                        help="which targets to run (default all that are installed)")
+    parser.add_argument("--out", default=str(ROOT / "target" / "bench" / "report.md"),
+                        help="where to write the Markdown report")
+    args = parser.parse_args()
+    duration = args.duration or (2 if args.quick else 8)
+    warmup = args.warmup if args.warmup is not None else 1
+    streams = args.streams or (300 if args.quick else 1000)
+    args.cores = [int(c) for c in args.cores.split(",")]
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    wanted = set(args.targets.split(","))
+
+    workdir = Path(tempfile.mkdtemp(prefix="abridge-bench-"))
+    bench = Bench(args, workdir)
+    started = time.monotonic()
+    host = machine()
+    rows = []
+    notes = []
+    try:
+        bodies = write_bodies(workdir)
+        fake = bench.fake("fake-provider")
+        targets = []
+        if "direct" in wanted:
+            targets.append(Target("direct", fake + "/chat/completions"))
+        if "nginx" in wanted:
+            t = bench.nginx(fake)
+            if t:
+                targets.append(t)
+            else:
+                notes.append("nginx is not installed: its rows are missing (apt-get install nginx).")
+        if "abridge" in wanted:
+            targets.append(bench.abridge("abridge", fake))
+        if "abridge-redis" in wanted:
+            redis_proc, redis_url = bench.redis()
+            if redis_proc:
+                t = bench.abridge("abridge-redis", fake, redis_url)
+                t.helpers.append(("redis", redis_proc))
+                targets.append(t)
+            else:
+                notes.append("redis-server is not installed: the abridge + Redis rows are missing.")
+
+        for label, body, _ in ROWS:
+            for c in concurrency:
+                log(f"[{time.monotonic() - started:5.0f} s] {label}, {c} connections")
+                rows.append({"label": label, "connections": c, "results": [
+                    bench.measure(t, bodies[body], c, duration, warmup) for t in targets]})
+
+        # abridge adds stream_options.include_usage and strips it again: one row.
+        c = 16 if 16 in concurrency else concurrency[-1]
+        log(f"[{time.monotonic() - started:5.0f} s] 2 KB stream, abridge adds usage, {c} connections")
+        rows.append({"label": "2 KB stream, usage added + stripped", "connections": c, "results": [
+            bench.measure(t, bodies["2k-stream-strip"], c, duration, warmup) for t in targets]})
+
+        # Streams at a pace closer to a model's: every event its own read and write (the
+        # unpaced rows let a proxy that reads several events at once write them at once).
+        c = concurrency[-1]
+        log(f"[{time.monotonic() - started:5.0f} s] 2 KB stream, {PACED_MS} ms between events, {c} connections")
+        rows.append({"label": PACED_LABEL, "connections": c, "results": [
+            bench.measure(t, bodies["2k-stream"], c, duration, warmup,
+                          headers=[f"x-fake-delay-ms: {PACED_MS}"]) for t in targets]})
+
+        # The long conversation: compacted once, its checkpoint applied on every request.
+        abridges = [t for t in targets if t.name.startswith("abridge")]
+        for t in abridges:
+            report = check_long_conversation(t, bodies["long"])
+            notes.append(f"{t.name}, long conversation: " + ", ".join(f"{k}: {v}" for k, v in sorted(report.items())
+                                                                     if k != "x-abridge-conversation"))
+        for c in [c for c in concurrency if c <= 16] or concurrency[:1]:
+            log(f"[{time.monotonic() - started:5.0f} s] long conversation, {c} connections")
+            rows.append({"label": "200 KB, compacted (checkpoint reused)", "connections": c, "results": [
+                bench.measure(t, bodies["long"], c, duration, warmup) for t in targets]})
+
+        # Many open streams: a second fake provider that pauses between events.
+        delay = SLOW_DELAY_MS
+        slow = bench.fake("fake-provider-slow", delay_ms=delay)
+        slow_targets = []
+        for t in targets:
+            if t.name == "direct":
+                slow_targets.append(Target("direct", slow + "/chat/completions"))
+            elif t.name == "nginx":
+                s = bench.nginx(slow, "nginx-slow")
+                s.name = "nginx"
+                slow_targets.append(s)
+            else:
+                redis = t.helpers[0][1] if t.helpers else None
+                s = bench.abridge(t.name + "-slow", slow,
+                                  f"redis://127.0.0.1:{redis_port(redis)}" if redis else None)
+                s.name = t.name
+                slow_targets.append(s)
+        log(f"[{time.monotonic() - started:5.0f} s] {streams} concurrent streams")
+        long_duration = max(duration, 5)
+        rows.append({"label": f"stream, {delay} ms between events", "connections": streams, "results": [
+            bench.measure(t, bodies["2k-stream"], streams, long_duration, 0) for t in slow_targets]})
+    finally:
+        bench.stop_all()
+
+    elapsed = time.monotonic() - started
+    command = " ".join(["scripts/bench-load", *sys.argv[1:]])
+    report = [
+        f"Load benchmark, {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, `{command}` "
+        f"({elapsed / 60:.1f} min)",
+        "",
+        f"Machine: {host}.",
+        "",
+        f"Pinned with taskset: wrk (1 thread) and the fake provider on core {args.cores[0]}, "
+        f"the proxy (and abridge's Redis) on core {args.cores[1]}. {duration} s per row after "
+        f"{warmup} s of warm-up; identical requests; reply of {WORDS} words "
+        "(streams: role, content, finish and usage chunks and `[DONE]`, 22 events). "
+        "CPU µs/req: user + system time of the proxy's process tree over the row / requests "
+        "(\"+N redis\": Redis's own). Peak RSS: VmHWM, reset before each row.",
+        "",
+        table(rows),
+        "",
+        goals(rows, concurrency, streams),
+        "",
+    ]
+    report += [f"- {n}" for n in notes]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(report) + "\n")
+    print("\n".join(report))
+    log(f"report written to {out}; process logs in {workdir}")
+
+
+def redis_port(proc):
+    """The port a Redis started by `Bench.redis` listens on (from its command line)."""
+    argv = proc.popen.args
+    return argv[argv.index("--port") + 1]
+
+
+if __name__ == "__main__":
+    main()
