@@ -44,7 +44,9 @@ use crate::controls::{Compact, Controls, Report};
 use crate::identity::Fingerprint;
 use crate::models;
 use crate::stats::{Stats, Trigger};
-use crate::store::{Checkpoint, Loaded, Saved, State, Store, UsageRecord, now_ms};
+use crate::store::{
+    Checkpoint, INDEX_REFRESH_MS, Loaded, Saved, State, Store, UsageRecord, now_ms,
+};
 use crate::summariser::Summariser;
 use crate::tokens::Estimator;
 
@@ -117,6 +119,8 @@ pub struct Decision {
     pub strategy: Strategy,
     /// Reports over the threshold after compaction so far (from the store).
     pub overs: u32,
+    /// When the conversation was last seen (from the store; 0: new).
+    pub last_seen_ms: u64,
 }
 
 /// The compaction machinery shared by all requests.
@@ -192,6 +196,8 @@ pub struct Followup {
     pub active: bool,
     pub strategy: Strategy,
     pub overs: u32,
+    /// When the conversation was last seen, per the store (0: new).
+    pub last_seen_ms: u64,
     /// For a background build: the client's body, its prefix hashes, the model and the
     /// credential headers for the summariser.
     pub body: Bytes,
@@ -260,6 +266,7 @@ impl Compactor {
             active: false,
             strategy,
             overs: state.map_or(0, |s| s.overs),
+            last_seen_ms: state.map_or(0, |s| s.last_seen_ms),
         };
         if turn.controls.compact == Compact::Off || self.config.mode == CompactionMode::Off {
             decision.report.note = Some("compaction off".to_owned());
@@ -286,7 +293,7 @@ impl Compactor {
         let active = state
             .and_then(|s| s.applied)
             .and_then(|through| matching.iter().copied().find(|c| c.through == through));
-        let predicted = self.predict(turn, state, active);
+        let predicted = self.predict(turn, state, active, threshold);
         decision.estimate = predicted;
         // An operator's scheduled compaction (POST /admin/conversations/{id}/compact)
         // forces this turn, with its focus for a summary.
@@ -318,7 +325,7 @@ impl Compactor {
                 .copied()
                 .filter(|c| active.is_none_or(|a| c.through > a.through));
             for candidate in deeper {
-                let estimate = self.estimate_with(turn, Some(candidate));
+                let estimate = self.estimate_with(turn, Some(candidate), threshold);
                 if estimate <= threshold {
                     if observe {
                         self.observe(&mut decision, candidate, predicted, estimate, dry);
@@ -352,7 +359,7 @@ impl Compactor {
         };
         match self.compact_now(turn, attempt).await {
             Ok((checkpoint, plan_note)) => {
-                let estimate = self.estimate_with(turn, Some(&checkpoint));
+                let estimate = self.estimate_with(turn, Some(&checkpoint), threshold);
                 if observe {
                     self.observe(&mut decision, &checkpoint, predicted, estimate, dry);
                 } else {
@@ -395,6 +402,7 @@ impl Compactor {
         turn: &Turn<'_, '_>,
         state: Option<&State>,
         applied: Option<&Checkpoint>,
+        threshold: u64,
     ) -> u64 {
         if let Some(s) = state {
             let n = s.messages as usize;
@@ -404,7 +412,7 @@ impl Compactor {
                     .is_some_and(|p| turn.prefixes.get(n - 1) == Some(&p));
             if same_history && s.applied == applied.map(|c| c.through) {
                 // The provider's own count, plus only what was appended since.
-                let exact = Estimator::for_model(turn.model);
+                let exact = Estimator::for_model_ready(turn.model);
                 return s.tokens
                     + turn.messages[n..]
                         .iter()
@@ -412,7 +420,7 @@ impl Compactor {
                         .sum::<u64>();
             }
         }
-        self.estimate_with(turn, applied)
+        self.estimate_with(turn, applied, threshold)
     }
 
     /// Estimated prompt tokens of the forwarded view with `applied` applied. Cheap
@@ -420,10 +428,14 @@ impl Compactor {
     /// only when the cheap one is close enough to the threshold that the decision could
     /// differ: it reads 0.92–1.22 × the exact count, so below 0.7 × or above 1.4 × the
     /// threshold both sides agree.
-    fn estimate_with(&self, turn: &Turn<'_, '_>, applied: Option<&Checkpoint>) -> u64 {
-        let threshold = self.threshold(turn.model);
+    fn estimate_with(
+        &self,
+        turn: &Turn<'_, '_>,
+        applied: Option<&Checkpoint>,
+        threshold: u64,
+    ) -> u64 {
         let cheap = forwarded_estimate(&Estimator::approx(), turn.messages, applied);
-        let exact = Estimator::for_model(turn.model);
+        let exact = Estimator::for_model_ready(turn.model);
         let near = cheap >= threshold / 10 * 7 && cheap <= threshold / 10 * 14;
         if !exact.is_exact() || !near {
             return cheap;
@@ -589,7 +601,7 @@ impl Compactor {
             real,
             ..
         } = attempt;
-        let estimator = Estimator::for_model(turn.model);
+        let estimator = Estimator::for_model_ready(turn.model);
         let previous_replacement: Vec<Box<RawValue>> = previous
             .and_then(|c| serde_json::from_str(c.replacement.get()).ok())
             .unwrap_or_default();
@@ -727,6 +739,7 @@ impl Compactor {
             prefix: followup.prefix,
             applied: followup.applied,
             over,
+            touch_index: now_ms().saturating_sub(followup.last_seen_ms) >= INDEX_REFRESH_MS,
         };
         let conversation = followup.conversation;
         let suspend = over && followup.overs + 1 >= self.config.anti_thrash_after;
@@ -825,7 +838,7 @@ impl Compactor {
                 && applicable(c, &parsed.messages)
         });
         let in_use = loaded.state.as_ref().and_then(|s| s.applied);
-        let estimate = self.estimate_with(&turn, deepest);
+        let estimate = self.estimate_with(&turn, deepest, threshold);
         // Nothing to do while the deepest checkpoint keeps the request under the soft
         // threshold, or while one prepared ahead (deeper than the one in use) would still
         // leave room when the hard threshold is crossed: building again every turn

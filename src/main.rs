@@ -186,12 +186,6 @@ async fn serve(config: Config) -> ExitCode {
         (None, None) => "pending: store unavailable",
     };
     tracing::info!(store = state.store().backend_name(), identity, "state");
-    // Load the OpenAI tokenizer tables now (tens of milliseconds), not on a request.
-    tokio::task::spawn_blocking(|| {
-        for model in ["gpt-4o", "gpt-4"] {
-            abridge::tokens::Estimator::for_model(model);
-        }
-    });
     match abridge::run(Listeners { proxy, admin }, state, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

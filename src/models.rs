@@ -43,16 +43,15 @@ const KNOWN: &[(&str, u64)] = &[
 /// The context window of `model`: configured prefixes first, then the built-in table,
 /// longest prefix winning in each; else `default`.
 pub fn context_window(model: &str, configured: &BTreeMap<String, u64>, default: u64) -> u64 {
-    let name = model
-        .rsplit('/')
-        .next()
-        .unwrap_or(model)
-        .to_ascii_lowercase();
+    let name = model.rsplit('/').next().unwrap_or(model);
+    // Case-insensitive prefix test without allocating: this runs on every request.
+    let has_prefix = |prefix: &str| {
+        name.len() >= prefix.len()
+            && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+    };
     let longest = |entries: &mut dyn Iterator<Item = (&str, u64)>| {
         entries
-            .filter(|(prefix, _)| {
-                name.starts_with(&prefix.to_ascii_lowercase()) || model.eq_ignore_ascii_case(prefix)
-            })
+            .filter(|(prefix, _)| has_prefix(prefix) || model.eq_ignore_ascii_case(prefix))
             .max_by_key(|(prefix, _)| prefix.len())
             .map(|(_, window)| window)
     };

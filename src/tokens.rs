@@ -32,6 +32,7 @@
 //! `"detail":"low"`), since their size is not known without decoding them.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tiktoken_rs::CoreBPE;
 
@@ -109,24 +110,62 @@ impl Encoding {
         }
     }
 
-    /// The shared table, parsed on first use. `None` if it failed to load (it is
-    /// compiled in, so this does not happen; the estimate then stands in).
-    fn table(self) -> Option<&'static CoreBPE> {
+    fn cell(self) -> &'static OnceLock<Option<CoreBPE>> {
         static O200K: OnceLock<Option<CoreBPE>> = OnceLock::new();
         static CL100K: OnceLock<Option<CoreBPE>> = OnceLock::new();
         match self {
-            Self::O200k => O200K.get_or_init(|| tiktoken_rs::o200k_base().ok()),
-            Self::Cl100k => CL100K.get_or_init(|| tiktoken_rs::cl100k_base().ok()),
+            Self::O200k => &O200K,
+            Self::Cl100k => &CL100K,
         }
-        .as_ref()
+    }
+
+    fn load(self) -> Option<CoreBPE> {
+        match self {
+            Self::O200k => tiktoken_rs::o200k_base().ok(),
+            Self::Cl100k => tiktoken_rs::cl100k_base().ok(),
+        }
+    }
+
+    /// The shared table, parsed on first use. `None` if it failed to load (it is
+    /// compiled in, so this does not happen; the estimate then stands in).
+    fn table(self) -> Option<&'static CoreBPE> {
+        self.cell().get_or_init(|| self.load()).as_ref()
+    }
+
+    /// The table if it is loaded; otherwise `None`, and the first such call starts
+    /// loading it on a thread of its own. Loading takes tens of milliseconds and ~20 MB
+    /// per table, so the request path neither waits for it nor pays it for models that
+    /// never come.
+    fn table_if_ready(self) -> Option<&'static CoreBPE> {
+        static STARTED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+        let cell = self.cell();
+        if let Some(table) = cell.get() {
+            return table.as_ref();
+        }
+        if !STARTED[self as usize].swap(true, Ordering::AcqRel) {
+            std::thread::spawn(move || {
+                cell.get_or_init(|| self.load());
+            });
+        }
+        None
     }
 }
 
 impl Estimator {
-    /// The estimator for a model name as the client sent it.
+    /// The estimator for a model name as the client sent it (loads the model's table on
+    /// first use and waits for it).
     pub fn for_model(model: &str) -> Self {
         Self {
             bpe: Encoding::of_model(model).and_then(Encoding::table),
+        }
+    }
+
+    /// As [`Estimator::for_model`], but never waits: until the model's table is loaded
+    /// (in the background, started by the first call) this is the calibrated estimate.
+    /// For the request path.
+    pub fn for_model_ready(model: &str) -> Self {
+        Self {
+            bpe: Encoding::of_model(model).and_then(Encoding::table_if_ready),
         }
     }
 
@@ -261,6 +300,28 @@ pub fn approx_text(text: &str) -> u64 {
 mod tests {
     use super::*;
     use crate::chat;
+
+    #[test]
+    fn the_request_path_estimator_never_waits_and_becomes_exact_once_loaded() {
+        // Until the table is loaded (started by the first call, on its own thread) this
+        // is the calibrated estimate; afterwards the exact count.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let exact = loop {
+            let e = Estimator::for_model_ready("gpt-4-0613");
+            if e.is_exact() {
+                break e;
+            }
+            assert!(std::time::Instant::now() < deadline, "table never loaded");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let text = "The quick brown fox jumps over the lazy dog.";
+        assert_eq!(
+            exact.text(text),
+            Estimator::for_model("gpt-4").text(text),
+            "the same table as the blocking loader"
+        );
+        assert!(!Estimator::for_model_ready("llama-3.1-8b").is_exact());
+    }
 
     #[test]
     fn models_map_to_their_encodings() {

@@ -401,6 +401,7 @@ fn followup(
         active: decision.active,
         strategy: decision.strategy,
         overs: decision.overs,
+        last_seen_ms: decision.last_seen_ms,
         body: body.clone(),
         prefixes: identified.hashes.prefixes,
         model: model.to_owned(),

@@ -118,7 +118,13 @@ pub struct UsageRecord {
     /// The provider reported more than the threshold although a checkpoint was applied:
     /// counts towards anti-thrash (any other report resets the count).
     pub over: bool,
+    /// Also update the conversation's entry in the recent-conversations index (Redis:
+    /// one more round trip to a global key, so done at most once a minute).
+    pub touch_index: bool,
 }
+
+/// How stale a conversation's entry in the recent index may get before it is updated.
+pub const INDEX_REFRESH_MS: u64 = 60_000;
 
 /// Everything a request needs about its conversation, read in one round trip.
 #[derive(Debug, Clone, Default, PartialEq)]

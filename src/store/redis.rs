@@ -429,6 +429,11 @@ impl RedisStore {
             .ignore()
             .pexpire(&ckpt, ttl)
             .ignore();
+        let mut a = self.conn().await?;
+        if !usage.touch_index {
+            own.query_async::<()>(&mut a).await?;
+            return Ok(());
+        }
         let recent = self.global("recent");
         let mut index = redis::pipe();
         index
@@ -438,7 +443,9 @@ impl RedisStore {
             .ignore()
             .pexpire(&recent, ttl)
             .ignore();
-        let (mut a, mut b) = (self.conn().await?, self.conn().await?);
+        // The index is a global key (another node in a Cluster): a second pipeline, sent
+        // alongside the conversation's own.
+        let mut b = self.conn().await?;
         let ((), ()) = tokio::try_join!(
             own.query_async::<()>(&mut a),
             index.query_async::<()>(&mut b)

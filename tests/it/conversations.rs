@@ -175,3 +175,51 @@ async fn the_in_process_store_identifies_conversations_by_default() {
     let recent = proxy.state.store().recent(0, 10).await.unwrap();
     assert_eq!(recent.len(), 1, "two turns of one conversation");
 }
+
+/// Calls of one Redis command so far, from `INFO commandstats`.
+fn calls(port: u16, name: &str) -> u64 {
+    command(port, &["INFO", "commandstats"])
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(&format!("cmdstat_{name}:"))?;
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_recent_index_is_written_once_a_minute_per_conversation_not_every_turn() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start(Default::default()).await.unwrap();
+    let proxy = proxy_on_redis(&provider, &redis).await;
+    send(&proxy, "Bearer sk-i", None).await;
+    let conversation = expected_conversation(redis.port, "Bearer sk-i", None);
+    assert!(eventually(Duration::from_secs(3), || calls(redis.port, "zadd") == 1).await);
+    let first_seen = state_of(redis.port, &conversation, "last_seen");
+    let indexed = command(
+        redis.port,
+        &["ZSCORE", "conv:recent", &conversation.to_hex()],
+    )
+    .unwrap();
+    assert_eq!(indexed, first_seen, "a new conversation enters the index");
+
+    // Later turns update the conversation's own state, each in one pipeline, but the
+    // global index (another round trip, another node in a Cluster) only once a minute.
+    for turn in 2..=4 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        send(&proxy, "Bearer sk-i", None).await;
+        assert!(
+            eventually(Duration::from_secs(3), || calls(redis.port, "hset") >= turn).await,
+            "turn {turn} recorded"
+        );
+    }
+    assert!(state_of(redis.port, &conversation, "last_seen") > first_seen);
+    assert_eq!(calls(redis.port, "zadd"), 1);
+    let listed = proxy.state.store().recent(0, 10).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].conversation, conversation);
+}

@@ -126,6 +126,7 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
                 prefix: fingerprint(8),
                 applied: None,
                 over: false,
+                touch_index: true,
             },
         )
         .await
@@ -170,6 +171,7 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
         prefix: fingerprint(11),
         applied,
         over,
+        touch_index: true,
     };
     store
         .record_usage(&conv, over(Some(7), true))
@@ -328,6 +330,7 @@ async fn delete_and_recent((store, _): (Store, StoreConfig)) {
                 prefix: fingerprint(1),
                 applied: None,
                 over: false,
+                touch_index: true,
             },
         )
         .await
@@ -342,6 +345,7 @@ async fn delete_and_recent((store, _): (Store, StoreConfig)) {
                 prefix: fingerprint(2),
                 applied: None,
                 over: false,
+                touch_index: true,
             },
         )
         .await
@@ -497,6 +501,7 @@ async fn every_key_has_a_ttl_and_no_key_or_value_holds_a_credential() {
                 prefix: fingerprint(3),
                 applied: None,
                 over: false,
+                touch_index: true,
             },
         )
         .await
