@@ -10,6 +10,7 @@ that dominate (exclusive cost, as callgrind_annotate prints them).
 
     python3 scripts/bench/callgrind.py                 # every case, abridge and nginx
     python3 scripts/bench/callgrind.py --cases 2k --top 40 --targets abridge
+    python3 scripts/bench/callgrind.py --cases 2k --targets abridge,abridge-redis
 
 Needs valgrind (apt-get install valgrind) and the release binaries
 (`cargo build --release -p abridge -p fake-provider`); nginx is measured when installed.
@@ -127,6 +128,11 @@ def profile(args, bench, target, fake_base, case, workdir, bodies):
         config.write_text(f'[compaction.context_windows]\n"{load.LONG_MODEL}" = 16000\n')
         env = {"ABRIDGE_LISTEN": f"127.0.0.1:{port}", "ABRIDGE_ADMIN__LISTEN": f"127.0.0.1:{admin}",
                "ABRIDGE_UPSTREAM": fake_base}
+        if target == "abridge-redis":
+            redis_proc, redis_url = bench.redis()
+            if not redis_proc:
+                sys.exit("redis-server is not installed (apt-get install redis-server)")
+            env["ABRIDGE_REDIS_URL"] = redis_url
         argv = [*valgrind, args.abridge, "--config", str(config)]
         proc = bench.start(f"cg-abridge-{case}", argv, bench.proxy_core, env)
         ready = f"http://127.0.0.1:{admin}/healthz"
@@ -151,7 +157,8 @@ def profile(args, bench, target, fake_base, case, workdir, bodies):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="2k,2k-stream,200k,long", help=f"of {','.join(CASES)}")
-    parser.add_argument("--targets", default="abridge,nginx")
+    parser.add_argument("--targets", default="abridge,nginx",
+                        help="of abridge, abridge-redis (a redis-server of its own), nginx")
     parser.add_argument("--requests", type=int, help="requests per case (default 200, 50 for 200 KB)")
     parser.add_argument("--warmup", type=int, default=20, help="requests before measuring")
     parser.add_argument("--top", type=int, default=25, help="functions listed per case")

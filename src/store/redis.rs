@@ -9,7 +9,6 @@
 //! `recent` index is a separate key (another slot), written beside the conversation's
 //! keys off the hot path.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -351,10 +350,10 @@ impl RedisStore {
             .ignore()
             .pexpire(&state, self.inner.ttl_ms as i64)
             .ignore();
-        let (checkpoints, state): (HashMap<String, String>, HashMap<String, String>) =
+        // Field/value pairs, not maps: a handful of fields, looked up once each, are
+        // cheaper scanned than hashed.
+        let (mut fields, state): (Fields, Fields) =
             pipe.query_async(&mut self.conn().await?).await?;
-
-        let mut fields: Vec<(String, String)> = checkpoints.into_iter().collect();
         fields.sort_unstable_by(|a, b| b.0.cmp(&a.0));
         let checkpoints = fields
             .into_iter()
@@ -626,12 +625,16 @@ impl RedisStore {
     }
 }
 
-fn parse_state(fields: &HashMap<String, String>) -> Result<Option<State>, StoreError> {
+/// A hash's fields and values, as `HGETALL` gives them.
+type Fields = Vec<(String, String)>;
+
+fn parse_state(fields: &[(String, String)]) -> Result<Option<State>, StoreError> {
     if fields.is_empty() {
         return Ok(None);
     }
+    let get = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| v);
     let number = |name: &str| -> Result<u64, StoreError> {
-        fields.get(name).map_or(Ok(0), |v| {
+        get(name).map_or(Ok(0), |v| {
             v.parse()
                 .map_err(|_| StoreError::Corrupt(format!("state field {name}: {v}")))
         })
@@ -639,9 +642,8 @@ fn parse_state(fields: &HashMap<String, String>) -> Result<Option<State>, StoreE
     Ok(Some(State {
         tokens: number("tokens")?,
         messages: u32::try_from(number("messages")?).unwrap_or(u32::MAX),
-        prefix: fields.get("prefix").and_then(|p| Fingerprint::from_hex(p)),
-        applied: fields
-            .get("applied")
+        prefix: get("prefix").and_then(|p| Fingerprint::from_hex(p)),
+        applied: get("applied")
             .map(|v| {
                 v.parse()
                     .map_err(|_| StoreError::Corrupt(format!("state field applied: {v}")))
@@ -649,7 +651,7 @@ fn parse_state(fields: &HashMap<String, String>) -> Result<Option<State>, StoreE
             .transpose()?,
         overs: u32::try_from(number("overs")?).unwrap_or(u32::MAX),
         suspended_until_ms: number("suspended_until")?,
-        scheduled: fields.get("scheduled").cloned(),
+        scheduled: get("scheduled").cloned(),
         compactions: number("compactions")?,
         last_seen_ms: number("last_seen")?,
     }))

@@ -460,26 +460,34 @@ async fn a_load_is_one_pipeline_of_four_commands_on_one_node() {
     let cluster_nodes = &shared_cluster().nodes;
     let (store, _) = cluster();
     store.load(&conv).await.unwrap(); // connect and learn the slots first
-    let before: Vec<_> = cluster_nodes
-        .iter()
-        .map(|n| command_calls(n.port))
-        .collect();
-    store.load(&conv).await.unwrap();
-    let after: Vec<_> = cluster_nodes
-        .iter()
-        .map(|n| command_calls(n.port))
-        .collect();
-    let per_node: Vec<Vec<(String, u64)>> = before
-        .iter()
-        .zip(&after)
-        .map(|(b, a)| delta(b, a))
-        .collect();
-    let busy: Vec<&Vec<(String, u64)>> = per_node.iter().filter(|d| !d.is_empty()).collect();
-    assert_eq!(busy.len(), 1, "one node served the load: {per_node:?}");
-    assert_eq!(
-        busy[0],
-        &vec![("hgetall".to_owned(), 2), ("pexpire".to_owned(), 2)]
-    );
+    // Other tests use the same cluster at the same time and their commands add to the
+    // counts; they can only add, so one clean attempt out of a few shows what one load
+    // sends (a load that sent more, or to two nodes, fails every attempt).
+    let expected = vec![("hgetall".to_owned(), 2), ("pexpire".to_owned(), 2)];
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let before: Vec<_> = cluster_nodes
+            .iter()
+            .map(|n| command_calls(n.port))
+            .collect();
+        store.load(&conv).await.unwrap();
+        let after: Vec<_> = cluster_nodes
+            .iter()
+            .map(|n| command_calls(n.port))
+            .collect();
+        let per_node: Vec<Vec<(String, u64)>> = before
+            .iter()
+            .zip(&after)
+            .map(|(b, a)| delta(b, a))
+            .collect();
+        let busy: Vec<&Vec<(String, u64)>> = per_node.iter().filter(|d| !d.is_empty()).collect();
+        if busy == [&expected] {
+            return;
+        }
+        seen.push(per_node);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no load was one pipeline of {expected:?} on one node: {seen:?}");
 }
 
 #[tokio::test]
