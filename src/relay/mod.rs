@@ -112,7 +112,8 @@ pub fn respond(
     let mut relay = RelayBody {
         inner: body,
         idle,
-        timer: Box::pin(tokio::time::sleep(idle)),
+        last_data: Instant::now(),
+        timer: None,
         decoder,
         tap,
         ended: false,
@@ -288,7 +289,12 @@ impl Decoder {
 pub struct RelayBody {
     inner: Incoming,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    /// When the upstream last sent a frame. The idle timer is not reset per frame (a
+    /// timer-wheel update for every SSE event); when it fires it checks this and, if
+    /// something came meanwhile, sleeps again until `last_data + idle`.
+    last_data: Instant,
+    /// Created the first time the upstream keeps the relay waiting.
+    timer: Option<Pin<Box<Sleep>>>,
     decoder: Option<Decoder>,
     tap: Tap,
     ended: bool,
@@ -388,7 +394,7 @@ impl HttpBody for RelayBody {
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    this.timer.as_mut().reset(Instant::now() + this.idle);
+                    this.last_data = Instant::now();
                     let data = match frame.into_data() {
                         Ok(data) => data,
                         Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
@@ -411,7 +417,19 @@ impl HttpBody for RelayBody {
                     };
                 }
                 Poll::Pending => {
-                    ready!(this.timer.as_mut().poll(cx));
+                    let (last_data, idle) = (this.last_data, this.idle);
+                    let timer = this.timer.get_or_insert_with(|| {
+                        Box::pin(tokio::time::sleep_until(last_data + idle))
+                    });
+                    loop {
+                        ready!(timer.as_mut().poll(cx));
+                        let deadline = last_data + idle;
+                        if timer.deadline() >= deadline {
+                            break;
+                        }
+                        // Data came after the timer was set: wait out the rest.
+                        timer.as_mut().reset(deadline);
+                    }
                     this.abort(End::IdleTimeout);
                     return Poll::Ready(Some(Err(RelayError::Idle(this.idle))));
                 }

@@ -237,6 +237,30 @@ async fn bodies_abridge_does_not_understand_are_forwarded_untouched() {
 }
 
 #[tokio::test]
+async fn a_slow_stream_that_never_pauses_for_the_idle_timeout_is_not_cut() {
+    // Events 100 ms apart for ~2 s, idle timeout 300 ms: the timeout counts from the last
+    // event, not from the start of the stream or of the timer.
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut config = config_for(&provider.url());
+    config.timeouts.stream_idle_ms = 300;
+    let proxy = Proxy::start_with(config).await;
+    let started = Instant::now();
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("x-fake-delay-ms", "100")
+        .body(chat_body(true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.expect("the whole stream");
+    assert!(started.elapsed() > Duration::from_millis(900), "paced");
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    assert!(body.matches("data: ").count() > 10);
+    assert_eq!(proxy.stats().idle_timeouts, 0);
+}
+
+#[tokio::test]
 async fn a_silent_stream_is_cut_after_the_idle_timeout() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
     let mut config = config_for(&provider.url());
