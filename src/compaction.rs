@@ -45,7 +45,7 @@ use crate::identity::Fingerprint;
 use crate::models;
 use crate::stats::{Stats, Trigger};
 use crate::store::{
-    Checkpoint, INDEX_REFRESH_MS, Loaded, Saved, State, Store, UsageRecord, now_ms,
+    Checkpoint, INDEX_REFRESH_MS, Loaded, Lock, Saved, State, Store, UsageRecord, now_ms,
 };
 use crate::summariser::Summariser;
 use crate::tokens::Estimator;
@@ -121,6 +121,61 @@ pub struct Decision {
     pub overs: u32,
     /// When the conversation was last seen (from the store; 0: new).
     pub last_seen_ms: u64,
+}
+
+/// A conversation's single-flight lock while this process builds its checkpoint: renewed
+/// every third of its TTL until released. Dropped without [`HeldLock::release`] (the
+/// request's future was dropped), it stops renewing and releases in the background, so
+/// an abandoned build cannot keep waiters waiting.
+struct HeldLock {
+    store: Store,
+    conversation: Fingerprint,
+    lock: Option<Lock>,
+    refresher: tokio::task::JoinHandle<()>,
+}
+
+impl HeldLock {
+    fn renewed(store: Store, conversation: Fingerprint, lock: Lock, ttl: Duration) -> Self {
+        let refresher = {
+            let (store, lock) = (store.clone(), lock.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(ttl / 3).await;
+                    if !matches!(
+                        store.refresh_lock(&conversation, &lock, ttl).await,
+                        Ok(true)
+                    ) {
+                        break;
+                    }
+                }
+            })
+        };
+        Self {
+            store,
+            conversation,
+            lock: Some(lock),
+            refresher,
+        }
+    }
+
+    async fn release(mut self) {
+        self.refresher.abort();
+        if let Some(lock) = self.lock.take() {
+            let _ = self.store.unlock(&self.conversation, &lock).await;
+        }
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        self.refresher.abort();
+        if let Some(lock) = self.lock.take() {
+            let (store, conversation) = (self.store.clone(), self.conversation);
+            tokio::spawn(async move {
+                let _ = store.unlock(&conversation, &lock).await;
+            });
+        }
+    }
 }
 
 /// The compaction machinery shared by all requests.
@@ -545,24 +600,11 @@ impl Compactor {
             match self.store.try_lock(&conversation, ttl).await {
                 Ok(Some(lock)) => {
                     // Kept alive while the summary is built; a holder that dies lets it
-                    // expire within the TTL, and waiters take over.
-                    let refresher = {
-                        let (store, lock) = (self.store.clone(), lock.clone());
-                        tokio::spawn(async move {
-                            loop {
-                                tokio::time::sleep(ttl / 3).await;
-                                if !matches!(
-                                    store.refresh_lock(&conversation, &lock, ttl).await,
-                                    Ok(true)
-                                ) {
-                                    break;
-                                }
-                            }
-                        })
-                    };
+                    // expire within the TTL, and waiters take over. The guard also lets
+                    // go when this future is dropped (the client left mid-summary).
+                    let held = HeldLock::renewed(self.store.clone(), conversation, lock, ttl);
                     let result = self.compact_now_unlocked(turn, attempt, stored).await;
-                    refresher.abort();
-                    let _ = self.store.unlock(&conversation, &lock).await;
+                    held.release().await;
                     return result;
                 }
                 Ok(None) if attempt.wait => match self

@@ -436,6 +436,55 @@ async fn a_summary_longer_than_the_lock_ttl_keeps_its_lock() {
     two_replicas_one_summary(Duration::from_millis(1200), 300).await;
 }
 
+#[tokio::test]
+async fn a_client_leaving_during_a_summary_releases_the_conversations_lock() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Structured);
+    cfg.compaction.background = false;
+    cfg.compaction.lock_ttl_ms = 300;
+    cfg.summary.timeout_ms = 10_000;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-leaves");
+    agent.headers = vec![("x-abridge-compact".into(), "off".into())];
+    let mut n = 0;
+    let mut conversation = None;
+    while count_tokens(&agent.messages) < THRESHOLD + 500 {
+        n += 1;
+        for answer in agent.turn(n).await {
+            conversation = answer.header("x-abridge-conversation");
+        }
+    }
+    let conversation = abridge::identity::Fingerprint::from_hex(&conversation.unwrap()).unwrap();
+    agent.headers.clear();
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "Where are we?"}));
+
+    // The summary takes seconds; the client gives up while it is being built.
+    provider.set_behavior(|b| b.latency = Duration::from_secs(5));
+    let summaries = summary_requests(&provider);
+    let request = tokio::spawn(async move { agent.send().await });
+    assert!(
+        provider
+            .wait_until(Duration::from_secs(5), |p| summary_requests(p) > summaries)
+            .await,
+        "the summary was requested"
+    );
+    assert!(proxy.state.store().lock_held(&conversation).await.unwrap());
+    request.abort();
+    // The abandoned compaction lets go of its lock (at the latest when it expires, 300
+    // ms): the next request for the conversation must not wait out a summary nobody
+    // is building.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while proxy.state.store().lock_held(&conversation).await.unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lock is still held (and renewed) for a request that is gone"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn two_replicas_one_summary(latency: Duration, lock_ttl_ms: u64) {
     let redis = RedisServer::start();
     // Summaries take a while, so the second replica's request arrives during the first's.
