@@ -596,6 +596,17 @@ impl Config {
 
     /// Checks that span several keys (single values are checked as they are read).
     fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self
+            .admin
+            .token
+            .as_ref()
+            .is_some_and(|t| t.expose().trim().is_empty())
+        {
+            return Err((
+                "admin.token",
+                "is empty: an empty token would let a request without credentials in; set a long random string, or leave the key out to disable the admin API".to_owned(),
+            ));
+        }
         let store = &self.store;
         if store.redis_url.is_some() && !store.redis_cluster.is_empty() {
             return Err((
@@ -944,6 +955,20 @@ mod tests {
         assert_eq!(bare.path, "");
         assert!("https://user:pw@host/v1".parse::<UpstreamBase>().is_err());
         assert!("host/v1".parse::<UpstreamBase>().is_err());
+    }
+
+    #[test]
+    fn an_empty_admin_token_is_refused_not_taken_as_a_password() {
+        for (text, vars) in [
+            ("[admin]\ntoken = \"\"\n", &[][..]),
+            ("", &[("ABRIDGE_ADMIN__TOKEN", "  ")][..]),
+        ] {
+            let err = load(text, vars).unwrap_err().to_string();
+            assert!(
+                err.contains("admin.token") && err.contains("empty"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -134,9 +134,8 @@ async fn authorize(State(state): State<AppState>, request: Request, next: Next) 
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .unwrap_or_default();
-    if !token.matches(presented) {
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    if !presented.is_some_and(|p| token.matches(p)) {
         let mut response = admin_error(
             StatusCode::UNAUTHORIZED,
             "Missing or wrong admin token (Authorization: Bearer <admin.token>).",
@@ -171,11 +170,13 @@ async fn readyz(State(state): State<AppState>) -> Response {
     if !store.is_healthy() {
         let _ = store.active_since(now_ms()).await;
     }
+    // Read once, so the status code and the body cannot disagree.
+    let healthy = store.is_healthy();
     let body = json!({
-        "status": if store.is_healthy() { "ready" } else { "degraded" },
-        "store": {"backend": store.backend_name(), "healthy": store.is_healthy(), "last_error": store.last_error()},
+        "status": if healthy { "ready" } else { "degraded" },
+        "store": {"backend": store.backend_name(), "healthy": healthy, "last_error": store.last_error()},
     });
-    let status = if store.is_healthy() {
+    let status = if healthy {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
