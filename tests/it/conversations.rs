@@ -9,7 +9,7 @@ use abridge::identity::{Fingerprint, IdentityKey};
 use abridge::secret::Secret;
 use fake_provider::FakeProvider;
 
-use crate::common::redis::{RedisServer, command};
+use crate::common::redis::{RedisServer, command, command_calls, command_list, contents};
 use crate::common::{Proxy, client, config_for, eventually};
 
 const MESSAGES: &str = r#"[{"role":"system","content":"Be brief."},{"role":"user","content":"Plan a trip to Lisbon."},{"role":"assistant","content":"Sure."},{"role":"user","content":"Three days."}]"#;
@@ -108,8 +108,15 @@ async fn reported_usage_is_recorded_per_tenant_without_the_credential() {
     assert_eq!(proxy.stats().identified, 3);
 
     // Nothing of a credential is in Redis, keys or values.
-    let keys = command(redis.port, &["KEYS", "*SECRET*"]).unwrap_or_default();
-    assert!(keys.is_empty(), "{keys}");
+    assert!(
+        !command_list(redis.port, &["KEYS", "conv:*"]).is_empty(),
+        "the listing works"
+    );
+    let keys = command_list(redis.port, &["KEYS", "*SECRET*"]);
+    assert!(keys.is_empty(), "{keys:?}");
+    for (key, values) in contents(redis.port) {
+        assert!(!values.contains("SECRET"), "{key}: {values}");
+    }
     for conversation in [a, b, named] {
         let prefix = state_of(redis.port, &conversation, "prefix");
         assert_eq!(prefix.len(), 64);
@@ -124,6 +131,8 @@ async fn requests_succeed_while_the_store_is_down_and_state_resumes_after() {
     let proxy = proxy_on_redis(&provider, &redis).await;
     send(&proxy, "Bearer sk-x", None).await;
     let conversation = expected_conversation(redis.port, "Bearer sk-x", None);
+    let secret = command(redis.port, &["GET", "conv:secret"]).unwrap();
+    assert_eq!(secret.len(), 64);
 
     redis.stop();
     for _ in 0..5 {
@@ -137,7 +146,6 @@ async fn requests_succeed_while_the_store_is_down_and_state_resumes_after() {
         "every request reached the provider"
     );
 
-    let secret = command(redis.port, &["GET", "conv:secret"]).unwrap_or_default();
     redis.restart();
     // The restarted Redis is empty (no persistence); the replica keeps the secret it
     // agreed on and publishes it again, so its conversation keys stay the same.
@@ -155,12 +163,15 @@ async fn requests_succeed_while_the_store_is_down_and_state_resumes_after() {
         recorded.await,
         "usage is recorded again after the store comes back"
     );
-    assert_eq!(
-        command(redis.port, &["GET", "conv:secret"]).unwrap(),
-        secret
-    );
+    // The request that found the store recovered was identified before it recovered;
+    // the next one publishes the secret again.
     send(&proxy, "Bearer sk-x", None).await;
     assert!(eventually(Duration::from_secs(3), || proxy.state.store().is_healthy()).await);
+    assert_eq!(
+        command(redis.port, &["GET", "conv:secret"]).unwrap(),
+        secret,
+        "the replica's secret is back in the restarted Redis"
+    );
 }
 
 #[tokio::test]
@@ -176,18 +187,11 @@ async fn the_in_process_store_identifies_conversations_by_default() {
     assert_eq!(recent.len(), 1, "two turns of one conversation");
 }
 
-/// Calls of one Redis command so far, from `INFO commandstats`.
+/// Calls of one Redis command so far.
 fn calls(port: u16, name: &str) -> u64 {
-    command(port, &["INFO", "commandstats"])
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix(&format!("cmdstat_{name}:"))?;
-            rest.split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))?
-                .parse()
-                .ok()
-        })
+    command_calls(port)
+        .into_iter()
+        .find_map(|(n, c)| (n == name).then_some(c))
         .unwrap_or(0)
 }
 
