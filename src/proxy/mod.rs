@@ -125,14 +125,12 @@ async fn chat_stages(
     // plan → rewrite → forward.
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
     let (outgoing, mut watch) = rewrite(&state, &body, &parsed, decision.apply.as_ref());
-    let mut upstream = first_answer(&state, &parts, &target, outgoing, exchange).await?;
-
     // compact-and-retry: the provider said the prompt is too long, and nothing has
-    // reached the client yet.
+    // reached the client yet. Only then is an error body read before it is passed on.
     let may_retry =
         controls.compact != Compact::Off && state.config().compaction.mode == CompactionMode::On;
+    let mut upstream = first_answer(&state, &parts, &target, outgoing, may_retry, exchange).await?;
     if let Upstream::Buffered(head, error) = &upstream
-        && may_retry
         && overflow::is_context_overflow(head.status, error)
     {
         let retry = state
@@ -147,16 +145,26 @@ async fn chat_stages(
         if retry.apply.is_some()
             && retry.apply.as_ref().map(|c| c.through) != decision.apply.as_ref().map(|c| c.through)
         {
-            state.stats().retry();
-            tracing::info!(conversation = ?turn.conversation, "context length exceeded: compacted and retried once");
             let (outgoing, retry_watch) = rewrite(&state, &body, &parsed, retry.apply.as_ref());
-            watch = retry_watch;
-            upstream =
-                Upstream::Streaming(send(&state, &parts, &target, outgoing, exchange).await?);
-            decision = retry;
-            decision
-                .report
-                .add_note("provider reported context length exceeded: compacted and retried");
+            match send(&state, &parts, &target, outgoing, exchange).await {
+                Ok(response) => {
+                    state.stats().retry();
+                    tracing::info!(conversation = ?turn.conversation, "context length exceeded: compacted and retried once");
+                    watch = retry_watch;
+                    upstream = Upstream::Streaming(response);
+                    decision = retry;
+                    decision.report.add_note(
+                        "provider reported context length exceeded: compacted and retried",
+                    );
+                }
+                // The provider's own answer is better than an error of abridge's.
+                Err(e) => {
+                    tracing::warn!(conversation = ?turn.conversation, error = %e, "context length exceeded; the compacted retry could not be sent, the provider's error is passed on");
+                    decision.report.add_note(
+                        "provider reported context length exceeded; the retry could not be sent",
+                    );
+                }
+            }
         }
     }
 
@@ -317,10 +325,20 @@ async fn first_answer(
     parts: &Parts,
     target: &Uri,
     body: Bytes,
+    may_retry: bool,
     exchange: &mut Exchange,
 ) -> Result<Upstream, Error> {
     let response = send(state, parts, target, body, exchange).await?;
-    if !matches!(response.status().as_u16(), 400 | 413 | 422) {
+    // Only an error that could be a context overflow is read whole, and only when a
+    // retry could follow; one announced as larger than any such error passes untouched.
+    let announced = response
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if !may_retry
+        || !matches!(response.status().as_u16(), 400 | 413 | 422)
+        || announced.is_some_and(|n| n > MAX_ERROR_BODY)
+    {
         return Ok(Upstream::Streaming(response));
     }
     let (head, incoming) = response.into_parts();

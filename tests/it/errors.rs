@@ -163,6 +163,39 @@ async fn provider_errors_pass_through_unchanged() {
 }
 
 #[tokio::test]
+async fn an_oversized_provider_error_passes_through_whatever_the_compaction_mode() {
+    // abridge reads a 400 whole (up to 1 MiB) only when it could retry after it; a larger
+    // one, or any one when no retry can follow, is the provider's answer untouched, never
+    // a 502 of abridge's.
+    let (provider, proxy) = setup().await;
+    for (padding, compact) in [
+        ("2000000", "auto"),
+        ("2000000", "off"),
+        ("1000", "off"),
+        ("1000", "auto"),
+    ] {
+        let ask = |url: String| {
+            client()
+                .post(url)
+                .header("x-fake-status", "400")
+                .header("x-fake-error-bytes", padding)
+                .header("x-abridge-compact", compact)
+                .body(chat_body(false))
+                .send()
+        };
+        let direct = ask(format!("{}/chat/completions", provider.url()))
+            .await
+            .unwrap();
+        let direct_body = direct.bytes().await.unwrap();
+        let via = ask(proxy.url("/v1/chat/completions")).await.unwrap();
+        assert_eq!(via.status(), 400, "{padding} bytes, compact {compact}");
+        let body = via.bytes().await.unwrap();
+        assert!(body.len() > padding.parse().unwrap());
+        assert_eq!(body, direct_body, "{padding} bytes, compact {compact}");
+    }
+}
+
+#[tokio::test]
 async fn context_length_exceeded_passes_through() {
     let (provider, proxy) = setup_with(Behavior {
         context_window: Some(10),

@@ -13,6 +13,7 @@
 //! `x-fake-*` headers: `x-fake-status: 503` (fail), `x-fake-stall: headers|body` (hang
 //! before the response headers / after the first SSE event), `x-fake-delay-ms` (between
 //! SSE events), `x-fake-latency-ms` (before the headers), `x-fake-words` (reply length),
+//! `x-fake-error-bytes` (with `x-fake-status`: an error body that much longer),
 //! `x-fake-window` (context window in tokens),
 //! `x-fake-gzip: 1`, `x-fake-split: 1` (every SSE event in two TCP writes),
 //! `x-fake-multiline: 1` (JSON spread over several `data:` lines),
@@ -79,6 +80,9 @@ pub struct Behavior {
     pub reply_words: usize,
     /// Answer every request with this status and an OpenAI error body.
     pub fail_status: Option<u16>,
+    /// With `fail_status`: pad the error message to make the body about this many bytes
+    /// longer (a provider's oversized error page).
+    pub error_padding: usize,
     pub stall: Option<Stall>,
     pub gzip: bool,
     pub split_events: bool,
@@ -97,6 +101,7 @@ impl Default for Behavior {
             latency: Duration::ZERO,
             reply_words: 12,
             fail_status: None,
+            error_padding: 0,
             stall: None,
             gzip: false,
             split_events: false,
@@ -121,6 +126,9 @@ impl Behavior {
         let mut b = self.clone();
         if let Some(status) = get("x-fake-status").and_then(|v| v.parse().ok()) {
             b.fail_status = Some(status);
+        }
+        if let Some(n) = get("x-fake-error-bytes").and_then(|v| v.parse().ok()) {
+            b.error_padding = n;
         }
         match get("x-fake-stall") {
             Some("headers") => b.stall = Some(Stall::BeforeHeaders),
@@ -401,13 +409,11 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let mut response = if let Some(status) = behavior.fail_status {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         completion.complete();
-        error(
-            status,
-            "The fake provider was told to fail this request.",
-            "server_error",
-            None,
-            None,
-        )
+        let message = format!(
+            "The fake provider was told to fail this request.{}",
+            " ".repeat(behavior.error_padding)
+        );
+        error(status, &message, "server_error", None, None)
     } else if parts.method == Method::POST && path.ends_with("/chat/completions") {
         let answer = shared.answer(&behavior, &parts.headers, &body);
         chat::send(&behavior, &answer, completion)
