@@ -619,6 +619,8 @@ impl Stats {
         }
     }
 
+    /// The figures as numbers. Reads only series that exist (`get`, not
+    /// `get_or_create`), so asking for a snapshot adds no zero series to `/metrics`.
     pub fn snapshot(&self) -> Snapshot {
         let requests = |route: Option<Route>, class: Option<Class>| -> u64 {
             let mut total = 0;
@@ -633,8 +635,8 @@ impl Stats {
                     if route.is_none_or(|x| x == r) && class.is_none_or(|x| x == c) {
                         total += self
                             .requests
-                            .get_or_create(&RequestLabels { route: r, class: c })
-                            .get();
+                            .get(&RequestLabels { route: r, class: c })
+                            .map_or(0, |n| n.get());
                     }
                 }
             }
@@ -643,22 +645,22 @@ impl Stats {
         let compactions = Strategy::ALL.map(|s| {
             Trigger::ALL.map(|trigger| {
                 self.compactions
-                    .get_or_create(&CompactionLabels {
+                    .get(&CompactionLabels {
                         strategy: s.into(),
                         trigger,
                     })
-                    .get()
+                    .map_or(0, |n| n.get())
             })
         });
         let prompt = |compacted| {
             self.prompt_tokens
-                .get_or_create(&CompactedLabel { compacted })
-                .get()
+                .get(&CompactedLabel { compacted })
+                .map_or(0, |n| n.get())
         };
         let phase = |phase| {
             self.compaction_tokens
-                .get_or_create(&PhaseLabel { phase })
-                .get()
+                .get(&PhaseLabel { phase })
+                .map_or(0, |n| n.get())
         };
         Snapshot {
             requests: requests(None, None),
