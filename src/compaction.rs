@@ -515,7 +515,7 @@ impl Compactor {
         report.strategy = c.strategy.parse().ok();
         report.tokens_after = Some(estimate);
         report.tokens_before = Some(estimate + saved);
-        report.messages_replaced = Some((c.through + 1).saturating_sub(c.head) as usize);
+        report.messages_replaced = Some(c.messages_replaced());
         if let Some(fallback) = &c.fallback {
             report.add_note(fallback.clone());
         }
@@ -540,8 +540,7 @@ impl Compactor {
         report.strategy = checkpoint.strategy.parse().ok();
         report.tokens_before = Some(predicted);
         report.tokens_after = Some(estimate);
-        report.messages_replaced =
-            Some((checkpoint.through + 1).saturating_sub(checkpoint.head) as usize);
+        report.messages_replaced = Some(checkpoint.messages_replaced());
         report.add_note("observe mode: would compact; forwarded unmodified");
         if !dry {
             self.stats.observed();
@@ -661,13 +660,12 @@ impl Compactor {
         };
         let summarise = |request: SummaryRequest| async move {
             self.stats.summary_call();
-            let call = self
+            // The summariser bounds the call by summary.timeout_ms itself.
+            let result = self
                 .summariser
-                .summarise(turn.headers, turn.model, &request);
-            let result = match tokio::time::timeout(self.summary_timeout, call).await {
-                Ok(result) => result.map_err(SummaryError::from),
-                Err(_) => Err(SummaryError::TimedOut),
-            };
+                .summarise(turn.headers, turn.model, &request)
+                .await
+                .map_err(SummaryError::from);
             if result.is_err() {
                 self.stats.summary_failure();
             }

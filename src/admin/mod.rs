@@ -294,7 +294,7 @@ fn checkpoint_json(c: &Checkpoint) -> Value {
     json!({
         "through": c.through,
         "head": c.head,
-        "messages_replaced": (c.through + 1).saturating_sub(c.head),
+        "messages_replaced": c.messages_replaced(),
         "strategy": c.strategy,
         "fallback": c.fallback,
         "tokens_before": c.tokens_before,

@@ -72,7 +72,6 @@ async fn chat_stages(
     request: Request,
     exchange: &mut Exchange,
 ) -> Result<Response, Error> {
-    let state = state.clone();
     let (mut parts, body) = request.into_parts();
     let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
     let controls = Controls::from_headers(&parts.headers)?;
@@ -98,9 +97,9 @@ async fn chat_stages(
                 note: Some("request body not understood: forwarded untouched".to_owned()),
                 ..Report::default()
             };
-            let response = send(&state, &parts, &target, body, exchange).await?;
+            let response = send(state, &parts, &target, body, exchange).await?;
             return Ok(respond(
-                &state,
+                state,
                 Upstream::Streaming(response),
                 Watch::Usage { strip: false },
                 &report,
@@ -111,8 +110,8 @@ async fn chat_stages(
     };
 
     // identify → load (one round trip).
-    let identified = identify(&state, &tenant, &controls, &parsed.messages).await;
-    let loaded = load(&state, identified.as_ref()).await;
+    let identified = identify(state, &tenant, &controls, &parsed.messages).await;
+    let loaded = load(state, identified.as_ref()).await;
     let model = parsed.request.model.as_deref().unwrap_or_default();
     let turn = Turn::new(
         &parsed,
@@ -124,12 +123,12 @@ async fn chat_stages(
 
     // plan → rewrite → forward.
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
-    let (outgoing, mut watch) = rewrite(&state, &body, &parsed, decision.apply.as_ref());
+    let (outgoing, mut watch) = rewrite(state, &body, &parsed, decision.apply.as_ref());
     // compact-and-retry: the provider said the prompt is too long, and nothing has
     // reached the client yet. Only then is an error body read before it is passed on.
     let may_retry =
         controls.compact != Compact::Off && state.config().compaction.mode == CompactionMode::On;
-    let mut upstream = first_answer(&state, &parts, &target, outgoing, may_retry, exchange).await?;
+    let mut upstream = first_answer(state, &parts, &target, outgoing, may_retry, exchange).await?;
     if let Upstream::Buffered(head, error) = &upstream
         && overflow::is_context_overflow(head.status, error)
     {
@@ -145,8 +144,8 @@ async fn chat_stages(
         if retry.apply.is_some()
             && retry.apply.as_ref().map(|c| c.through) != decision.apply.as_ref().map(|c| c.through)
         {
-            let (outgoing, retry_watch) = rewrite(&state, &body, &parsed, retry.apply.as_ref());
-            match send(&state, &parts, &target, outgoing, exchange).await {
+            let (outgoing, retry_watch) = rewrite(state, &body, &parsed, retry.apply.as_ref());
+            match send(state, &parts, &target, outgoing, exchange).await {
                 Ok(response) => {
                     state.stats().retry();
                     tracing::info!(conversation = ?turn.conversation, "context length exceeded: compacted and retried once");
@@ -172,7 +171,7 @@ async fn chat_stages(
     let followup = identified
         .map(|identified| followup(identified, &decision, &parsed, &body, model, credentials));
     Ok(respond(
-        &state,
+        state,
         upstream,
         watch,
         &decision.report,

@@ -67,6 +67,13 @@ pub struct Checkpoint {
     pub created_ms: u64,
 }
 
+impl Checkpoint {
+    /// How many of the client's messages the replacement stands for (`head..=through`).
+    pub fn messages_replaced(&self) -> usize {
+        (self.through + 1).saturating_sub(self.head) as usize
+    }
+}
+
 impl PartialEq for Checkpoint {
     fn eq(&self, other: &Self) -> bool {
         // `RawValue` has no equality of its own; its text is what is stored and spliced.

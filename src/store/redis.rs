@@ -71,6 +71,16 @@ end
 return 0
 "#;
 
+/// Schedules a compaction of an existing conversation, atomically: a state hash that
+/// expired or was deleted meanwhile is not recreated (without a TTL).
+const SCHEDULE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'scheduled', ARGV[1])
+  return 1
+end
+return 0
+"#;
+
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -86,6 +96,7 @@ struct Inner {
     save: Script,
     unlock: Script,
     refresh: Script,
+    schedule: Script,
 }
 
 enum Target {
@@ -289,6 +300,7 @@ impl RedisStore {
                 save: Script::new(SAVE_CHECKPOINT),
                 unlock: Script::new(UNLOCK),
                 refresh: Script::new(REFRESH),
+                schedule: Script::new(SCHEDULE),
             }),
         })
     }
@@ -444,7 +456,7 @@ impl RedisStore {
             .ignore();
         // The index is a global key (another node in a Cluster): a second pipeline, sent
         // alongside the conversation's own.
-        let mut b = self.conn().await?;
+        let mut b = a.clone();
         let ((), ()) = tokio::try_join!(
             own.query_async::<()>(&mut a),
             index.query_async::<()>(&mut b)
@@ -480,20 +492,14 @@ impl RedisStore {
         let mut conn = self.conn().await?;
         match focus {
             Some(focus) => {
-                let exists: i64 = redis::cmd("EXISTS")
-                    .arg(&state)
-                    .query_async(&mut conn)
-                    .await?;
-                if exists == 0 {
-                    return Ok(false);
-                }
-                let () = redis::cmd("HSET")
-                    .arg(&state)
-                    .arg("scheduled")
+                let set: i64 = self
+                    .inner
+                    .schedule
+                    .key(&state)
                     .arg(focus)
-                    .query_async(&mut conn)
+                    .invoke_async(&mut conn)
                     .await?;
-                Ok(true)
+                Ok(set == 1)
             }
             None => {
                 let _: i64 = redis::cmd("HDEL")
