@@ -222,7 +222,7 @@ impl Default for SentinelConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
-    /// Address of the admin listener (health, later stats and metrics). Keep it private.
+    /// Address of the admin listener (health, readiness, metrics, admin API). Keep it private.
     pub listen: SocketAddr,
     /// Bearer token for `/admin/*`. Unset means the admin API answers 403.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -201,13 +201,16 @@ def status_kb(pid, key):
     return 0
 
 
+RSS_RESET_FAILED = []  # pids whose peak RSS could not be reset (needs root)
+
+
 def reset_peak_rss(pids):
     for pid in pids:
         try:
             with open(f"/proc/{pid}/clear_refs", "w") as f:
                 f.write("5")  # resets VmHWM to the current RSS
         except OSError:
-            pass
+            RSS_RESET_FAILED.append(pid)
 
 
 def peak_rss_mb(pids):
@@ -674,6 +677,7 @@ def main():
                 s = bench.abridge(t.name + "-slow", slow,
                                   f"redis://127.0.0.1:{redis_port(redis)}" if redis else None)
                 s.name = t.name
+                s.helpers = t.helpers  # the same Redis, its CPU reported beside
                 slow_targets.append(s)
         log(f"[{time.monotonic() - started:5.0f} s] {streams} concurrent streams")
         long_duration = max(duration, 5)
@@ -682,6 +686,9 @@ def main():
     finally:
         bench.stop_all()
 
+    if RSS_RESET_FAILED:
+        notes.append("peak RSS could not be reset between rows (not root): each row's figure "
+                     "is the process's peak so far, not the row's own.")
     elapsed = time.monotonic() - started
     command = " ".join(["scripts/bench-load", *sys.argv[1:]])
     report = [
