@@ -336,12 +336,8 @@ impl Compactor {
         let matching: Vec<&Checkpoint> = turn
             .loaded
             .map(|l| {
-                l.checkpoints
-                    .iter()
-                    .filter(|c| {
-                        turn.prefixes.get(c.through as usize) == Some(&c.prefix)
-                            && applicable(c, turn.messages)
-                    })
+                l.all_matching(turn.prefixes)
+                    .filter(|c| applicable(c, turn.messages))
                     .collect()
             })
             .unwrap_or_default();
@@ -747,11 +743,12 @@ impl Compactor {
             let Ok(loaded) = self.store.load(&conversation).await else {
                 return Peer::Slow;
             };
-            let found = loaded.checkpoints.into_iter().find(|c| {
-                turn.prefixes.get(c.through as usize) == Some(&c.prefix)
-                    && applicable(c, turn.messages)
-                    && previous.is_none_or(|p| c.through > p.through)
-            });
+            let found = loaded
+                .all_matching(turn.prefixes)
+                .find(|c| {
+                    applicable(c, turn.messages) && previous.is_none_or(|p| c.through > p.through)
+                })
+                .cloned();
             if let Some(found) = found {
                 self.stats.waited_for_peer();
                 return Peer::Built(found);
@@ -873,10 +870,9 @@ impl Compactor {
         };
         let threshold = self.threshold(&job.model);
         let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
-        let deepest = loaded.checkpoints.iter().find(|c| {
-            job.prefixes.get(c.through as usize) == Some(&c.prefix)
-                && applicable(c, &parsed.messages)
-        });
+        let deepest = loaded
+            .all_matching(&job.prefixes)
+            .find(|c| applicable(c, &parsed.messages));
         let in_use = loaded.state.as_ref().and_then(|s| s.applied);
         let estimate = self.estimate_with(&turn, deepest, threshold);
         // Nothing to do while the deepest checkpoint keeps the request under the soft

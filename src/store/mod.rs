@@ -145,9 +145,17 @@ impl Loaded {
     /// The deepest checkpoint whose history matches `prefixes` (the request's rolling
     /// hashes).
     pub fn matching(&self, prefixes: &[Fingerprint]) -> Option<&Checkpoint> {
+        self.all_matching(prefixes).next()
+    }
+
+    /// Every checkpoint whose history matches `prefixes`, deepest first.
+    pub fn all_matching<'s, 'p>(
+        &'s self,
+        prefixes: &'p [Fingerprint],
+    ) -> impl Iterator<Item = &'s Checkpoint> + use<'s, 'p> {
         self.checkpoints
             .iter()
-            .find(|c| prefixes.get(c.through as usize) == Some(&c.prefix))
+            .filter(|c| prefixes.get(c.through as usize) == Some(&c.prefix))
     }
 }
 
