@@ -232,21 +232,17 @@ impl MemoryStore {
                 }
             }
         }
-        if live(inner, id, now).is_none() {
-            inner.conversations.insert(
-                *id,
-                Conversation {
-                    checkpoints: BTreeMap::new(),
-                    state: None,
-                    lock: None,
-                    expires: now,
-                },
-            );
+        // One lookup: an absent or expired conversation starts afresh.
+        let fresh = || Conversation {
+            checkpoints: BTreeMap::new(),
+            state: None,
+            lock: None,
+            expires: now,
+        };
+        let c = inner.conversations.entry(*id).or_insert_with(fresh);
+        if c.expires <= now {
+            *c = fresh();
         }
-        let c = inner
-            .conversations
-            .get_mut(id)
-            .unwrap_or_else(|| unreachable!("inserted above"));
         c.expires = now + self.ttl;
         c
     }
