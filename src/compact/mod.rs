@@ -79,6 +79,7 @@ use serde_json::value::RawValue;
 use crate::chat::{Message, Role};
 use crate::tokens::Estimator;
 
+use validate::validate_with;
 pub use validate::{Violation, validate};
 
 /// The first line of every message abridge writes into a conversation. It tells the
@@ -420,7 +421,7 @@ where
         Strategy::LlmReplace => structured::plan(&ctx, Tail::FinalTurn, &summarise).await,
     };
     let fallback = match attempt {
-        Ok(plan) => match validate(input.messages, &plan) {
+        Ok(plan) => match validate_with(&ctx.layout, input.messages, &plan) {
             Ok(()) => return Ok(plan),
             Err(v) => Fallback::Invalid(v),
         },
@@ -431,7 +432,7 @@ where
 }
 
 fn checked(ctx: &Ctx<'_, '_>, plan: Plan) -> Result<Plan, CannotCompact> {
-    validate(ctx.messages(), &plan).map_err(CannotCompact::Invalid)?;
+    validate_with(&ctx.layout, ctx.messages(), &plan).map_err(CannotCompact::Invalid)?;
     Ok(plan)
 }
 
@@ -729,9 +730,13 @@ impl<'i, 'a> Ctx<'i, 'a> {
     ) -> Plan {
         let (head, through) = edges;
         let n = self.layout.len();
+        // A verbatim copy costs what its original does, already counted.
         let replacement_tokens: u64 = replacement
             .iter()
-            .map(|(raw, _)| self.raw_tokens(raw))
+            .map(|(raw, origin)| match origin {
+                Origin::Verbatim(k) => self.cost(*k..*k + 1),
+                Origin::Authored | Origin::Digest(_) => self.raw_tokens(raw),
+            })
             .sum();
         let tokens_after = self.estimator().per_request()
             + self.cost(0..head)

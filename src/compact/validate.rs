@@ -55,6 +55,16 @@ pub enum Violation {
 /// [`super`] for the rules).
 pub fn validate(messages: &[Message<'_>], plan: &Plan) -> Result<(), Violation> {
     let layout = Layout::new(messages).map_err(|_| Violation::NoFinalTurn)?;
+    validate_with(&layout, messages, plan)
+}
+
+/// [`validate`] with the conversation's layout already worked out (it depends only on
+/// `messages`; compaction has it).
+pub(crate) fn validate_with(
+    layout: &Layout<'_, '_>,
+    messages: &[Message<'_>],
+    plan: &Plan,
+) -> Result<(), Violation> {
     let n = messages.len();
     let (head, through) = (plan.head, plan.through);
     if head > through || through >= n {
