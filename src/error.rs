@@ -27,7 +27,9 @@ pub enum Origin {
 pub enum Error {
     #[error("Unknown path {method} {path}")]
     NotFound { method: String, path: String },
-    #[error("Invalid request path: dot segments are not allowed")]
+    #[error(
+        "Invalid request path: dot segments, encoded slashes or backslashes, backslashes and `;` parameters are not allowed"
+    )]
     BadPath,
     #[error("Invalid value `{value}` for header {header}: expected {expected}")]
     BadHeader {

@@ -75,8 +75,9 @@ impl Upstream {
     }
 
     /// The upstream URI for a client request URI: `/v1/<rest>?<query>` becomes
-    /// `<base>/<rest>?<query>`. Paths outside `/v1` are unknown (404); dot segments are
-    /// refused (400) so a path cannot climb out of the base path.
+    /// `<base>/<rest>?<query>`. Paths outside `/v1` are unknown (404); segments that
+    /// could climb out of the base path or be read differently upstream are refused (400;
+    /// see [`is_unsafe_segment`]).
     pub fn uri_for(&self, method: &http::Method, uri: &Uri) -> Result<Uri, Error> {
         let path = uri.path();
         let rest = match path.strip_prefix(API_PREFIX) {
@@ -88,7 +89,7 @@ impl Upstream {
                 });
             }
         };
-        if rest.split('/').any(is_dot_segment) {
+        if rest.split('/').any(is_unsafe_segment) {
             return Err(Error::BadPath);
         }
         let mut target = String::with_capacity(
@@ -124,16 +125,44 @@ impl Upstream {
     }
 }
 
-/// `.`/`..` literally or percent-encoded (`%2e`), which some servers decode.
-fn is_dot_segment(segment: &str) -> bool {
-    // The longest spelling is `%2e%2e`; anything longer is an ordinary segment (and
-    // costs no allocation).
-    if segment.len() > 6 || !segment.starts_with(['.', '%']) {
+/// Whether a path segment could climb out of the base path or be read differently by
+/// the upstream than by abridge: `.`/`..` once percent-decoded (`%2e%2e`), a segment
+/// holding an encoded `/` or `\` (`..%2f`, `%5c`), a raw backslash, a `;` parameter
+/// (`..;` reaches the parent on servlet-style servers), an encoded NUL, or an escape
+/// that is not two hex digits. An ordinary segment costs one scan and no allocation.
+fn is_unsafe_segment(segment: &str) -> bool {
+    let bytes = segment.as_bytes();
+    if !bytes
+        .iter()
+        .any(|b| matches!(b, b'.' | b'%' | b'\\' | b';'))
+    {
         return false;
     }
-    let lower = segment.to_ascii_lowercase();
-    let decoded = lower.replace("%2e", ".");
-    decoded == "." || decoded == ".."
+    if bytes.iter().any(|b| matches!(b, b'\\' | b';')) {
+        return true;
+    }
+    // Percent-decode (once, as a server would) and look at what it spells.
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = |b: u8| (b as char).to_digit(16);
+            let (Some(hi), Some(lo)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            ) else {
+                return true;
+            };
+            decoded.push((hi * 16 + lo) as u8);
+            i += 3;
+        } else {
+            decoded.push(bytes[i]);
+            i += 1;
+        }
+    }
+    decoded == b"."
+        || decoded == b".."
+        || decoded.iter().any(|b| matches!(b, b'/' | b'\\' | b';' | 0))
 }
 
 /// An error with its causes, for a message that says what actually happened
@@ -209,10 +238,34 @@ mod tests {
             target("https://a/v1", "/v1/../admin"),
             Err(Error::BadPath)
         ));
-        assert!(matches!(
-            target("https://a/v1", "/v1/%2E%2e/x"),
-            Err(Error::BadPath)
-        ));
+        for bad in [
+            "/v1/%2E%2e/x",
+            "/v1/..;/admin",
+            "/v1/models;jsessionid=1",
+            "/v1/..%2fadmin",
+            "/v1/%2e%2e%2fadmin",
+            "/v1/..%5cadmin",
+            "/v1/a%2Fb",
+            "/v1/a\\b",
+            "/v1/%00",
+            "/v1/%zz",
+            "/v1/%2",
+            "/v1/.",
+        ] {
+            assert!(
+                matches!(target("https://a/v1", bad), Err(Error::BadPath)),
+                "{bad}"
+            );
+        }
+        // Ordinary dots and escapes pass unchanged.
+        for good in [
+            "/v1/files/report.v2.json",
+            "/v1/models/ft%3Agpt-4o%3Aacme",
+            "/v1/a...b",
+            "/v1/.well-known",
+        ] {
+            assert!(target("https://a/v1", good).is_ok(), "{good}");
+        }
         // The authority never changes, whatever the path looks like.
         assert_eq!(
             target("https://a/v1", "/v1//evil.example/x").unwrap(),
