@@ -9,7 +9,7 @@
 use std::hint::black_box;
 
 use abridge::chat;
-use abridge::compact::{Input, Settings, Strategy, SummaryError, SummaryRequest, compact};
+use abridge::compact::{Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact};
 use abridge::tokens::Estimator;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
@@ -93,7 +93,7 @@ fn strategies(c: &mut Criterion) {
             };
             // Each case must produce what it claims.
             let plan = runtime
-                .block_on(compact(strategy, &input, &settings, summarise))
+                .block_on(compact(strategy, &input, &settings, summarise, &Inline))
                 .unwrap_or_else(|e| panic!("{strategy} at {n}: {e}"));
             assert_eq!(plan.strategy, strategy, "{:?}", plan.fallback);
             let id = BenchmarkId::new(
@@ -103,7 +103,13 @@ fn strategies(c: &mut Criterion) {
             group.bench_with_input(id, &input, |b, input| {
                 b.iter(|| {
                     runtime
-                        .block_on(compact(strategy, black_box(input), &settings, summarise))
+                        .block_on(compact(
+                            strategy,
+                            black_box(input),
+                            &settings,
+                            summarise,
+                            &Inline,
+                        ))
                         .map(|p| p.tokens_after)
                 })
             });

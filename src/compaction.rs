@@ -30,7 +30,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderMap;
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -43,11 +42,14 @@ use crate::config::{CompactionConfig, CompactionMode, Config};
 use crate::controls::{Compact, Controls, Report};
 use crate::identity::Fingerprint;
 use crate::models;
+use crate::offload::Offload;
+use crate::proxy::headers::Credentials;
 use crate::stats::{Stats, Trigger};
 use crate::store::{
     Checkpoint, INDEX_REFRESH_MS, Loaded, Lock, Saved, State, Store, UsageRecord, now_ms,
 };
 use crate::summariser::Summariser;
+use crate::tenants::Tenants;
 use crate::tokens::Estimator;
 
 /// Poll interval while another request or replica builds the checkpoint we need.
@@ -64,8 +66,13 @@ pub struct Turn<'t, 'a> {
     pub loaded: Option<&'t Loaded>,
     pub controls: &'t Controls,
     pub model: &'t str,
-    /// The client's headers (credentials for the summariser on the main upstream).
-    pub headers: &'t HeaderMap,
+    /// The client's credentials (for the summariser on the main upstream).
+    pub credentials: &'t Credentials,
+    /// The tenant's id (`None`: not identified); summaries are asked for only for a
+    /// tenant the provider has accepted (see [`crate::tenants`]).
+    pub tenant: Option<Fingerprint>,
+    /// Bytes of the request body: how heavy its estimates and compaction are.
+    pub size: usize,
 }
 
 impl<'t, 'a> Turn<'t, 'a> {
@@ -75,16 +82,19 @@ impl<'t, 'a> Turn<'t, 'a> {
         identified: Option<&'t crate::identity::Identified>,
         loaded: Option<&'t Loaded>,
         controls: &'t Controls,
-        credentials: &'t HeaderMap,
+        credentials: &'t Credentials,
+        size: usize,
     ) -> Self {
         Self {
+            size,
             messages: &parsed.messages,
             prefixes: identified.map_or(&[][..], |i| &i.hashes.prefixes),
             conversation: identified.map(|i| i.conversation),
             loaded,
             controls,
             model: parsed.request.model.as_deref().unwrap_or_default(),
-            headers: credentials,
+            credentials,
+            tenant: identified.map(|i| i.tenant),
         }
     }
 }
@@ -185,6 +195,10 @@ pub struct Compactor {
     summariser: Summariser,
     summary_timeout: Duration,
     store: Store,
+    /// Where estimates and strategies run (off the async workers for large requests).
+    cpu: Offload,
+    /// Which tenants may have summaries now.
+    tenants: Arc<Tenants>,
     stats: Arc<Stats>,
     jobs: mpsc::Sender<Job>,
     queue: Mutex<Option<mpsc::Receiver<Job>>>,
@@ -254,11 +268,12 @@ pub struct Followup {
     /// When the conversation was last seen, per the store (0: new).
     pub last_seen_ms: u64,
     /// For a background build: the client's body, its prefix hashes, the model and the
-    /// credential headers for the summariser.
+    /// credentials and tenant for the summariser.
     pub body: Bytes,
     pub prefixes: Vec<Fingerprint>,
     pub model: String,
-    pub credentials: HeaderMap,
+    pub credentials: Credentials,
+    pub tenant: Fingerprint,
 }
 
 /// A background compaction: everything to rebuild the request's view.
@@ -267,14 +282,24 @@ struct Job {
     body: Bytes,
     prefixes: Vec<Fingerprint>,
     model: String,
-    headers: HeaderMap,
+    credentials: Credentials,
+    tenant: Fingerprint,
     strategy: Strategy,
 }
 
 impl Compactor {
-    pub fn new(config: &Config, summariser: Summariser, store: Store, stats: Arc<Stats>) -> Self {
+    pub fn new(
+        config: &Config,
+        summariser: Summariser,
+        store: Store,
+        stats: Arc<Stats>,
+        cpu: Offload,
+        tenants: Arc<Tenants>,
+    ) -> Self {
         let (jobs, queue) = mpsc::channel(config.compaction.background_queue.max(1));
         Self {
+            cpu,
+            tenants,
             config: config.compaction.clone(),
             settings: config.strategies.clone(),
             summariser,
@@ -344,7 +369,11 @@ impl Compactor {
         let active = state
             .and_then(|s| s.applied)
             .and_then(|through| matching.iter().copied().find(|c| c.through == through));
-        let predicted = self.predict(turn, state, active, threshold);
+        let permit = self.cpu.permit_for(turn.size).await;
+        let predicted = self
+            .cpu
+            .run_with(&permit, || self.predict(turn, state, active, threshold));
+        drop(permit);
         decision.estimate = predicted;
         // An operator's scheduled compaction (POST /admin/conversations/{id}/compact)
         // forces this turn, with its focus for a summary.
@@ -376,7 +405,7 @@ impl Compactor {
                 .copied()
                 .filter(|c| active.is_none_or(|a| c.through > a.through));
             for candidate in deeper {
-                let estimate = self.estimate_with(turn, Some(candidate), threshold);
+                let estimate = self.estimate_off(turn, Some(candidate), threshold).await;
                 if estimate <= threshold {
                     if observe {
                         self.observe(&mut decision, candidate, predicted, estimate, dry);
@@ -410,7 +439,7 @@ impl Compactor {
         };
         match self.compact_now(turn, attempt).await {
             Ok((checkpoint, plan_note)) => {
-                let estimate = self.estimate_with(turn, Some(&checkpoint), threshold);
+                let estimate = self.estimate_off(turn, Some(&checkpoint), threshold).await;
                 if observe {
                     self.observe(&mut decision, &checkpoint, predicted, estimate, dry);
                 } else {
@@ -463,15 +492,27 @@ impl Compactor {
                     .is_some_and(|p| turn.prefixes.get(n - 1) == Some(&p));
             if same_history && s.applied == applied.map(|c| c.through) {
                 // The provider's own count, plus only what was appended since.
+                // Saturating: the numbers come from the provider, and a wrapped sum
+                // would read as a tiny conversation and switch compaction off.
                 let exact = Estimator::for_model_ready(turn.model);
-                return s.tokens
-                    + turn.messages[n..]
-                        .iter()
-                        .map(|m| exact.message(m))
-                        .sum::<u64>();
+                return turn.messages[n..]
+                    .iter()
+                    .fold(s.tokens, |sum, m| sum.saturating_add(exact.message(m)));
             }
         }
         self.estimate_with(turn, applied, threshold)
+    }
+
+    /// [`Compactor::estimate_with`] off the async workers when the request is large.
+    async fn estimate_off(
+        &self,
+        turn: &Turn<'_, '_>,
+        applied: Option<&Checkpoint>,
+        threshold: u64,
+    ) -> u64 {
+        let permit = self.cpu.permit_for(turn.size).await;
+        self.cpu
+            .run_with(&permit, || self.estimate_with(turn, applied, threshold))
     }
 
     /// Estimated prompt tokens of the forwarded view with `applied` applied. Cheap
@@ -510,7 +551,7 @@ impl Compactor {
         report.compacted = true;
         report.strategy = c.strategy.parse().ok();
         report.tokens_after = Some(estimate);
-        report.tokens_before = Some(estimate + saved);
+        report.tokens_before = Some(estimate.saturating_add(saved));
         report.messages_replaced = Some(c.messages_replaced());
         if let Some(fallback) = &c.fallback {
             report.add_note(fallback.clone());
@@ -655,19 +696,34 @@ impl Compactor {
             estimator: &estimator,
         };
         let summarise = |request: SummaryRequest| async move {
-            self.stats.summary_call();
             // The summariser bounds the call by summary.timeout_ms itself.
+            // Only for a tenant the provider accepted, and within its rate.
+            match turn.tenant {
+                Some(tenant) => {
+                    if let Err(refusal) = self.tenants.may_summarise(tenant).await {
+                        self.stats.summary_refused();
+                        return Err(SummaryError::NotAttempted(refusal.reason()));
+                    }
+                }
+                None => return Err(SummaryError::NotAttempted("the request has no tenant")),
+            }
+            self.stats.summary_call();
             let result = self
                 .summariser
-                .summarise(turn.headers, turn.model, &request)
-                .await
-                .map_err(SummaryError::from);
-            if result.is_err() {
+                .summarise(turn.credentials, turn.model, &request)
+                .await;
+            if let Err(failure) = &result {
                 self.stats.summary_failure();
+                // The class for the operator; the provider's text only at debug, with
+                // secrets taken out (it can quote the credential it refused).
+                tracing::warn!(conversation = ?turn.conversation, error = %failure, "summary failed; recency used");
+                if let crate::summariser::SummaryFailure::Status { message, .. } = failure {
+                    tracing::debug!(message = %compact::redact::redact(message), "summariser's error message");
+                }
             }
-            result
+            result.map_err(SummaryError::from)
         };
-        let plan = compact::compact(strategy, &input, &self.settings, summarise).await?;
+        let plan = compact::compact(strategy, &input, &self.settings, summarise, &self.cpu).await?;
         let checkpoint = checkpoint_of(&plan, turn.prefixes)?;
         let note = checkpoint.fallback.clone();
         if !real {
@@ -816,7 +872,8 @@ impl Compactor {
             body: followup.body,
             prefixes: followup.prefixes,
             model: followup.model,
-            headers: followup.credentials,
+            credentials: followup.credentials,
+            tenant: followup.tenant,
             strategy: followup.strategy,
         };
         if self.jobs.try_send(job).is_err() {
@@ -860,13 +917,15 @@ impl Compactor {
         };
         let controls = Controls::default();
         let turn = Turn {
+            size: job.body.len(),
             messages: &parsed.messages,
             prefixes: &job.prefixes,
             conversation: Some(job.conversation),
             loaded: Some(&loaded),
             controls: &controls,
             model: &job.model,
-            headers: &job.headers,
+            credentials: &job.credentials,
+            tenant: Some(job.tenant),
         };
         let threshold = self.threshold(&job.model);
         let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
@@ -874,7 +933,7 @@ impl Compactor {
             .all_matching(&job.prefixes)
             .find(|c| applicable(c, &parsed.messages));
         let in_use = loaded.state.as_ref().and_then(|s| s.applied);
-        let estimate = self.estimate_with(&turn, deepest, threshold);
+        let estimate = self.estimate_off(&turn, deepest, threshold).await;
         // Nothing to do while the deepest checkpoint keeps the request under the soft
         // threshold, or while one prepared ahead (deeper than the one in use) would still
         // leave room when the hard threshold is crossed: building again every turn

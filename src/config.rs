@@ -87,6 +87,23 @@ pub struct CompactionConfig {
     pub anti_thrash_secs: u64,
     /// Reports over the threshold after compaction that suspend it.
     pub anti_thrash_after: u32,
+    /// CPU-heavy work on large requests (estimates, strategies) running at once, off
+    /// the async workers; more waits its turn. 0: half the cores, at least one.
+    pub cpu_concurrency: usize,
+    /// Clients may choose the strategy (`x-abridge-strategy`).
+    pub client_strategy: bool,
+    /// Clients may force a compaction (`x-abridge-compact: force`).
+    pub client_force: bool,
+}
+
+impl CompactionConfig {
+    /// The controls clients may use.
+    pub fn allowed(&self) -> crate::controls::Allowed {
+        crate::controls::Allowed {
+            strategy: self.client_strategy,
+            force: self.client_force,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -113,6 +130,9 @@ impl Default for CompactionConfig {
             lock_ttl_ms: 15_000,
             anti_thrash_secs: 600,
             anti_thrash_after: 2,
+            cpu_concurrency: 0,
+            client_strategy: true,
+            client_force: true,
         }
     }
 }
@@ -135,6 +155,9 @@ pub struct SummaryConfig {
     pub timeout_ms: u64,
     /// Sampling temperature for summaries (low: faithful, repeatable).
     pub temperature: f64,
+    /// Summaries asked for at most per tenant (credential) and minute, per process;
+    /// beyond it, `recency` until the budget refills.
+    pub max_per_tenant_per_minute: u32,
 }
 
 impl Default for SummaryConfig {
@@ -145,6 +168,7 @@ impl Default for SummaryConfig {
             api_key: None,
             timeout_ms: 60_000,
             temperature: 0.2,
+            max_per_tenant_per_minute: 30,
         }
     }
 }
@@ -162,8 +186,23 @@ pub struct IdentityConfig {
     /// keeps it in the store, so every replica sharing the store uses the same.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<Secret>,
-    /// The request header whose value identifies the tenant (default: the credential).
-    pub tenant_header: HeaderName,
+    /// The request headers that carry a tenant's credential, whichever a client uses
+    /// (`Authorization`, Anthropic's `x-api-key`, Azure's `api-key`, Google's
+    /// `x-goog-api-key`); all that are present, with their names, make the tenant. Read
+    /// after hop-by-hop headers are removed.
+    pub tenant_headers: Vec<HeaderName>,
+    /// What a request with none of them gets: `shared` — one namespace for all such
+    /// requests (a single-user local provider that takes no key), or `none` — no
+    /// conversation state at all (forwarded as sent, never compacted).
+    pub anonymous: Anonymous,
+}
+
+/// See [`IdentityConfig::anonymous`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Anonymous {
+    Shared,
+    None,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -249,6 +288,9 @@ pub struct Limits {
     /// Largest chat request body abridge reads (it must read it whole to parse it).
     /// Other routes stream their bodies and leave limits to the provider.
     pub max_body_bytes: usize,
+    /// Most bytes a compressed provider response may decode to on the routes abridge
+    /// reads; beyond it the response is cut as an upstream error.
+    pub max_decoded_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -283,7 +325,11 @@ impl Default for IdentityConfig {
     fn default() -> Self {
         Self {
             secret: None,
-            tenant_header: HeaderName(http::header::AUTHORIZATION),
+            tenant_headers: ["authorization", "x-api-key", "api-key", "x-goog-api-key"]
+                .into_iter()
+                .map(|h| HeaderName(http::HeaderName::from_static(h)))
+                .collect(),
+            anonymous: Anonymous::Shared,
         }
     }
 }
@@ -355,6 +401,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_body_bytes: 32 * 1024 * 1024,
+            max_decoded_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -660,6 +707,12 @@ impl Config {
         if let Err(message) = self.strategies.check() {
             return Err(("strategies", message));
         }
+        if self.summary.upstream.is_some() && self.summary.model.trim().is_empty() {
+            return Err((
+                "summary.model",
+                "must name the summary provider's model when summary.upstream is set: a model name a client chose is never sent to a provider abridge pays for".to_owned(),
+            ));
+        }
         if self.summary.api_key.is_some() && self.summary.upstream.is_none() {
             return Err((
                 "summary.api_key",
@@ -869,7 +922,7 @@ mod tests {
             &[
                 ("ABRIDGE_REDIS_URL", "redis://:pw@127.0.0.1:6379"),
                 ("ABRIDGE_STORE__TTL_SECS", "60"),
-                ("ABRIDGE_IDENTITY__TENANT_HEADER", "X-Api-Key"),
+                ("ABRIDGE_IDENTITY__TENANT_HEADERS", "X-Api-Key, x-tenant"),
             ],
         )
         .unwrap();
@@ -878,7 +931,13 @@ mod tests {
             Some("redis://:pw@127.0.0.1:6379")
         );
         assert_eq!(config.store.ttl_secs, 60);
-        assert_eq!(config.identity.tenant_header.0.as_str(), "x-api-key");
+        let tenants: Vec<&str> = config
+            .identity
+            .tenant_headers
+            .iter()
+            .map(|h| h.0.as_str())
+            .collect();
+        assert_eq!(tenants, ["x-api-key", "x-tenant"]);
         assert!(
             !format!("{config:?}").contains(":pw@"),
             "store URLs may carry passwords"
@@ -939,10 +998,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("ABRIDGE_STORE__KEY_PREFIX"), "{err}");
-        let err = load("[identity]\ntenant_header = \"bad header\"\n", &[])
+        let err = load("[identity]\ntenant_headers = [\"bad header\"]\n", &[])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("identity.tenant_header"), "{err}");
+        assert!(err.contains("identity.tenant_headers"), "{err}");
     }
 
     #[test]

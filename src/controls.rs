@@ -10,6 +10,9 @@
 //! - `x-abridge-conversation: <id>` — separates conversations that share an opening
 //!   (part of the conversation's namespace; 1–256 visible ASCII characters).
 //!
+//! An operator may refuse clients the costly controls (`compaction.client_strategy`,
+//! `compaction.client_force`): the header is then ignored, and the report says so.
+//!
 //! Response: `x-abridge-compacted: true|false`, `x-abridge-strategy`,
 //! `x-abridge-tokens-before`, `x-abridge-tokens-after` (estimates),
 //! `x-abridge-messages-replaced`, `x-abridge-conversation` (the conversation key), and
@@ -41,10 +44,46 @@ pub struct Controls {
     pub compact: Compact,
     pub strategy: Option<Strategy>,
     pub conversation: Option<String>,
+    /// Controls the operator does not allow clients, ignored (for the report).
+    pub ignored: Vec<&'static str>,
+}
+
+/// Which controls clients may use (`compaction.client_strategy`, `client_force`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allowed {
+    pub strategy: bool,
+    pub force: bool,
+}
+
+impl Default for Allowed {
+    fn default() -> Self {
+        Self {
+            strategy: true,
+            force: true,
+        }
+    }
 }
 
 impl Controls {
-    pub fn from_headers(headers: &HeaderMap) -> Result<Self, Error> {
+    /// The controls a request's headers ask for, within what is `allowed`.
+    pub fn from_headers(headers: &HeaderMap, allowed: Allowed) -> Result<Self, Error> {
+        let mut controls = Self::requested(headers)?;
+        if controls.strategy.is_some() && !allowed.strategy {
+            controls.strategy = None;
+            controls.ignored.push(
+                "x-abridge-strategy ignored: the operator does not let clients choose (compaction.client_strategy)",
+            );
+        }
+        if controls.compact == Compact::Force && !allowed.force {
+            controls.compact = Compact::Auto;
+            controls.ignored.push(
+                "x-abridge-compact: force ignored: the operator does not let clients force (compaction.client_force)",
+            );
+        }
+        Ok(controls)
+    }
+
+    fn requested(headers: &HeaderMap) -> Result<Self, Error> {
         let text = |name: &'static str, expected: &'static str| -> Result<Option<&str>, Error> {
             match headers.get(name) {
                 None => Ok(None),
@@ -82,6 +121,7 @@ impl Controls {
             compact,
             strategy,
             conversation,
+            ignored: Vec::new(),
         })
     }
 }
@@ -173,24 +213,46 @@ mod tests {
     #[test]
     fn parses_valid_controls() {
         assert_eq!(
-            Controls::from_headers(&HeaderMap::new()).unwrap(),
+            Controls::from_headers(&HeaderMap::new(), Allowed::default()).unwrap(),
             Controls::default()
         );
-        let c = Controls::from_headers(&headers(&[
-            (COMPACT, "Force"),
-            (STRATEGY, "llm_replace"),
-            (CONVERSATION, "ticket-42"),
-        ]))
+        let c = Controls::from_headers(
+            &headers(&[
+                (COMPACT, "Force"),
+                (STRATEGY, "llm_replace"),
+                (CONVERSATION, "ticket-42"),
+            ]),
+            Allowed::default(),
+        )
         .unwrap();
         assert_eq!(c.compact, Compact::Force);
         assert_eq!(c.strategy, Some(Strategy::LlmReplace));
         assert_eq!(c.conversation.as_deref(), Some("ticket-42"));
         assert_eq!(
-            Controls::from_headers(&headers(&[(COMPACT, " off ")]))
+            Controls::from_headers(&headers(&[(COMPACT, " off ")]), Allowed::default())
                 .unwrap()
                 .compact,
             Compact::Off
         );
+    }
+
+    #[test]
+    fn an_operator_can_refuse_clients_force_and_strategies() {
+        let refused = Allowed {
+            strategy: false,
+            force: false,
+        };
+        let c = Controls::from_headers(
+            &headers(&[(COMPACT, "force"), (STRATEGY, "structured")]),
+            refused,
+        )
+        .unwrap();
+        assert_eq!((c.compact, c.strategy), (Compact::Auto, None));
+        assert_eq!(c.ignored.len(), 2);
+        // `off` is always the client's to choose.
+        let off = Controls::from_headers(&headers(&[(COMPACT, "off")]), refused).unwrap();
+        assert_eq!(off.compact, Compact::Off);
+        assert!(off.ignored.is_empty());
     }
 
     #[test]
@@ -200,7 +262,8 @@ mod tests {
             (STRATEGY, "magic"),
             (CONVERSATION, "has space"),
         ] {
-            let err = Controls::from_headers(&headers(&[(name, value)])).unwrap_err();
+            let err =
+                Controls::from_headers(&headers(&[(name, value)]), Allowed::default()).unwrap_err();
             assert_eq!(err.status(), http::StatusCode::BAD_REQUEST);
             let text = err.to_string();
             assert!(text.contains(name) && text.contains(value), "{text}");
@@ -208,7 +271,7 @@ mod tests {
         let long = "x".repeat(300);
         let mut h = HeaderMap::new();
         h.insert(CONVERSATION, HeaderValue::from_str(&long).unwrap());
-        assert!(Controls::from_headers(&h).is_err());
+        assert!(Controls::from_headers(&h, Allowed::default()).is_err());
     }
 
     #[test]

@@ -156,6 +156,17 @@ impl IdentityKey {
     }
 }
 
+impl IdentityKey {
+    /// The tenant's id (a keyed hash of its credential headers, see
+    /// `Credentials::tenant`): what abridge remembers about a credential is kept under
+    /// it, never the credential.
+    pub fn tenant_id(&self, tenant: &[u8]) -> Fingerprint {
+        let mut mac = self.keyed.clone();
+        frame(&mut mac, b'T', tenant);
+        Fingerprint(mac.finalize().into_bytes().into())
+    }
+}
+
 impl fmt::Debug for IdentityKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("IdentityKey(*****)")
@@ -179,9 +190,10 @@ impl Hashes {
     }
 }
 
-/// Who a request belongs to: its conversation key and every prefix hash.
+/// Who a request belongs to: its tenant, its conversation key and every prefix hash.
 #[derive(Debug, Clone)]
 pub struct Identified {
+    pub tenant: Fingerprint,
     pub conversation: Fingerprint,
     pub hashes: Hashes,
 }
@@ -198,6 +210,7 @@ pub fn identify(
     let namespace = key.namespace(tenant, conversation_id);
     let hashes = hash_conversation(&namespace, messages);
     Some(Identified {
+        tenant: key.tenant_id(tenant),
         conversation: hashes.conversation()?,
         hashes,
     })

@@ -21,7 +21,10 @@
 //!   calibrated byte-class estimate for the rest.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
 //! - [`summariser`] — one chat completion that turns a transcript into a summary.
+//! - [`tenants`]   — what abridge knows of a credential: accepted by the provider yet,
+//!   and its summary budget.
 //! - [`models`]    — context windows of known models (for ratio thresholds).
+//! - [`offload`]   — CPU-heavy work off the async workers, bounded in concurrency.
 //! - [`overflow`]  — recognising a provider's "context length exceeded" answer.
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads both namings.
@@ -63,6 +66,7 @@ pub mod controls;
 pub mod error;
 pub mod identity;
 pub mod models;
+pub mod offload;
 pub mod overflow;
 pub mod proxy;
 pub mod relay;
@@ -71,6 +75,7 @@ pub mod server;
 pub mod stats;
 pub mod store;
 pub mod summariser;
+pub mod tenants;
 pub mod tokens;
 pub mod upstream;
 

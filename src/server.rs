@@ -14,9 +14,11 @@ use tokio::sync::watch;
 use crate::compaction::Compactor;
 use crate::config::Config;
 use crate::identity::IdentityKey;
+use crate::offload::Offload;
 use crate::stats::Stats;
 use crate::store::{Store, StoreError};
 use crate::summariser::Summariser;
+use crate::tenants::Tenants;
 use crate::upstream::Upstream;
 use crate::{admin, proxy};
 
@@ -33,6 +35,8 @@ struct Inner {
     identity: Identity,
     compactor: Arc<Compactor>,
     stats: Arc<Stats>,
+    cpu: Offload,
+    tenants: Arc<Tenants>,
     started: Instant,
 }
 
@@ -52,11 +56,18 @@ impl AppState {
         let store = Store::from_config(&config.store)?;
         let stats = Arc::new(Stats::default());
         let summariser = Summariser::new(&config.summary, &upstream);
+        let cpu = Offload::new(config.compaction.cpu_concurrency);
+        let tenants = Arc::new(Tenants::new(
+            store.clone(),
+            config.summary.max_per_tenant_per_minute,
+        ));
         let compactor = Arc::new(Compactor::new(
             &config,
             summariser,
             store.clone(),
             stats.clone(),
+            cpu.clone(),
+            tenants.clone(),
         ));
         let identity = match &config.identity.secret {
             Some(secret) => Identity::Configured(Arc::new(IdentityKey::new(secret.clone()))),
@@ -73,6 +84,8 @@ impl AppState {
                 identity,
                 compactor,
                 stats,
+                cpu,
+                tenants,
                 started: Instant::now(),
             }),
         })
@@ -135,6 +148,16 @@ impl AppState {
 
     pub fn stats(&self) -> &Stats {
         &self.inner.stats
+    }
+
+    /// What abridge knows of each tenant (accepted by the provider, summary budget).
+    pub fn tenants(&self) -> &Tenants {
+        &self.inner.tenants
+    }
+
+    /// Where CPU-heavy work on large requests runs.
+    pub fn cpu(&self) -> &Offload {
+        &self.inner.cpu
     }
 
     pub fn started(&self) -> Instant {

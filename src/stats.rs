@@ -198,6 +198,7 @@ pub struct Stats {
     checkpoints_applied: Counter,
     summary_calls: Counter,
     summary_failures: Counter,
+    summary_refused: Counter,
     fallbacks: Counter,
     retries: Counter,
     anti_thrash: Counter,
@@ -235,6 +236,7 @@ impl Default for Stats {
             checkpoints_applied: Counter::default(),
             summary_calls: Counter::default(),
             summary_failures: Counter::default(),
+            summary_refused: Counter::default(),
             fallbacks: Counter::default(),
             retries: Counter::default(),
             anti_thrash: Counter::default(),
@@ -293,6 +295,9 @@ pub struct Snapshot {
     pub checkpoints_applied: u64,
     pub summary_calls: u64,
     pub summary_failures: u64,
+    /// Summaries not asked for: the provider had not accepted the tenant's credential
+    /// yet, or its summary rate was spent.
+    pub summary_refused: u64,
     /// Summarising strategies that fell back to recency.
     pub fallbacks: u64,
     /// Requests compacted and retried after "context length exceeded".
@@ -450,6 +455,11 @@ impl Stats {
             self.summary_failures.clone(),
         );
         r.register(
+            "summary_refused",
+            "Summaries not asked for: credential not yet accepted by the provider, or its rate spent",
+            self.summary_refused.clone(),
+        );
+        r.register(
             "fallbacks",
             "Summarising strategies that fell back to recency",
             self.fallbacks.clone(),
@@ -564,6 +574,10 @@ impl Stats {
 
     pub fn summary_failure(&self) {
         self.summary_failures.inc();
+    }
+
+    pub fn summary_refused(&self) {
+        self.summary_refused.inc();
     }
 
     pub fn fallback(&self) {
@@ -690,6 +704,7 @@ impl Stats {
             checkpoints_applied: self.checkpoints_applied.get(),
             summary_calls: self.summary_calls.get(),
             summary_failures: self.summary_failures.get(),
+            summary_refused: self.summary_refused.get(),
             fallbacks: self.fallbacks.get(),
             retries: self.retries.get(),
             anti_thrash: self.anti_thrash.get(),

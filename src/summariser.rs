@@ -11,24 +11,15 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, header};
+use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
 use crate::compact::{SummaryError, SummaryRequest};
 use crate::config::SummaryConfig;
+use crate::proxy::headers::Credentials;
 use crate::secret::Secret;
 use crate::upstream::Upstream;
-
-/// Headers carrying a client's credentials or account selection, forwarded to the main
-/// upstream for its summary calls (never to a separate summary provider).
-const CREDENTIAL_HEADERS: [&str; 5] = [
-    "authorization",
-    "api-key",
-    "x-api-key",
-    "openai-organization",
-    "openai-project",
-];
 
 /// Largest summary response read.
 const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
@@ -43,38 +34,31 @@ pub struct Summariser {
     temperature: f64,
 }
 
+/// What went wrong with a summary call. `Status` keeps the provider's message for the
+/// operator's debug log only; what reaches clients and the store is the
+/// [`SummaryError`] class it converts to.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SummaryFailure {
     #[error("summariser did not answer within {0:?}")]
     Timeout(Duration),
-    #[error("summariser answered {status}: {message}")]
+    #[error("summariser answered {status}")]
     Status { status: u16, message: String },
     #[error("summariser returned an empty summary")]
     Empty,
-    #[error("summariser unreachable or unreadable: {0}")]
-    Transport(String),
-}
-
-/// The credential headers of a request: what a summary call on its behalf needs (and
-/// all a background job keeps of the client's headers).
-pub fn credentials(headers: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::new();
-    for name in CREDENTIAL_HEADERS {
-        if let Some(v) = headers.get(name) {
-            out.insert(HeaderName::from_static(name), v.clone());
-        }
-    }
-    out
+    #[error("summariser unreachable: {0}")]
+    Unreachable(String),
+    #[error("summariser answer unreadable: {0}")]
+    Unreadable(String),
 }
 
 impl From<SummaryFailure> for SummaryError {
     fn from(failure: SummaryFailure) -> Self {
         match failure {
             SummaryFailure::Timeout(_) => SummaryError::TimedOut,
-            SummaryFailure::Status { .. } => SummaryError::Failed(failure.to_string()),
-            // The strategy reads an empty answer as "empty summary" itself.
-            SummaryFailure::Empty => SummaryError::Failed(failure.to_string()),
-            SummaryFailure::Transport(_) => SummaryError::Other(failure.to_string()),
+            SummaryFailure::Status { status, .. } => SummaryError::Status(status),
+            SummaryFailure::Empty => SummaryError::Empty,
+            SummaryFailure::Unreachable(_) => SummaryError::Unreachable,
+            SummaryFailure::Unreadable(_) => SummaryError::Unreadable,
         }
     }
 }
@@ -103,11 +87,11 @@ impl Summariser {
         }
     }
 
-    /// Asks for a summary. `client` are the headers of the request being compacted (its
-    /// credentials are used only with the main upstream).
+    /// Asks for a summary. `client` are the credentials of the request being compacted
+    /// (used only with the main upstream).
     pub async fn summarise(
         &self,
-        client: &HeaderMap,
+        client: &Credentials,
         request_model: &str,
         call: &SummaryRequest,
     ) -> Result<String, SummaryFailure> {
@@ -123,31 +107,29 @@ impl Summariser {
             "stream": false,
         });
         let body =
-            serde_json::to_vec(&body).map_err(|e| SummaryFailure::Transport(e.to_string()))?;
+            serde_json::to_vec(&body).map_err(|e| SummaryFailure::Unreadable(e.to_string()))?;
         let uri = self
             .upstream
             .endpoint("/chat/completions")
-            .map_err(|e| SummaryFailure::Transport(e.to_string()))?;
+            .map_err(|e| SummaryFailure::Unreachable(e.to_string()))?;
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(uri)
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT_ENCODING, "identity")
             .body(Body::from(body))
-            .map_err(|e| SummaryFailure::Transport(e.to_string()))?;
+            .map_err(|e| SummaryFailure::Unreachable(e.to_string()))?;
         let headers = request.headers_mut();
         match &self.separate {
             None => {
-                for name in CREDENTIAL_HEADERS {
-                    if let Some(value) = client.get(name) {
-                        headers.insert(HeaderName::from_static(name), value.clone());
-                    }
+                for (name, value) in client.headers() {
+                    headers.append(name.clone(), value.clone());
                 }
             }
             Some(Some(key)) => {
                 let value =
                     HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(|_| {
-                        SummaryFailure::Transport(
+                        SummaryFailure::Unreachable(
                             "summary.api_key is not a valid header value".into(),
                         )
                     })?;
@@ -159,13 +141,13 @@ impl Summariser {
         let exchange = async {
             let response = self.upstream.send(request).await.map_err(|e| match e {
                 crate::error::Error::UpstreamTimeout(after) => SummaryFailure::Timeout(after),
-                e => SummaryFailure::Transport(e.to_string()),
+                e => SummaryFailure::Unreachable(e.to_string()),
             })?;
             let status = response.status();
             let bytes: Bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
                 .collect()
                 .await
-                .map_err(|e| SummaryFailure::Transport(e.to_string()))?
+                .map_err(|e| SummaryFailure::Unreadable(e.to_string()))?
                 .to_bytes();
             Ok::<_, SummaryFailure>((status, bytes))
         };
@@ -179,7 +161,7 @@ impl Summariser {
             });
         }
         let text = completion_text(&bytes).ok_or_else(|| {
-            SummaryFailure::Transport("the response is not a chat completion".into())
+            SummaryFailure::Unreadable("the response is not a chat completion".into())
         })?;
         if text.trim().is_empty() {
             return Err(SummaryFailure::Empty);

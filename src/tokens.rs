@@ -179,12 +179,22 @@ impl Estimator {
         self.bpe.is_some()
     }
 
-    /// Tokens of a text.
+    /// Tokens of a text. The exact encoder sees the text in pieces of at most
+    /// [`EXACT_PIECE`] bytes, cut before a whitespace where there is one: byte-pair
+    /// merging is quadratic in the length of a run without a pre-token break (a
+    /// megabyte of letters took seconds), and a cut costs at most a token or two.
     pub fn text(&self, text: &str) -> u64 {
-        match self.bpe {
-            Some(bpe) => bpe.encode_ordinary(text).len() as u64,
-            None => approx_text(text),
+        let Some(bpe) = self.bpe else {
+            return approx_text(text);
+        };
+        let mut rest = text;
+        let mut total = 0;
+        while !rest.is_empty() {
+            let (piece, after) = rest.split_at(piece_end(rest));
+            total += bpe.encode_ordinary(piece).len() as u64;
+            rest = after;
         }
+        total
     }
 
     /// Tokens one message adds to a request: content, name, tool calls, tool call id and
@@ -235,6 +245,26 @@ impl Estimator {
                 .sum(),
             Content::Other(raw) => approx_text(raw.get()),
         }
+    }
+}
+
+/// Longest text the exact encoder is given at once (see [`Estimator::text`]).
+const EXACT_PIECE: usize = 4096;
+
+/// Where the first piece of `text` ends: all of it when short, else before the last
+/// whitespace within [`EXACT_PIECE`] bytes (the encoder joins a space to the word after
+/// it, so the count does not change), else at the last character boundary there.
+fn piece_end(text: &str) -> usize {
+    if text.len() <= EXACT_PIECE {
+        return text.len();
+    }
+    let window = &text.as_bytes()[..EXACT_PIECE];
+    match window.iter().rposition(u8::is_ascii_whitespace) {
+        Some(at) if at > 0 => at,
+        _ => (1..=EXACT_PIECE)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(text.len()),
     }
 }
 
@@ -365,6 +395,32 @@ mod tests {
         assert_eq!(e.text(""), 0);
         let e = Estimator::for_model("gpt-4");
         assert_eq!(e.text("hello world"), 2);
+    }
+
+    #[test]
+    fn long_texts_are_counted_in_pieces_at_a_linear_cost() {
+        let e = Estimator::for_model("gpt-4o");
+        // Prose cut at whitespace counts as it does whole.
+        let prose = "The quick brown fox jumps over the lazy dog. ".repeat(400);
+        let whole = e
+            .bpe
+            .map(|b| b.encode_ordinary(&prose).len() as u64)
+            .unwrap();
+        assert_eq!(e.text(&prose), whole);
+        // A run without a break (one BPE piece) is cut at character boundaries; the
+        // count stays close and the time linear (a megabyte of it once took seconds).
+        let run = "é".repeat(300_000);
+        let started = std::time::Instant::now();
+        let n = e.text(&run);
+        assert!(n > 0);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(piece_end("short"), 5);
+        let spaced = format!("{} {}", "a".repeat(5000), "b".repeat(10));
+        assert_eq!(piece_end(&spaced), EXACT_PIECE);
     }
 
     #[test]

@@ -32,9 +32,11 @@ use serde_json::{Value, json};
 
 use crate::chat;
 use crate::compaction::{self, Reason, Turn};
+use crate::config::Anonymous;
 use crate::controls::Controls;
 use crate::error::Error;
 use crate::identity::{self, Fingerprint};
+use crate::proxy::headers::Credentials;
 use crate::server::AppState;
 use crate::store::{Checkpoint, Store, now_ms};
 
@@ -442,7 +444,7 @@ async fn preview(State(state): State<AppState>, body: Bytes) -> Response {
         };
         headers.insert(name, value);
     }
-    let controls = match Controls::from_headers(&headers) {
+    let controls = match Controls::from_headers(&headers, state.config().compaction.allowed()) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
@@ -466,15 +468,18 @@ async fn preview(State(state): State<AppState>, body: Bytes) -> Response {
             );
         }
     };
-    let tenant = headers
-        .get(&state.config().identity.tenant_header.0)
-        .map(|v| v.as_bytes().to_vec())
-        .unwrap_or_default();
+    crate::proxy::headers::strip_request(&mut headers);
+    let credentials = Credentials::from_headers(
+        &headers,
+        state.config().identity.tenant_headers.iter().map(|h| &h.0),
+    );
     let key = state.identity_key().await;
-    let identified = key.and_then(|key| {
+    let anonymous_refused =
+        credentials.is_empty() && state.config().identity.anonymous == Anonymous::None;
+    let identified = key.filter(|_| !anonymous_refused).and_then(|key| {
         identity::identify(
             &key,
-            &tenant,
+            &credentials.tenant(),
             controls.conversation.as_deref().map(str::as_bytes),
             &parsed.messages,
         )
@@ -483,13 +488,13 @@ async fn preview(State(state): State<AppState>, body: Bytes) -> Response {
         Some(i) => state.store().load(&i.conversation).await.ok(),
         None => None,
     };
-    let credentials = crate::summariser::credentials(&headers);
     let turn = Turn::new(
         &parsed,
         identified.as_ref(),
         loaded.as_ref(),
         &controls,
         &credentials,
+        bytes.len(),
     );
     let decision = state.compactor().plan(&turn, Reason::Preview).await;
     let forwarded: Vec<Value> = match &decision.apply {

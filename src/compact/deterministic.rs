@@ -3,7 +3,7 @@
 //! timeline of the first 3 and last 5 replaced messages — between the head and a
 //! token-budgeted tail. Same input, same bytes: lists keep first-appearance order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
@@ -86,7 +86,10 @@ fn summary(range: &[Message<'_>]) -> String {
     let mut users = 0;
     let mut assistants = 0;
     let mut results = 0;
+    // Tool names in first-use order, with their counts; `tool_index` finds a name's
+    // entry in constant time (an agent may call thousands of distinct tools).
     let mut tools: Vec<(String, usize)> = Vec::new();
+    let mut tool_index: HashMap<String, usize> = HashMap::new();
     // Path → when it was last mentioned (the latest mentions are listed).
     let mut files: BTreeMap<String, usize> = BTreeMap::new();
     let mut mention = 0usize;
@@ -101,9 +104,12 @@ fn summary(range: &[Message<'_>]) -> String {
         }
         let calls = m.tool_calls().unwrap_or_default();
         for call in &calls {
-            match tools.iter_mut().find(|(n, _)| *n == call.name) {
-                Some((_, count)) => *count += 1,
-                None => tools.push((call.name.to_string(), 1)),
+            match tool_index.get(call.name.as_ref()) {
+                Some(&at) => tools[at].1 += 1,
+                None => {
+                    tool_index.insert(call.name.to_string(), tools.len());
+                    tools.push((call.name.to_string(), 1));
+                }
             }
         }
         let text = m.content().text_lossy();

@@ -60,7 +60,7 @@
 
 mod deterministic;
 mod recency;
-mod redact;
+pub mod redact;
 mod structured;
 mod text;
 mod validate;
@@ -76,7 +76,7 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::chat::{Message, Role};
+use crate::chat::{Message, Role, ToolCall};
 use crate::tokens::Estimator;
 
 use validate::validate_with;
@@ -294,18 +294,30 @@ pub struct SummaryRequest {
     pub max_tokens: u32,
 }
 
-/// Why the summariser gave no answer.
+/// Why the summariser gave no answer: the class of the failure only. The provider's
+/// own error text never gets here: it would reach clients (`x-abridge-note`) and the
+/// store (a checkpoint's `fallback`), and it can quote the credential it refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SummaryError {
-    /// The summariser answered with an error (status, error body).
-    #[error("summariser failed: {0}")]
-    Failed(String),
+    /// The summariser answered with an error status.
+    #[error("the summariser answered HTTP {0}")]
+    Status(u16),
     /// No answer in time (reported by the caller's timeout or by the function itself).
-    #[error("summariser timed out")]
+    #[error("the summariser timed out")]
     TimedOut,
-    /// Anything else (transport error, an answer that could not be read).
-    #[error("summariser error: {0}")]
-    Other(String),
+    /// Connection refused, reset, DNS, TLS.
+    #[error("the summariser could not be reached")]
+    Unreachable,
+    /// An answer that is not a chat completion abridge can read.
+    #[error("the summariser's answer could not be read")]
+    Unreadable,
+    /// The summariser answered with no text.
+    #[error("the summariser returned an empty summary")]
+    Empty,
+    /// abridge did not ask: the request is not allowed to spend on a summary now (see
+    /// the reason).
+    #[error("no summary requested: {0}")]
+    NotAttempted(&'static str),
 }
 
 /// Why a summarising strategy's result was not used and recency was used instead.
@@ -399,36 +411,78 @@ impl Plan {
     }
 }
 
+/// Where the CPU-heavy steps of a compaction run. Everything here is pure and linear in
+/// the conversation, but a megabyte-sized conversation still takes milliseconds to
+/// tens of milliseconds: the request path runs these steps off its async workers under
+/// a bound (see `crate::offload`); tests and benches run them [`Inline`]. A step takes
+/// a permit first (the only await), then runs synchronously.
+pub trait Cpu {
+    type Permit: Send;
+    /// A permit to run CPU-heavy steps, waiting for one when too many run.
+    fn acquire(&self) -> impl Future<Output = Self::Permit> + Send;
+    /// Runs `work` (off the async workers, or where it is).
+    fn run<R>(&self, permit: &Self::Permit, work: impl FnOnce() -> R) -> R;
+}
+
+/// Runs the work where it is called, without a bound.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Inline;
+
+impl Cpu for Inline {
+    type Permit = ();
+    async fn acquire(&self) {}
+    fn run<R>(&self, _: &(), work: impl FnOnce() -> R) -> R {
+        work()
+    }
+}
+
 /// Compacts `input` with `strategy`. `summarise` is called at most once, and only by the
 /// summarising strategies; any failure of it (or of the summary's fidelity check, or a
 /// summary that does not fit the budget) falls back to recency and says so in
-/// [`Plan::fallback`]. The returned plan has passed [`validate`].
+/// [`Plan::fallback`]. The returned plan has passed [`validate`]. The work around the
+/// summary runs on `cpu`.
 pub async fn compact<F, Fut>(
     strategy: Strategy,
     input: &Input<'_>,
     settings: &Settings,
     summarise: F,
+    cpu: &impl Cpu,
 ) -> Result<Plan, CannotCompact>
 where
     F: Fn(SummaryRequest) -> Fut,
     Fut: Future<Output = Result<String, SummaryError>>,
 {
-    let ctx = Ctx::new(input, settings)?;
+    let permit = cpu.acquire().await;
+    let ctx = cpu.run(&permit, || Ctx::new(input, settings))?;
     let attempt = match strategy {
-        Strategy::Recency => return checked(&ctx, recency::plan(&ctx, strategy, None)?),
-        Strategy::Deterministic => deterministic::plan(&ctx),
-        Strategy::Structured => structured::plan(&ctx, Tail::Budgeted, &summarise).await,
-        Strategy::LlmReplace => structured::plan(&ctx, Tail::FinalTurn, &summarise).await,
+        Strategy::Recency => {
+            return cpu.run(&permit, || {
+                checked(&ctx, recency::plan(&ctx, strategy, None)?)
+            });
+        }
+        Strategy::Deterministic => cpu.run(&permit, || deterministic::plan(&ctx)),
+        Strategy::Structured | Strategy::LlmReplace => {
+            let tail = match strategy {
+                Strategy::Structured => Tail::Budgeted,
+                _ => Tail::FinalTurn,
+            };
+            // No permit is held while the summariser is waited for.
+            drop(permit);
+            structured::plan(&ctx, tail, &summarise, cpu).await
+        }
     };
-    let fallback = match attempt {
-        Ok(plan) => match validate_with(&ctx.layout, input.messages, &plan) {
-            Ok(()) => return Ok(plan),
-            Err(v) => Fallback::Invalid(v),
-        },
-        Err(fallback) => fallback,
-    };
-    tracing::debug!(%strategy, %fallback, "compaction falls back to recency");
-    checked(&ctx, recency::plan(&ctx, strategy, Some(fallback))?)
+    let permit = cpu.acquire().await;
+    cpu.run(&permit, || {
+        let fallback = match attempt {
+            Ok(plan) => match validate_with(&ctx.layout, input.messages, &plan) {
+                Ok(()) => return Ok(plan),
+                Err(v) => Fallback::Invalid(v),
+            },
+            Err(fallback) => fallback,
+        };
+        tracing::debug!(%strategy, %fallback, "compaction falls back to recency");
+        checked(&ctx, recency::plan(&ctx, strategy, Some(fallback))?)
+    })
 }
 
 fn checked(ctx: &Ctx<'_, '_>, plan: Plan) -> Result<Plan, CannotCompact> {
@@ -468,6 +522,10 @@ pub(crate) struct Layout<'m, 'a> {
     pub call_of: Vec<Option<(usize, usize)>>,
     /// Tool call/result pairs as (call message, result message).
     pub pairs: Vec<(usize, usize)>,
+    /// Each message's tool calls, parsed once (empty for all but assistant messages):
+    /// every strategy reads a result's call from here instead of parsing its assistant
+    /// message again, which would be quadratic in parallel calls.
+    pub calls: Vec<Vec<ToolCall<'a>>>,
 }
 
 impl<'m, 'a> Layout<'m, 'a> {
@@ -485,11 +543,16 @@ impl<'m, 'a> Layout<'m, 'a> {
         let mut last_assistant = None;
         let mut call_of = vec![None; n];
         let mut pairs = Vec::new();
+        let mut calls = Vec::with_capacity(n);
         for (i, m) in messages.iter().enumerate() {
+            let mine = match m.role {
+                Role::Assistant => m.tool_calls().unwrap_or_default(),
+                _ => Vec::new(),
+            };
             match m.role {
                 Role::Assistant => {
                     last_assistant = Some(i);
-                    for (pos, call) in m.tool_calls().unwrap_or_default().iter().enumerate() {
+                    for (pos, call) in mine.iter().enumerate() {
                         open.insert(call.id.to_string(), (i, pos));
                     }
                 }
@@ -508,6 +571,7 @@ impl<'m, 'a> Layout<'m, 'a> {
                 }
                 Role::System | Role::Developer | Role::User => {}
             }
+            calls.push(mine);
         }
         // A pair (a, b) forbids cuts before a+1 ..= b.
         let mut diff = vec![0i64; n + 2];
@@ -528,11 +592,18 @@ impl<'m, 'a> Layout<'m, 'a> {
             cut_ok,
             call_of,
             pairs,
+            calls,
         })
     }
 
     pub fn len(&self) -> usize {
         self.messages.len()
+    }
+
+    /// The call a tool/function result answers, if it was found.
+    pub fn call_for(&self, result: usize) -> Option<&ToolCall<'a>> {
+        let (a, pos) = self.call_of[result]?;
+        self.calls[a].get(pos)
     }
 }
 

@@ -120,19 +120,13 @@ fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)> {
     if chars <= limit {
         return None;
     }
-    let call = ctx.layout.call_of[k].and_then(|(a, pos)| {
-        ctx.messages()[a]
-            .tool_calls()
-            .ok()
-            .and_then(|calls| calls.into_iter().nth(pos))
-    });
-    let name = match (&call, &m.name) {
+    let call = ctx.layout.call_for(k);
+    let name = match (call, &m.name) {
         (Some(c), _) => c.name.to_string(),
         (None, Some(n)) => n.to_string(),
         (None, None) => "tool".to_owned(),
     };
     let argument = call
-        .as_ref()
         .and_then(|c| key_argument(&c.arguments))
         .map(|(key, value)| format!("{key}={}", quoted(&value)))
         .unwrap_or_default();

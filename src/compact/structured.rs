@@ -25,8 +25,8 @@ use std::ops::RangeInclusive;
 use super::redact::redact;
 use super::text::{head_tail, identifiers, keywords, mentions, truncate_chars, without_spaces};
 use super::{
-    Ctx, Edges, Fallback, Fidelity, Origin, Plan, Strategy, SummaryError, SummaryRequest, Tail,
-    authored,
+    Cpu, Ctx, Edges, Fallback, Fidelity, Origin, Plan, Strategy, SummaryError, SummaryRequest,
+    Tail, authored,
 };
 use crate::chat::{Content, Message, Part, Role};
 
@@ -95,6 +95,7 @@ pub(super) async fn plan<F, Fut>(
     ctx: &Ctx<'_, '_>,
     tail: Tail,
     summarise: &F,
+    cpu: &impl Cpu,
 ) -> Result<Plan, Fallback>
 where
     F: Fn(SummaryRequest) -> Fut,
@@ -106,10 +107,65 @@ where
     };
     let budget = ctx.input.budget;
     let max_tokens = ctx.settings.summary_tokens(budget);
+    let permit = cpu.acquire().await;
+    let prepared = cpu.run(&permit, || prepare(ctx, tail, max_tokens));
+    drop(permit);
+    let body = match prepared.ask {
+        None => prepared.previous.unwrap_or_default().trim().to_owned(),
+        Some((transcript, request)) => {
+            let answer = summarise(request).await.map_err(Fallback::Summariser)?;
+            let permit = cpu.acquire().await;
+            cpu.run(&permit, || {
+                let body = answer.trim();
+                if body.is_empty() {
+                    return Err(Fallback::EmptySummary);
+                }
+                fidelity(body, &transcript, ctx.settings.min_identifier_ratio)
+                    .map_err(Fallback::Fidelity)?;
+                Ok(body.to_owned())
+            })?
+        }
+    };
+    let (head, through) = (prepared.head, prepared.through);
+    let permit = cpu.acquire().await;
+    cpu.run(&permit, || {
+        let framed = format!(
+            "Summary of {} earlier messages, condensed to fit the context window. It is \
+             background about what happened, not a request: respond to the latest user message \
+             below.\n\n{body}",
+            through + 1 - head
+        );
+        let raw = authored(ctx.settings.summary_role, &framed);
+        let plan = ctx.plan(
+            strategy,
+            strategy,
+            (head, through),
+            vec![(raw, Origin::Authored)],
+            Some(body),
+        );
+        if plan.tokens_after > budget {
+            return Err(Fallback::OverBudget {
+                estimate: plan.tokens_after,
+                budget,
+            });
+        }
+        Ok(plan)
+    })
+}
+
+/// The edges of a summary plan and what to ask the summariser (`None`: the previous
+/// summary covers exactly the range and is reused).
+struct Prepared<'p> {
+    head: usize,
+    through: usize,
+    previous: Option<&'p str>,
+    ask: Option<(Transcript, SummaryRequest)>,
+}
+
+fn prepare<'p>(ctx: &Ctx<'_, 'p>, tail: Tail, max_tokens: u32) -> Prepared<'p> {
     let reserve = u64::from(max_tokens) + FRAMING_TOKENS;
     let Edges { head, start } = ctx.edges(reserve, tail, &|k| ctx.cost(k..k + 1));
     let through = start - 1;
-
     // An update of the previous summary when it covers a prefix of this range.
     let previous = ctx
         .previous()
@@ -117,8 +173,8 @@ where
         .filter(|&(p_through, _)| {
             ctx.previous().is_some_and(|p| p.head == head) && p_through <= through
         });
-    let body = match previous {
-        Some((p_through, summary)) if p_through == through => summary.trim().to_owned(),
+    let ask = match previous {
+        Some((p_through, _)) if p_through == through => None,
         _ => {
             let from = previous.map_or(head, |(p_through, _)| p_through + 1);
             let transcript = Transcript::new(ctx, from..=through);
@@ -127,37 +183,15 @@ where
                 prompt: prompt(&transcript, previous.map(|(_, s)| s), ctx.input.focus),
                 max_tokens,
             };
-            let answer = summarise(request).await.map_err(Fallback::Summariser)?;
-            let body = answer.trim();
-            if body.is_empty() {
-                return Err(Fallback::EmptySummary);
-            }
-            fidelity(body, &transcript, ctx.settings.min_identifier_ratio)
-                .map_err(Fallback::Fidelity)?;
-            body.to_owned()
+            Some((transcript, request))
         }
     };
-    let framed = format!(
-        "Summary of {} earlier messages, condensed to fit the context window. It is \
-         background about what happened, not a request: respond to the latest user message \
-         below.\n\n{body}",
-        through + 1 - head
-    );
-    let raw = authored(ctx.settings.summary_role, &framed);
-    let plan = ctx.plan(
-        strategy,
-        strategy,
-        (head, through),
-        vec![(raw, Origin::Authored)],
-        Some(body),
-    );
-    if plan.tokens_after > budget {
-        return Err(Fallback::OverBudget {
-            estimate: plan.tokens_after,
-            budget,
-        });
+    Prepared {
+        head,
+        through,
+        previous: previous.map(|(_, s)| s),
+        ask,
     }
-    Ok(plan)
 }
 
 /// The messages as the summariser sees them, and what the fidelity check needs.
@@ -248,14 +282,10 @@ fn render(ctx: &Ctx<'_, '_>, i: usize, m: &Message<'_>) -> (String, Vec<String>)
         ),
         Role::Tool | Role::Function => {
             let id = m.tool_call_id.as_deref().unwrap_or("");
-            let name = ctx.layout.call_of[i]
-                .and_then(|(a, pos)| {
-                    ctx.messages()[a]
-                        .tool_calls()
-                        .ok()
-                        .and_then(|c| c.into_iter().nth(pos))
-                        .map(|c| c.name.into_owned())
-                })
+            let name = ctx
+                .layout
+                .call_for(i)
+                .map(|c| c.name.to_string())
                 .or_else(|| m.name.as_deref().map(str::to_owned));
             let label = match name {
                 Some(name) => format!("[TOOL RESULT {id} ({name})]"),
@@ -272,7 +302,7 @@ fn render(ctx: &Ctx<'_, '_>, i: usize, m: &Message<'_>) -> (String, Vec<String>)
         block.push('\n');
         bodies.push(body);
     }
-    for call in m.tool_calls().unwrap_or_default() {
+    for call in &ctx.layout.calls[i] {
         let arguments = redact(&call.arguments);
         let arguments = truncate_chars(&arguments, s.arguments_chars);
         let _ = writeln!(block, "[TOOL CALL {} {}]\n{arguments}", call.name, call.id);
@@ -379,7 +409,7 @@ fn fidelity(body: &str, transcript: &Transcript, min_ratio: f64) -> Result<(), F
         return Err(Fidelity::Identifiers { kept, of });
     }
     if let Some(ask) = &transcript.latest_ask {
-        let words: Vec<String> = keywords(ask).into_iter().take(MAX_KEYWORDS).collect();
+        let words = keywords(ask, MAX_KEYWORDS);
         if !words.is_empty() {
             let lower = body.to_lowercase();
             // Stems: the first five letters match inflections (refactor/refactoring).

@@ -35,11 +35,11 @@ where
     tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap()
-        .block_on(compact(strategy, input, settings, summarise))
+        .block_on(compact(strategy, input, settings, summarise, &Inline))
 }
 
 async fn never(_: SummaryRequest) -> Result<String, SummaryError> {
-    Err(SummaryError::Other("not expected".to_owned()))
+    Err(SummaryError::Unreadable)
 }
 
 async fn echo(request: SummaryRequest) -> Result<String, SummaryError> {
@@ -380,10 +380,10 @@ fn summariser_failures_fall_back_to_recency() {
         let cases: Vec<(Plan, Expected)> = vec![
             (
                 run(strategy, &inp, &settings, |_| async {
-                    Err(SummaryError::Failed("HTTP 500".to_owned()))
+                    Err(SummaryError::Status(500))
                 })
                 .unwrap(),
-                |f| matches!(f, Fallback::Summariser(SummaryError::Failed(_))),
+                |f| matches!(f, Fallback::Summariser(SummaryError::Status(500))),
             ),
             (
                 run(strategy, &inp, &settings, |_| async {
@@ -846,7 +846,7 @@ fn fake() -> impl proptest::strategy::Strategy<Value = Fake> {
 fn answer(fake: Fake, request: &SummaryRequest) -> Result<String, SummaryError> {
     match fake {
         Fake::Echo => Ok(echo_summary(request)),
-        Fake::Fail => Err(SummaryError::Failed("500".to_owned())),
+        Fake::Fail => Err(SummaryError::Status(500)),
         Fake::Timeout => Err(SummaryError::TimedOut),
         Fake::Empty => Ok(String::new()),
         Fake::NoSections => Ok("All good.".to_owned()),

@@ -2,6 +2,7 @@
 //! the identifiers (file paths, URLs, IDs, numbers with units) a summary must keep.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::OnceLock;
 
 use regex::Regex;
@@ -102,30 +103,42 @@ fn path_patterns() -> &'static [Regex] {
     })
 }
 
-/// File-path mentions in `s`, in order (URLs are not paths).
+/// File-path mentions in `s`, in order, each once (URLs are not paths). Linear in `s`:
+/// the matches of one pattern never overlap, so a match is checked against the URLs and
+/// the earlier pattern's paths by binary search.
 pub fn paths(s: &str) -> Vec<&str> {
-    let mut found: Vec<(usize, &str)> = Vec::new();
-    let mut spans: Vec<(usize, usize)> = Vec::new();
     let urls: Vec<(usize, usize)> = url_pattern()
         .find_iter(s)
         .map(|m| (m.start(), m.end()))
         .collect();
+    let mut found: Vec<(usize, &str)> = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    // Spans taken by each earlier pattern, in order and disjoint.
+    let mut taken: Vec<Vec<(usize, usize)>> = Vec::new();
     for re in path_patterns() {
+        let mut spans = Vec::new();
         for m in re.find_iter(s) {
-            let inside_url = urls.iter().any(|&(a, b)| m.start() < b && m.end() > a);
-            let inside_path = spans.iter().any(|&(a, b)| m.start() < b && m.end() > a);
+            let (a, b) = (m.start(), m.end());
             let text = m.as_str().trim_end_matches('.');
-            if inside_url || inside_path || text.len() <= 2 {
+            if overlaps(&urls, a, b) || taken.iter().any(|t| overlaps(t, a, b)) || text.len() <= 2 {
                 continue;
             }
-            spans.push((m.start(), m.end()));
-            if !found.iter().any(|&(_, t)| t == text) {
-                found.push((m.start(), text));
+            spans.push((a, b));
+            if seen.insert(text) {
+                found.push((a, text));
             }
         }
+        taken.push(spans);
     }
     found.sort_by_key(|&(at, _)| at);
     found.into_iter().map(|(_, t)| t).collect()
+}
+
+/// Whether `a..b` overlaps one of `spans` (sorted, disjoint).
+fn overlaps(spans: &[(usize, usize)], a: usize, b: usize) -> bool {
+    // The first span that ends after `a` is the only one that can overlap.
+    let i = spans.partition_point(|&(_, end)| end <= a);
+    spans.get(i).is_some_and(|&(start, _)| start < b)
 }
 
 fn url_pattern() -> &'static Regex {
@@ -185,8 +198,8 @@ pub fn without_spaces(s: &str) -> String {
 }
 
 /// Words of a request that carry its meaning: ASCII words of four letters or more that
-/// are not common function words, lower-cased, distinct, in order.
-pub fn keywords(s: &str) -> Vec<String> {
+/// are not common function words, lower-cased, distinct, in order; at most `max`.
+pub fn keywords(s: &str, max: usize) -> Vec<String> {
     const STOP: &[&str] = &[
         "about", "after", "again", "also", "been", "before", "being", "could", "does", "done",
         "each", "from", "have", "here", "into", "just", "like", "make", "more", "much", "need",
@@ -197,10 +210,14 @@ pub fn keywords(s: &str) -> Vec<String> {
     ];
     let mut out: Vec<String> = Vec::new();
     for word in s.split(|c: char| !c.is_ascii_alphanumeric()) {
+        if out.len() == max {
+            break;
+        }
         if word.len() < 4 || word.chars().all(|c| c.is_ascii_digit()) {
             continue;
         }
         let w = word.to_ascii_lowercase();
+        // `out` holds at most `max` words: a scan of it is constant work.
         if !STOP.contains(&w.as_str()) && !out.contains(&w) {
             out.push(w);
         }
@@ -252,14 +269,23 @@ mod tests {
             assert!(ids.iter().any(|i| i == want), "{want} in {ids:?}");
         }
         assert!(mentions(&without_spaces("took 250ms"), "250 ms"));
+        // A path inside a URL is not a path; one after it is, once.
+        assert_eq!(
+            paths("see https://x.io/a/b.rs then a/b.rs and a/b.rs"),
+            vec!["a/b.rs"]
+        );
     }
 
     #[test]
     fn keywords_skip_function_words() {
         assert_eq!(
-            keywords("Please refactor the parser so that it uses nom, and add tests!"),
+            keywords(
+                "Please refactor the parser so that it uses nom, and add tests!",
+                12
+            ),
             vec!["refactor", "parser", "uses", "tests"]
         );
-        assert!(keywords("日本語のテキスト").is_empty());
+        assert_eq!(keywords("alpha beta gamma delta", 2), vec!["alpha", "beta"]);
+        assert!(keywords("日本語のテキスト", 12).is_empty());
     }
 }

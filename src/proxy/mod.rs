@@ -9,6 +9,7 @@ pub mod headers;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,15 +19,17 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::chat::{self, Message, Parsed};
 use crate::compaction::{Decision, Followup, Reason, Turn};
+use crate::config::Anonymous;
 use crate::config::CompactionMode;
 use crate::controls::{Compact, Controls, Report};
 use crate::error::Error;
-use crate::identity::{self, Identified};
+use crate::identity::{self, Fingerprint, Identified, IdentityKey};
 use crate::overflow;
 use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::server::AppState;
 use crate::stats::{InFlight, Route};
 use crate::store::{Checkpoint, Loaded};
+use headers::Credentials;
 
 /// Largest provider error body read to see whether it says "context length exceeded".
 const MAX_ERROR_BODY: usize = 1024 * 1024;
@@ -37,6 +40,8 @@ struct Exchange {
     started: Instant,
     upstream_wait: Duration,
     inflight: Option<InFlight>,
+    /// The request's tenant, once identified: a 2xx from the provider marks it accepted.
+    tenant: Option<Fingerprint>,
 }
 
 impl Exchange {
@@ -45,11 +50,19 @@ impl Exchange {
             started: Instant::now(),
             upstream_wait: Duration::ZERO,
             inflight: Some(state.stats().request_started()),
+            tenant: None,
         }
     }
 
     fn finish(self, state: &AppState, route: Route, response: &Response) {
         state.stats().response(route, response.status());
+        // The provider accepted this tenant's credential (abridge's own errors never
+        // reach here with a tenant: they end the request before it is identified).
+        if let Some(tenant) = self.tenant
+            && response.status().is_success()
+        {
+            state.tenants().accepted(tenant);
+        }
         let own = self.started.elapsed().saturating_sub(self.upstream_wait);
         state.stats().added_latency(route, own);
     }
@@ -74,23 +87,25 @@ async fn chat_stages(
 ) -> Result<Response, Error> {
     let (mut parts, body) = request.into_parts();
     let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
-    let controls = Controls::from_headers(&parts.headers)?;
+    let controls = Controls::from_headers(&parts.headers, state.config().compaction.allowed())?;
 
     // ingress: the one body abridge reads whole, bounded.
     let body = read_body(body, &parts.headers, state.config().limits.max_body_bytes).await?;
-    // What identify needs of the headers, before they are prepared for the upstream.
-    let tenant = parts
-        .headers
-        .get(&state.config().identity.tenant_header.0)
-        .map(|v| v.as_bytes().to_vec())
-        .unwrap_or_default();
-    let credentials = crate::summariser::credentials(&parts.headers);
     prepare_headers(&mut parts);
+    // The credentials as the provider will see them (hop-by-hop headers gone).
+    let credentials = Credentials::from_headers(
+        &parts.headers,
+        state.config().identity.tenant_headers.iter().map(|h| &h.0),
+    );
+    let key = identity_key(state).await;
 
-    // parse: a body abridge does not understand goes untouched.
-    let parsed = match chat::parse(&body) {
+    // parse: a body abridge does not understand goes untouched. A large body is parsed
+    // and hashed off the async workers.
+    let permit = state.cpu().permit_for(body.len()).await;
+    let parsed = match state.cpu().run_with(&permit, || chat::parse(&body)) {
         Ok(parsed) => parsed,
         Err(reason) => {
+            drop(permit);
             state.stats().unparseable();
             tracing::debug!(%reason, "forwarding a chat body abridge does not understand untouched");
             let report = Report {
@@ -108,9 +123,18 @@ async fn chat_stages(
             ));
         }
     };
+    let identified = state.cpu().run_with(&permit, || {
+        identify(
+            state,
+            key.as_deref(),
+            &credentials,
+            &controls,
+            &parsed.messages,
+        )
+    });
+    drop(permit);
 
-    // identify → load (one round trip).
-    let identified = identify(state, &tenant, &controls, &parsed.messages).await;
+    // load (one round trip).
     let loaded = load(state, identified.as_ref()).await;
     let model = parsed.request.model.as_deref().unwrap_or_default();
     let turn = Turn::new(
@@ -119,6 +143,7 @@ async fn chat_stages(
         loaded.as_ref(),
         &controls,
         &credentials,
+        body.len(),
     );
 
     // plan → rewrite → forward.
@@ -168,8 +193,18 @@ async fn chat_stages(
     }
 
     // relay → record.
+    for note in &controls.ignored {
+        decision.report.add_note(*note);
+    }
+    if identified.is_none() && key.is_some() && anonymous_refused(state, &credentials) {
+        decision.report.add_note(
+            "no credential: forwarded without conversation state (identity.anonymous = none)",
+        );
+    }
+    let tenant = identified.as_ref().map(|i| i.tenant);
     let followup = identified
         .map(|identified| followup(identified, &decision, &parsed, &body, model, credentials));
+    exchange.tenant = tenant;
     Ok(respond(
         state,
         upstream,
@@ -217,9 +252,16 @@ async fn passthrough_stages(
     Ok(relay::respond(
         response,
         Watch::Nothing,
-        state.config().timeouts.stream_idle(),
+        relay_bounds(state),
         on_done,
     ))
+}
+
+fn relay_bounds(state: &AppState) -> relay::Bounds {
+    relay::Bounds {
+        idle: state.config().timeouts.stream_idle(),
+        max_decoded: state.config().limits.max_decoded_bytes,
+    }
 }
 
 /// The chat request's headers for the upstream: hop-by-hop and `x-abridge-*` removed,
@@ -235,21 +277,39 @@ fn prepare_headers(parts: &mut Parts) {
     parts.version = Version::HTTP_11;
 }
 
-/// identify: the conversation of a request, from the tenant header, the optional
-/// `x-abridge-conversation` header and the messages. `None` when the request has no user
-/// message, or the identity key is not available (store down: fail-open).
-async fn identify(
+/// The identity key, or `None` while the store has never answered (fail-open: the
+/// request goes on unidentified, and that is counted).
+async fn identity_key(state: &AppState) -> Option<Arc<IdentityKey>> {
+    let key = state.identity_key().await;
+    if key.is_none() {
+        state.stats().store_unavailable();
+    }
+    key
+}
+
+/// Requests without a credential get no conversation state (`identity.anonymous =
+/// "none"`).
+fn anonymous_refused(state: &AppState, credentials: &Credentials) -> bool {
+    credentials.is_empty() && state.config().identity.anonymous == Anonymous::None
+}
+
+/// identify: the conversation of a request, from its credentials (the tenant), the
+/// optional `x-abridge-conversation` header and the messages. `None` when the request
+/// has no user message, no identity key is available (store down: fail-open), or it
+/// carries no credential and anonymous requests get no state.
+fn identify(
     state: &AppState,
-    tenant: &[u8],
+    key: Option<&IdentityKey>,
+    credentials: &Credentials,
     controls: &Controls,
     messages: &[Message<'_>],
 ) -> Option<Identified> {
-    let Some(key) = state.identity_key().await else {
-        state.stats().store_unavailable();
+    let key = key?;
+    if anonymous_refused(state, credentials) {
         return None;
-    };
+    }
     let explicit = controls.conversation.as_deref().map(str::as_bytes);
-    let identified = identity::identify(&key, tenant, explicit, messages)?;
+    let identified = identity::identify(key, &credentials.tenant(), explicit, messages)?;
     state.stats().identified();
     Some(identified)
 }
@@ -382,12 +442,9 @@ fn respond(
         drop((inflight, stream));
     });
     let mut response = match upstream {
-        Upstream::Streaming(response) => relay::respond(
-            response,
-            watch,
-            state.config().timeouts.stream_idle(),
-            on_done,
-        ),
+        Upstream::Streaming(response) => {
+            relay::respond(response, watch, relay_bounds(state), on_done)
+        }
         Upstream::Buffered(head, body) => relay::respond_buffered(head, body, on_done),
     };
     report.write(response.headers_mut());
@@ -401,9 +458,10 @@ fn followup(
     parsed: &Parsed<'_>,
     body: &Bytes,
     model: &str,
-    credentials: HeaderMap,
+    credentials: Credentials,
 ) -> Followup {
     Followup {
+        tenant: identified.tenant,
         conversation: identified.conversation,
         messages: u32::try_from(parsed.messages.len()).unwrap_or(u32::MAX),
         prefix: identified

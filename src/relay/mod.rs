@@ -11,8 +11,12 @@
 //! Compressed responses: abridge asks for `Accept-Encoding: identity` on the routes it
 //! reads, and if a provider compresses anyway (gzip or deflate) the relay decodes the
 //! stream for the client and drops `Content-Encoding`, so usage is still read and the
-//! client gets what its HTTP library would have decoded. Other encodings pass untouched
-//! and their usage is not read (counted as `usage_unreadable`).
+//! client gets what its HTTP library would have decoded. Decoding is bounded: the
+//! compressed bytes go in a kilobyte at a time (deflate inflates at most ~1,032:1, so a
+//! step yields about a megabyte), and a response that decodes to more than
+//! `limits.max_decoded_bytes` is cut as an upstream error (a gzip bomb never grows
+//! abridge's memory past that). Other encodings pass untouched and their usage is not
+//! read (counted as `usage_unreadable`).
 //!
 //! When the body ends, errors or is dropped (client gone) the `on_done` callback gets
 //! the [`Outcome`] once — the "record" stage of the request path.
@@ -75,11 +79,21 @@ pub enum End {
 
 pub type OnDone = Box<dyn FnOnce(Outcome) + Send>;
 
+/// Compressed bytes given to the decoder at a time (see the module docs).
+const DECODE_STEP: usize = 1024;
+
+/// The relay's bounds: `timeouts.stream_idle_ms` and `limits.max_decoded_bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub idle: Duration,
+    pub max_decoded: usize,
+}
+
 /// Builds the client's response from the provider's.
 pub fn respond(
     upstream: http::Response<Incoming>,
     watch: Watch,
-    idle: Duration,
+    bounds: Bounds,
     on_done: OnDone,
 ) -> Response {
     let (mut parts, body) = upstream.into_parts();
@@ -111,7 +125,8 @@ pub fn respond(
 
     let mut relay = RelayBody {
         inner: body,
-        idle,
+        idle: bounds.idle,
+        decode_budget: bounds.max_decoded,
         last_data: Instant::now(),
         timer: None,
         decoder,
@@ -253,24 +268,35 @@ impl Decoder {
         }
     }
 
-    fn decode(&mut self, data: &[u8]) -> std::io::Result<Bytes> {
+    /// Decodes `data`, at most `budget` bytes of output in all (the budget shrinks by
+    /// what is produced); over it, an error and nothing more is decoded.
+    fn decode(&mut self, data: &[u8], budget: &mut usize) -> std::io::Result<Bytes> {
         use std::io::Write;
-        let out = match self {
-            Decoder::Gzip(d) => {
-                d.write_all(data)?;
-                d.flush()?;
-                std::mem::take(d.get_mut())
+        let mut out: Vec<u8> = Vec::new();
+        for step in data.chunks(DECODE_STEP) {
+            let produced = match self {
+                Decoder::Gzip(d) => {
+                    d.write_all(step)?;
+                    d.flush()?;
+                    std::mem::take(d.get_mut())
+                }
+                Decoder::Deflate(d) => {
+                    d.write_all(step)?;
+                    d.flush()?;
+                    std::mem::take(d.get_mut())
+                }
+            };
+            take_budget(budget, produced.len())?;
+            if out.is_empty() {
+                out = produced;
+            } else {
+                out.extend_from_slice(&produced);
             }
-            Decoder::Deflate(d) => {
-                d.write_all(data)?;
-                d.flush()?;
-                std::mem::take(d.get_mut())
-            }
-        };
+        }
         Ok(Bytes::from(out))
     }
 
-    fn finish(&mut self) -> std::io::Result<Bytes> {
+    fn finish(&mut self, budget: &mut usize) -> std::io::Result<Bytes> {
         let out = match self {
             Decoder::Gzip(d) => {
                 d.try_finish()?;
@@ -281,14 +307,25 @@ impl Decoder {
                 std::mem::take(d.get_mut())
             }
         };
+        take_budget(budget, out.len())?;
         Ok(Bytes::from(out))
     }
+}
+
+/// Takes `n` bytes of the decode budget, or fails when there are not that many left.
+fn take_budget(budget: &mut usize, n: usize) -> std::io::Result<()> {
+    *budget = budget.checked_sub(n).ok_or_else(|| {
+        std::io::Error::other("the response decodes to more than limits.max_decoded_bytes")
+    })?;
+    Ok(())
 }
 
 /// The body sent to the client. See the module docs.
 pub struct RelayBody {
     inner: Incoming,
     idle: Duration,
+    /// Decoded bytes still allowed (`limits.max_decoded_bytes` at the start).
+    decode_budget: usize,
     /// When the upstream last sent a frame. The idle timer is not reset per frame (a
     /// timer-wheel update for every SSE event); when it fires it checks this and, if
     /// something came meanwhile, sleeps again until `last_data + idle`.
@@ -336,7 +373,7 @@ impl RelayBody {
     fn finish(&mut self) -> Result<Bytes, RelayError> {
         let mut tail = Bytes::new();
         if let Some(decoder) = &mut self.decoder {
-            match decoder.finish() {
+            match decoder.finish(&mut self.decode_budget) {
                 Ok(rest) => tail = self.tap.feed(rest),
                 Err(e) => {
                     self.abort(End::UpstreamError);
@@ -353,7 +390,7 @@ impl RelayBody {
     fn on_data(&mut self, data: Bytes) -> Result<Bytes, RelayError> {
         let data = match &mut self.decoder {
             None => data,
-            Some(decoder) => match decoder.decode(&data) {
+            Some(decoder) => match decoder.decode(&data, &mut self.decode_budget) {
                 Ok(decoded) => decoded,
                 Err(e) => {
                     self.abort(End::UpstreamError);

@@ -26,6 +26,8 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct Inner {
     conversations: HashMap<Fingerprint, Conversation>,
+    /// Tenants the provider accepted, until when.
+    tenants: HashMap<Fingerprint, Instant>,
     secret: Option<Secret>,
     /// Writes since the last sweep of expired conversations.
     writes: usize,
@@ -200,6 +202,25 @@ impl MemoryStore {
                 .then(a.conversation.cmp(&b.conversation))
         });
         all.into_iter().skip(offset).take(limit).collect()
+    }
+
+    pub fn accept_tenant(&self, tenant: &Fingerprint) {
+        let mut inner = lock(&self.inner);
+        let now = Instant::now();
+        if inner.tenants.len() >= self.max_conversations {
+            inner.tenants.retain(|_, until| *until > now);
+            if inner.tenants.len() >= self.max_conversations {
+                inner.tenants.clear();
+            }
+        }
+        inner.tenants.insert(*tenant, now + self.ttl);
+    }
+
+    pub fn tenant_accepted(&self, tenant: &Fingerprint) -> bool {
+        lock(&self.inner)
+            .tenants
+            .get(tenant)
+            .is_some_and(|until| *until > Instant::now())
     }
 
     pub fn identity_secret(&self, candidate: &Secret) -> Secret {

@@ -20,6 +20,7 @@
 //! - `<prefix>:{<conv>}:ckpt`  — hash: `<through, 10 digits>:<prefix hash>` → checkpoint JSON
 //! - `<prefix>:{<conv>}:state` — hash: tokens, messages, prefix, compactions, last_seen
 //! - `<prefix>:{<conv>}:lock`  — the single-flight lock token (SET NX PX)
+//! - `<prefix>:{<tenant>}:tenant` — "1" once the provider accepted the tenant's credential
 //! - `<prefix>:recent`         — sorted set of conversations by last use (admin listing)
 //! - `<prefix>:secret`         — the identity secret (no TTL: see [`Store::identity_secret`])
 
@@ -433,6 +434,31 @@ impl Store {
                     Ok(())
                 }
                 Backend::Redis(r) => r.schedule(conversation, None).await.map(|_| ()),
+            }
+        })
+        .await
+    }
+
+    /// Remembers that the provider accepted a tenant's credential (a 2xx), for the TTL.
+    pub async fn accept_tenant(&self, tenant: &Fingerprint) -> Result<(), StoreError> {
+        self.call("accept_tenant", async {
+            match &self.backend {
+                Backend::Memory(m) => {
+                    m.accept_tenant(tenant);
+                    Ok(())
+                }
+                Backend::Redis(r) => r.accept_tenant(tenant).await,
+            }
+        })
+        .await
+    }
+
+    /// Whether the provider accepted a tenant's credential within the TTL.
+    pub async fn tenant_accepted(&self, tenant: &Fingerprint) -> Result<bool, StoreError> {
+        self.call("tenant_accepted", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.tenant_accepted(tenant)),
+                Backend::Redis(r) => r.tenant_accepted(tenant).await,
             }
         })
         .await

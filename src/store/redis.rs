@@ -617,6 +617,25 @@ impl RedisStore {
             .collect())
     }
 
+    pub async fn accept_tenant(&self, tenant: &Fingerprint) -> Result<(), StoreError> {
+        let _: () = redis::cmd("SET")
+            .arg(self.key(tenant, "tenant"))
+            .arg("1")
+            .arg("PX")
+            .arg(self.inner.ttl_ms)
+            .query_async(&mut self.conn().await?)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn tenant_accepted(&self, tenant: &Fingerprint) -> Result<bool, StoreError> {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(self.key(tenant, "tenant"))
+            .query_async(&mut self.conn().await?)
+            .await?;
+        Ok(exists == 1)
+    }
+
     pub async fn identity_secret(&self, candidate: &Secret) -> Result<Secret, StoreError> {
         let key = self.global("secret");
         let mut pipe = redis::pipe();

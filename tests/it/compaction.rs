@@ -423,13 +423,28 @@ async fn summariser_failures_fall_back_and_the_request_succeeds() {
             Some("recency"),
             "{mode:?}"
         );
-        assert!(
-            answer
-                .header("x-abridge-note")
-                .unwrap()
-                .contains("fell back"),
-            "{mode:?}"
-        );
+        let note = answer.header("x-abridge-note").unwrap();
+        assert!(note.contains("fell back"), "{mode:?}: {note}");
+        // The class of the failure, never the provider's own text, reaches the client
+        // and the store.
+        let id = answer.header("x-abridge-conversation").unwrap();
+        let loaded = proxy
+            .state
+            .store()
+            .load(&abridge::identity::Fingerprint::from_hex(&id).unwrap())
+            .await
+            .unwrap();
+        let stored = loaded.checkpoints[0].fallback.clone().unwrap();
+        for text in [&note, &stored] {
+            assert!(
+                !text.contains("as told") && !text.contains("The summariser failed"),
+                "{mode:?}: provider text in {text}"
+            );
+        }
+        if mode == SummaryMode::Error {
+            assert!(note.contains("HTTP 500"), "{note}");
+            assert!(stored.contains("HTTP 500"), "{stored}");
+        }
         assert!(proxy.stats().fallbacks >= 1);
     }
 }

@@ -33,9 +33,17 @@ fn expected_conversation(port: u16, tenant: &str, explicit: Option<&str>) -> Fin
     let key = IdentityKey::new(Secret::new(secret));
     let body = body();
     let parsed = abridge::chat::parse(body.as_bytes()).unwrap();
+    // The tenant as abridge reads it: the credential headers, names and values.
+    let mut headers = http::HeaderMap::new();
+    headers.insert("authorization", tenant.parse().unwrap());
+    let tenant_headers = abridge::Config::default().identity.tenant_headers;
+    let credentials = abridge::proxy::headers::Credentials::from_headers(
+        &headers,
+        tenant_headers.iter().map(|h| &h.0),
+    );
     abridge::identity::identify(
         &key,
-        tenant.as_bytes(),
+        &credentials.tenant(),
         explicit.map(str::as_bytes),
         &parsed.messages,
     )

@@ -16,6 +16,7 @@ mod compaction;
 mod conversations;
 mod dashboard;
 mod errors;
+mod hardening;
 mod lifecycle;
 mod llama;
 mod passthrough;

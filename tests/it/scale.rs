@@ -359,6 +359,7 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
         ("ABRIDGE_COMPACTION__LOCK_TTL_MS", "3000".to_owned()),
         // The same fake, but with a per-process key: each summary call names its maker.
         ("ABRIDGE_SUMMARY__UPSTREAM", provider.url()),
+        ("ABRIDGE_SUMMARY__MODEL", "summary-model".to_owned()),
         ("ABRIDGE_SUMMARY__TIMEOUT_MS", "5000".to_owned()),
         ("ABRIDGE_LOG__FILTER", "warn".to_owned()),
     ]
@@ -501,10 +502,16 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
     let mut stored: BTreeMap<usize, Stored> = BTreeMap::new();
     let mut per_node = vec![0; REPLICAS];
     let mut recent_bytes = 0;
+    let mut tenants = 0;
     for (n, url) in urls.iter().enumerate() {
         let mut con = node(url);
         let mut by_conversation: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for key in keys(url, &format!("{PREFIX}:*")) {
+            // A tenant the provider accepted (its summaries may be paid for).
+            if key.ends_with(":tenant") {
+                tenants += 1;
+                continue;
+            }
             match tag_of(&key) {
                 Some(tag) => by_conversation.entry(tag.to_owned()).or_default().push(key),
                 None if key == format!("{PREFIX}:recent") => {
@@ -558,6 +565,10 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
         }
     }
     assert_eq!(stored.len(), CONVERSATIONS, "every conversation is stored");
+    assert_eq!(
+        tenants, CONVERSATIONS,
+        "each conversation's credential is remembered as accepted, once"
+    );
     assert!(
         per_node.iter().filter(|&&n| n > 0).count() >= 2,
         "conversations spread over the nodes: {per_node:?}"

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use abridge::compact::SummaryRequest;
 use abridge::config::SummaryConfig;
+use abridge::proxy::headers::Credentials;
 use abridge::secret::Secret;
 use abridge::summariser::{Summariser, SummaryFailure};
 use abridge::upstream::Upstream;
@@ -22,12 +23,13 @@ fn call() -> SummaryRequest {
     }
 }
 
-fn client_headers() -> HeaderMap {
+fn client_headers() -> Credentials {
     let mut h = HeaderMap::new();
     h.insert("authorization", "Bearer sk-client".parse().unwrap());
     h.insert("openai-organization", "org-client".parse().unwrap());
     h.insert("x-stainless-lang", "python".parse().unwrap());
-    h
+    let tenant_headers = abridge::Config::default().identity.tenant_headers;
+    Credentials::from_headers(&h, tenant_headers.iter().map(|h| &h.0))
 }
 
 fn summariser(main: &FakeProvider, summary: SummaryConfig) -> Summariser {
@@ -132,6 +134,6 @@ async fn failures_are_reported_not_hidden() {
         s.summarise(&client_headers(), "m", &call())
             .await
             .unwrap_err(),
-        SummaryFailure::Transport(_)
+        SummaryFailure::Unreachable(_)
     ));
 }

@@ -220,7 +220,7 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
         fnv(request["messages"].to_string().as_bytes())
     );
     let usage = usage(
-        prompt_tokens,
+        b.reported_prompt_tokens.unwrap_or(prompt_tokens),
         reply.completion_tokens(),
         b.input_tokens_naming,
     );
@@ -316,10 +316,10 @@ fn text_reply(messages: &[Value], words: usize, max_tokens: Option<u64>) -> Repl
 
 fn usage(prompt: u64, completion: u64, input_naming: bool) -> Value {
     if input_naming {
-        json!({"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion})
+        json!({"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt.saturating_add(completion)})
     } else {
         json!({
-            "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion),
             "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
             "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
                 "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
@@ -457,12 +457,17 @@ fn stream(b: &Behavior, events: Vec<Bytes>, completion: Completion) -> Response 
                         Bytes::from(std::mem::take(gz.get_mut()))
                     }
                 };
-                if tx.send(bytes).await.is_err() {
+                // An empty chunk would reset the stream (see `ChannelBody`).
+                if !bytes.is_empty() && tx.send(bytes).await.is_err() {
                     return;
                 }
                 if b.split_events {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
+            }
+            if i == 0 && b.faults.reset {
+                let _ = tx.send(Bytes::new()).await;
+                return;
             }
             if i == 0 && b.stall == Some(Stall::AfterFirstEvent) {
                 tx.closed().await;

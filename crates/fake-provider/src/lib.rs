@@ -17,13 +17,16 @@
 //! `x-fake-window` (context window in tokens),
 //! `x-fake-gzip: 1`, `x-fake-split: 1` (every SSE event in two TCP writes),
 //! `x-fake-multiline: 1` (JSON spread over several `data:` lines),
-//! `x-fake-usage: input` (`input_tokens` naming), `x-fake-leak-headers: 1` (hop-by-hop and
+//! `x-fake-usage: input` (`input_tokens` naming), `x-fake-prompt-tokens: N` (report N
+//! prompt tokens), the faults of [`faults`] (`x-fake-gzip-bomb`, `x-fake-garbage`,
+//! `x-fake-reset`, `x-fake-reject-stream-options`; a key list that answers 401), `x-fake-leak-headers: 1` (hop-by-hop and
 //! `x-abridge-*` response headers a proxy must not pass on).
 //!
 //! Token counting (documented so tests can predict it): 3 per request + for each message
 //! 4 + ⌈bytes/4⌉ of its text content, name, and tool-call names and arguments.
 
 mod chat;
+pub mod faults;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -91,6 +94,11 @@ pub struct Behavior {
     pub input_tokens_naming: bool,
     pub leak_headers: bool,
     pub summary: SummaryMode,
+    /// Report this many prompt tokens whatever was sent (a provider whose count is
+    /// absurd).
+    pub reported_prompt_tokens: Option<u64>,
+    /// Faults of a misbehaving provider (see [`faults`]).
+    pub faults: faults::Faults,
 }
 
 impl Default for Behavior {
@@ -109,6 +117,8 @@ impl Default for Behavior {
             input_tokens_naming: false,
             leak_headers: false,
             summary: SummaryMode::Good,
+            reported_prompt_tokens: None,
+            faults: faults::Faults::default(),
         }
     }
 }
@@ -162,6 +172,10 @@ impl Behavior {
         if get("x-fake-usage") == Some("input") {
             b.input_tokens_naming = true;
         }
+        if let Some(n) = get("x-fake-prompt-tokens").and_then(|v| v.parse().ok()) {
+            b.reported_prompt_tokens = Some(n);
+        }
+        b.faults.apply_headers(headers);
         b
     }
 }
@@ -406,7 +420,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     }
 
     let path = parts.uri.path();
-    let mut response = if let Some(status) = behavior.fail_status {
+    let mut response = if let Some(response) =
+        faults::respond(&behavior.faults, &parts.headers, path, &body)
+    {
+        completion.complete();
+        response
+    } else if let Some(status) = behavior.fail_status {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         completion.complete();
         let message = format!(
@@ -483,21 +502,29 @@ fn error_body(message: &str, kind: &str, param: Option<&str>, code: Option<&str>
 }
 
 /// A response body fed by a channel, so the producer learns when the client is gone.
+/// An empty chunk is the producer's way to fail the body (the connection is reset, as a
+/// provider that crashed mid-stream would).
 struct ChannelBody {
     rx: tokio::sync::mpsc::Receiver<Bytes>,
 }
 
 impl http_body::Body for ChannelBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = std::io::Error;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        self.rx
-            .poll_recv(cx)
-            .map(|o| o.map(|b| Ok(http_body::Frame::data(b))))
+        self.rx.poll_recv(cx).map(|o| {
+            o.map(|b| {
+                if b.is_empty() {
+                    Err(std::io::Error::other("the fake provider reset the stream"))
+                } else {
+                    Ok(http_body::Frame::data(b))
+                }
+            })
+        })
     }
 }
 

@@ -1,0 +1,127 @@
+//! Faults of a misbehaving provider, for abridge's fault and abuse tests: each set for
+//! the whole instance ([`Faults`] in `Behavior`) or per request with an `x-fake-*`
+//! header.
+//!
+//! - `gzip_bomb` / `x-fake-gzip-bomb: N` — a `200` JSON response, gzip-encoded, whose
+//!   body decodes to N bytes (a few kilobytes on the wire).
+//! - `garbage` / `x-fake-garbage: 1` — a `200` `text/event-stream` of bytes that are not
+//!   server-sent events, then the end.
+//! - `reset` / `x-fake-reset: 1` — a stream reset after its first event (the connection
+//!   fails mid-body).
+//! - `reject_stream_options` / `x-fake-reject-stream-options: 1` — `400 Unrecognized
+//!   request argument supplied: stream_options` for a body that has `stream_options`, as
+//!   Azure OpenAI's older API versions and some compatible servers answer.
+//! - `api_keys` — when not empty, a request whose `Authorization: Bearer <key>` or
+//!   `x-api-key: <key>` is not in the list gets OpenAI's `401 invalid_api_key`.
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use http::{HeaderMap, StatusCode, header};
+
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    pub gzip_bomb: Option<usize>,
+    pub garbage: bool,
+    pub reset: bool,
+    pub reject_stream_options: bool,
+    pub api_keys: Vec<String>,
+}
+
+impl Faults {
+    pub(crate) fn apply_headers(&mut self, headers: &HeaderMap) {
+        let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let flag = |name: &str| get(name).is_some_and(|v| v == "1" || v == "true");
+        if let Some(n) = get("x-fake-gzip-bomb").and_then(|v| v.parse().ok()) {
+            self.gzip_bomb = Some(n);
+        }
+        self.garbage |= flag("x-fake-garbage");
+        self.reset |= flag("x-fake-reset");
+        self.reject_stream_options |= flag("x-fake-reject-stream-options");
+    }
+}
+
+/// The faulty answer to a request, when a fault applies to it.
+pub(crate) fn respond(
+    faults: &Faults,
+    headers: &HeaderMap,
+    path: &str,
+    body: &Bytes,
+) -> Option<Response> {
+    if !faults.api_keys.is_empty() && !authorized(&faults.api_keys, headers) {
+        return Some(crate::error(
+            StatusCode::UNAUTHORIZED,
+            "Incorrect API key provided: sk-fake-***. You can find your API key at https://platform.openai.com/account/api-keys.",
+            "invalid_request_error",
+            None,
+            Some("invalid_api_key"),
+        ));
+    }
+    if faults.reject_stream_options
+        && serde_json::from_slice::<serde_json::Value>(body)
+            .is_ok_and(|v| v.get("stream_options").is_some())
+    {
+        return Some(crate::error(
+            StatusCode::BAD_REQUEST,
+            "Unrecognized request argument supplied: stream_options",
+            "invalid_request_error",
+            None,
+            None,
+        ));
+    }
+    if !path.ends_with("/chat/completions")
+        && !path.ends_with("/responses")
+        && !path.ends_with("/messages")
+    {
+        return None;
+    }
+    if let Some(size) = faults.gzip_bomb {
+        let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+        let zeros = vec![b' '; 64 * 1024];
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(zeros.len());
+            if std::io::Write::write_all(&mut gz, &zeros[..n]).is_err() {
+                break;
+            }
+            left -= n;
+        }
+        let compressed = gz.finish().unwrap_or_default();
+        return Some(
+            (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, "application/json"),
+                    (header::CONTENT_ENCODING, "gzip"),
+                ],
+                compressed,
+            )
+                .into_response(),
+        );
+    }
+    if faults.garbage {
+        let junk: Vec<u8> = (0u32..4096)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+            .collect();
+        return Some(
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/event-stream")],
+                junk,
+            )
+                .into_response(),
+        );
+    }
+    None
+}
+
+fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()));
+    presented.is_some_and(|p| keys.iter().any(|k| k == p))
+}
