@@ -274,6 +274,9 @@ pub struct Followup {
     pub model: String,
     pub credentials: Credentials,
     pub tenant: Fingerprint,
+    /// The body's share of `limits.max_inflight_body_bytes`, kept while a background
+    /// job holds the body.
+    pub held: Option<crate::ingress::Held>,
 }
 
 /// A background compaction: everything to rebuild the request's view.
@@ -285,6 +288,8 @@ struct Job {
     credentials: Credentials,
     tenant: Fingerprint,
     strategy: Strategy,
+    /// Given back when the job is done or dropped.
+    _held: Option<crate::ingress::Held>,
 }
 
 impl Compactor {
@@ -874,6 +879,7 @@ impl Compactor {
             model: followup.model,
             credentials: followup.credentials,
             tenant: followup.tenant,
+            _held: followup.held,
             strategy: followup.strategy,
         };
         if self.jobs.try_send(job).is_err() {

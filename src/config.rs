@@ -28,6 +28,9 @@ use crate::secret::Secret;
 /// Prefix of every environment variable abridge reads as configuration.
 pub const ENV_PREFIX: &str = "ABRIDGE_";
 
+/// The shortest admin token accepted.
+pub const MIN_ADMIN_TOKEN: usize = 16;
+
 /// Short environment names for keys people set most (`ABRIDGE_REDIS_URL`).
 const ENV_ALIASES: [(&str, &str); 1] = [("ABRIDGE_REDIS_URL", "store.redis_url")];
 
@@ -228,6 +231,9 @@ pub struct StoreConfig {
     pub connect_timeout_ms: u64,
     /// In-process store only: conversations kept at most (least recently used go first).
     pub memory_max_conversations: usize,
+    /// In-process store only: bytes of checkpoints kept at most (least recently used
+    /// conversations go first).
+    pub memory_max_bytes: usize,
 }
 
 /// Redis behind Sentinel (`store.sentinel`).
@@ -263,9 +269,13 @@ impl Default for SentinelConfig {
 pub struct AdminConfig {
     /// Address of the admin listener (health, readiness, metrics, admin API). Keep it private.
     pub listen: SocketAddr,
-    /// Bearer token for `/admin/*`. Unset means the admin API answers 403.
+    /// Bearer token for `/admin/*` (at least 16 characters). Unset means the admin API
+    /// answers 403.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<Secret>,
+    /// Wrong admin tokens one client address may present per minute; beyond it, its
+    /// admin requests are answered 429 until the minute is over.
+    pub auth_failures_per_minute: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -280,6 +290,15 @@ pub struct Timeouts {
     pub stream_idle_ms: u64,
     /// On SIGTERM/SIGINT: how long in-flight requests may take to finish.
     pub shutdown_grace_ms: u64,
+    /// A client's request head must arrive within this, from its first byte (both
+    /// listeners).
+    pub client_header_ms: u64,
+    /// A keep-alive connection may wait this long for its next request; a response the
+    /// client stops reading is dropped after this long without progress.
+    pub client_idle_ms: u64,
+    /// A request body abridge reads whole must arrive within this; a body streamed
+    /// through may pause this long between two chunks.
+    pub client_body_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -291,6 +310,16 @@ pub struct Limits {
     /// Most bytes a compressed provider response may decode to on the routes abridge
     /// reads; beyond it the response is cut as an upstream error.
     pub max_decoded_bytes: usize,
+    /// Request bodies abridge holds at once (read whole, or kept for a background
+    /// compaction), in bytes; beyond it, a request is answered 503.
+    pub max_inflight_body_bytes: usize,
+    /// Open connections on the proxy listener at most; beyond it, 503.
+    pub max_connections: usize,
+    /// Requests being served on the proxy listener at most; beyond it, 503.
+    pub max_inflight_requests: usize,
+    /// The same two for the admin listener.
+    pub admin_max_connections: usize,
+    pub admin_max_inflight_requests: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -346,6 +375,7 @@ impl Default for StoreConfig {
             response_timeout_ms: 200,
             connect_timeout_ms: 1000,
             memory_max_conversations: 100_000,
+            memory_max_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -367,6 +397,7 @@ impl Default for AdminConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             token: None,
+            auth_failures_per_minute: 10,
         }
     }
 }
@@ -378,6 +409,9 @@ impl Default for Timeouts {
             first_byte_ms: 600_000,
             stream_idle_ms: 300_000,
             shutdown_grace_ms: 30_000,
+            client_header_ms: 15_000,
+            client_idle_ms: 75_000,
+            client_body_ms: 60_000,
         }
     }
 }
@@ -395,6 +429,15 @@ impl Timeouts {
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_millis(self.shutdown_grace_ms)
     }
+    pub fn client_header(&self) -> Duration {
+        Duration::from_millis(self.client_header_ms)
+    }
+    pub fn client_idle(&self) -> Duration {
+        Duration::from_millis(self.client_idle_ms)
+    }
+    pub fn client_body(&self) -> Duration {
+        Duration::from_millis(self.client_body_ms)
+    }
 }
 
 impl Default for Limits {
@@ -402,6 +445,11 @@ impl Default for Limits {
         Self {
             max_body_bytes: 32 * 1024 * 1024,
             max_decoded_bytes: 64 * 1024 * 1024,
+            max_inflight_body_bytes: 512 * 1024 * 1024,
+            max_connections: 8192,
+            max_inflight_requests: 4096,
+            admin_max_connections: 64,
+            admin_max_inflight_requests: 32,
         }
     }
 }
@@ -643,16 +691,22 @@ impl Config {
 
     /// Checks that span several keys (single values are checked as they are read).
     fn validate(&self) -> Result<(), (&'static str, String)> {
-        if self
-            .admin
-            .token
-            .as_ref()
-            .is_some_and(|t| t.expose().trim().is_empty())
-        {
-            return Err((
-                "admin.token",
-                "is empty: an empty token would let a request without credentials in; set a long random string, or leave the key out to disable the admin API".to_owned(),
-            ));
+        if let Some(token) = &self.admin.token {
+            let token = token.expose().trim();
+            if token.is_empty() {
+                return Err((
+                    "admin.token",
+                    "is empty: an empty token would let a request without credentials in; set a long random string, or leave the key out to disable the admin API".to_owned(),
+                ));
+            }
+            if token.chars().count() < MIN_ADMIN_TOKEN {
+                return Err((
+                    "admin.token",
+                    format!(
+                        "is shorter than {MIN_ADMIN_TOKEN} characters: a short token can be guessed; use a long random string (e.g. `openssl rand -hex 32`)"
+                    ),
+                ));
+            }
         }
         let store = &self.store;
         if store.redis_url.is_some() && !store.redis_cluster.is_empty() {
@@ -899,10 +953,10 @@ mod tests {
     #[test]
     fn environment_overrides_file_and_keeps_strings_exact() {
         let config = load(
-            "listen = \"127.0.0.1:1\"\n[admin]\ntoken = \"from-file\"\n",
+            "listen = \"127.0.0.1:1\"\n[admin]\ntoken = \"from-the-file-0123\"\n",
             &[
                 ("ABRIDGE_LISTEN", "0.0.0.0:8081"),
-                ("ABRIDGE_ADMIN__TOKEN", "007"),
+                ("ABRIDGE_ADMIN__TOKEN", "0070070070070070"),
                 ("ABRIDGE_TIMEOUTS__CONNECT_MS", "250"),
                 ("ABRIDGE_LOG__ANSI", "true"),
                 ("OTHER_VAR", "ignored"),
@@ -910,7 +964,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.listen, "0.0.0.0:8081".parse().unwrap());
-        assert_eq!(config.admin.token.as_ref().map(Secret::expose), Some("007"));
+        assert_eq!(
+            config.admin.token.as_ref().map(Secret::expose),
+            Some("0070070070070070")
+        );
         assert_eq!(config.timeouts.connect_ms, 250);
         assert!(config.log.ansi);
     }
@@ -1031,8 +1088,19 @@ mod tests {
     }
 
     #[test]
+    fn a_short_admin_token_is_refused() {
+        for short in ["007", "admin-token-123"] {
+            let err = load("", &[("ABRIDGE_ADMIN__TOKEN", short)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("admin.token") && err.contains("16"), "{err}");
+        }
+        assert!(load("", &[("ABRIDGE_ADMIN__TOKEN", "0123456789abcdef")]).is_ok());
+    }
+
+    #[test]
     fn debug_output_hides_the_admin_token() {
-        let config = load("[admin]\ntoken = \"s3cret-admin\"\n", &[]).unwrap();
-        assert!(!format!("{config:?}").contains("s3cret-admin"));
+        let config = load("[admin]\ntoken = \"s3cret-admin-token\"\n", &[]).unwrap();
+        assert!(!format!("{config:?}").contains("s3cret-admin-token"));
     }
 }

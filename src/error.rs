@@ -47,6 +47,10 @@ pub enum Error {
     UpstreamUnreachable(String),
     #[error("The upstream provider did not answer within {}s (timeouts.first_byte_ms)", .0.as_secs_f64())]
     UpstreamTimeout(Duration),
+    #[error("abridge is at its limit ({0}); retry shortly")]
+    Overloaded(&'static str),
+    #[error("The request body did not arrive within {}s (timeouts.client_body_ms)", .0.as_secs_f64())]
+    BodyTimeout(Duration),
     #[error("Internal error in abridge: {0}")]
     Internal(String),
 }
@@ -58,7 +62,9 @@ impl Error {
             | Error::BadPath
             | Error::BadHeader { .. }
             | Error::BodyTooLarge { .. }
-            | Error::ClientBody(_) => Origin::Client,
+            | Error::ClientBody(_)
+            | Error::BodyTimeout(_) => Origin::Client,
+            Error::Overloaded(_) => Origin::Internal,
             Error::UpstreamUnreachable(_) | Error::UpstreamTimeout(_) => Origin::Upstream,
             Error::Internal(_) => Origin::Internal,
         }
@@ -71,6 +77,8 @@ impl Error {
                 StatusCode::BAD_REQUEST
             }
             Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Error::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             Error::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -85,6 +93,8 @@ impl Error {
             Error::BadHeader { .. } => ("invalid_request_error", "invalid_header"),
             Error::BodyTooLarge { .. } => ("invalid_request_error", "request_too_large"),
             Error::ClientBody(_) => ("invalid_request_error", "invalid_body"),
+            Error::BodyTimeout(_) => ("invalid_request_error", "body_timeout"),
+            Error::Overloaded(_) => ("server_error", "overloaded"),
             Error::UpstreamUnreachable(_) => ("upstream_error", "upstream_unreachable"),
             Error::UpstreamTimeout(_) => ("upstream_error", "upstream_timeout"),
             Error::Internal(_) => ("server_error", "internal_error"),
@@ -125,16 +135,23 @@ impl Error {
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        match self.origin() {
-            Origin::Client => tracing::debug!(error = %self, "rejected request"),
-            Origin::Upstream => tracing::warn!(error = %self, "upstream failure"),
-            Origin::Internal => tracing::error!(error = %self, "internal error"),
+        match (&self, self.origin()) {
+            // A load signal, not a fault: the caller retries (Retry-After).
+            (Error::Overloaded(_), _) => tracing::debug!(error = %self, "request refused"),
+            (_, Origin::Client) => tracing::debug!(error = %self, "rejected request"),
+            (_, Origin::Upstream) => tracing::warn!(error = %self, "upstream failure"),
+            (_, Origin::Internal) => tracing::error!(error = %self, "internal error"),
         }
         let mut response = (self.status(), self.body()).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if matches!(self, Error::Overloaded(_)) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         response
     }
 }

@@ -6,8 +6,11 @@
 //! - `main.rs`     — thin binary: arguments, config, logging, bind, [`run`] until a signal.
 //! - [`config`]    — the configuration: TOML file + `ABRIDGE_*` environment, checked once.
 //! - [`server`]    — [`AppState`] (one `Arc`), the proxy [`router`], and [`run`].
+//! - [`serve`]     — one listener: connection and in-flight caps, client deadlines,
+//!   drain on shutdown.
 //! - [`proxy`]     — request handlers: chat completions (read) and pass-through (rest).
 //! - [`proxy::headers`] — hop-by-hop and `x-abridge-*` header hygiene, both directions.
+//! - [`ingress`]   — request bodies within bounds: size, deadline, bytes held at once.
 //! - [`chat`]      — the chat request parsed by borrowing; edits are splices of the bytes.
 //! - [`identity`]  — canonical message form, rolling prefix hashes, tenant namespaces.
 //! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (single,
@@ -65,12 +68,14 @@ pub mod config;
 pub mod controls;
 pub mod error;
 pub mod identity;
+pub mod ingress;
 pub mod models;
 pub mod offload;
 pub mod overflow;
 pub mod proxy;
 pub mod relay;
 pub mod secret;
+pub mod serve;
 pub mod server;
 pub mod stats;
 pub mod store;

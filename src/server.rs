@@ -1,26 +1,27 @@
 //! Wiring: the shared state handle, the proxy router, and `run`, which serves the proxy
 //! and admin listeners until shutdown and then drains.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use axum::Router;
 use axum::routing::post;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::compaction::Compactor;
 use crate::config::Config;
 use crate::identity::IdentityKey;
+use crate::ingress::BodyBudget;
 use crate::offload::Offload;
 use crate::stats::Stats;
 use crate::store::{Store, StoreError};
 use crate::summariser::Summariser;
 use crate::tenants::Tenants;
 use crate::upstream::Upstream;
-use crate::{admin, proxy};
+use crate::{admin, proxy, serve};
 
 /// Everything a request needs, behind one `Arc`: cloning is a reference-count bump.
 #[derive(Clone)]
@@ -37,6 +38,10 @@ struct Inner {
     stats: Arc<Stats>,
     cpu: Offload,
     tenants: Arc<Tenants>,
+    /// Bytes of request bodies held at once (`limits.max_inflight_body_bytes`).
+    body_budget: BodyBudget,
+    /// The upstream refused `stream_options` once: abridge no longer adds it.
+    refuses_usage_option: AtomicBool,
     started: Instant,
 }
 
@@ -57,6 +62,7 @@ impl AppState {
         let stats = Arc::new(Stats::default());
         let summariser = Summariser::new(&config.summary, &upstream);
         let cpu = Offload::new(config.compaction.cpu_concurrency);
+        let body_budget = BodyBudget::new(config.limits.max_inflight_body_bytes);
         let tenants = Arc::new(Tenants::new(
             store.clone(),
             config.summary.max_per_tenant_per_minute,
@@ -86,6 +92,8 @@ impl AppState {
                 stats,
                 cpu,
                 tenants,
+                body_budget,
+                refuses_usage_option: AtomicBool::new(false),
                 started: Instant::now(),
             }),
         })
@@ -155,6 +163,32 @@ impl AppState {
         &self.inner.tenants
     }
 
+    /// Whether the upstream refused the `stream_options` abridge adds to streaming
+    /// requests (then it is not added again by this process).
+    pub fn refuses_usage_option(&self) -> bool {
+        self.inner.refuses_usage_option.load(Ordering::Relaxed)
+    }
+
+    /// The upstream refused `stream_options`: remember it, count it, say it once.
+    pub fn refuse_usage_option(&self) {
+        self.inner.stats.usage_option_refused();
+        if !self
+            .inner
+            .refuses_usage_option
+            .swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                upstream = %self.inner.config.upstream,
+                "the provider refuses stream_options; streaming requests go as the client sent them and their usage is not read"
+            );
+        }
+    }
+
+    /// The budget of request-body bytes held at once.
+    pub fn body_budget(&self) -> &BodyBudget {
+        &self.inner.body_budget
+    }
+
     /// Where CPU-heavy work on large requests runs.
     pub fn cpu(&self) -> &Offload {
         &self.inner.cpu
@@ -212,23 +246,34 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let grace = state.config().timeouts.shutdown_grace();
     let (stop, stopped) = watch::channel(());
-    let wait = |mut rx: watch::Receiver<()>| async move {
-        // Resolves when the sender is dropped.
-        let _ = rx.changed().await;
+    let config = state.config();
+    let bounds = |max_connections, max_inflight| serve::Bounds {
+        header: config.timeouts.client_header(),
+        idle: config.timeouts.client_idle(),
+        max_connections,
+        max_inflight,
     };
-    let nodelay = |tcp: &mut tokio::net::TcpStream| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "set_nodelay failed");
-        }
-    };
-
-    let proxy = axum::serve(listeners.proxy.tap_io(nodelay), router(state.clone()))
-        .with_graceful_shutdown(wait(stopped.clone()))
-        .into_future();
+    let proxy_bounds = bounds(
+        config.limits.max_connections,
+        config.limits.max_inflight_requests,
+    );
+    let admin_bounds = bounds(
+        config.limits.admin_max_connections,
+        config.limits.admin_max_inflight_requests,
+    );
+    let proxy = serve::serve(
+        listeners.proxy,
+        router(state.clone()),
+        proxy_bounds,
+        stopped.clone(),
+    );
     let mut workers = state.compactor().start_background(stopped.clone());
-    let admin = axum::serve(listeners.admin, admin::router(state))
-        .with_graceful_shutdown(wait(stopped))
-        .into_future();
+    let admin = serve::serve(
+        listeners.admin,
+        admin::router(state.clone()),
+        admin_bounds,
+        stopped,
+    );
     let servers = async move { tokio::try_join!(proxy, admin).map(|_| ()) };
     tokio::pin!(servers);
 

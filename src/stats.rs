@@ -184,6 +184,8 @@ pub struct Stats {
     identified: Counter,
     store_unavailable: Counter,
     usage_requested: Counter,
+    usage_option_refused: Counter,
+    usage_not_asked: Counter,
     usage_reports: Counter,
     prompt_tokens: Family<CompactedLabel, Counter>,
     completion_tokens: Counter,
@@ -222,6 +224,8 @@ impl Default for Stats {
             identified: Counter::default(),
             store_unavailable: Counter::default(),
             usage_requested: Counter::default(),
+            usage_option_refused: Counter::default(),
+            usage_not_asked: Counter::default(),
             usage_reports: Counter::default(),
             prompt_tokens: Family::default(),
             completion_tokens: Counter::default(),
@@ -268,6 +272,11 @@ pub struct Snapshot {
     pub store_unavailable: u64,
     /// Streaming requests where abridge added `stream_options.include_usage`.
     pub usage_requested: u64,
+    /// Requests the provider refused because of the `stream_options` abridge added
+    /// (each retried with the client's own fields).
+    pub usage_option_refused: u64,
+    /// Streaming requests without usage because the provider refuses `stream_options`.
+    pub usage_not_asked: u64,
     /// Responses whose usage abridge read.
     pub usage_reports: u64,
     /// Prompt tokens the provider reported, all requests and compacted ones.
@@ -383,6 +392,16 @@ impl Stats {
             "usage_requested",
             "Streaming requests where abridge asked for usage itself",
             self.usage_requested.clone(),
+        );
+        r.register(
+            "usage_option_refused",
+            "Requests the provider refused for the stream_options abridge added (retried without it)",
+            self.usage_option_refused.clone(),
+        );
+        r.register(
+            "usage_not_asked",
+            "Streaming requests sent without stream_options because the provider refuses it (usage unread)",
+            self.usage_not_asked.clone(),
         );
         r.register(
             "usage_reports",
@@ -534,6 +553,14 @@ impl Stats {
 
     pub fn usage_requested(&self) {
         self.usage_requested.inc();
+    }
+
+    pub fn usage_option_refused(&self) {
+        self.usage_option_refused.inc();
+    }
+
+    pub fn usage_not_asked(&self) {
+        self.usage_not_asked.inc();
     }
 
     pub fn upstream_error(&self) {
@@ -688,6 +715,8 @@ impl Stats {
             identified: self.identified.get(),
             store_unavailable: self.store_unavailable.get(),
             usage_requested: self.usage_requested.get(),
+            usage_option_refused: self.usage_option_refused.get(),
+            usage_not_asked: self.usage_not_asked.get(),
             usage_reports: self.usage_reports.get(),
             prompt_tokens_reported: prompt(false) + prompt(true),
             prompt_tokens_reported_compacted: prompt(true),

@@ -1,23 +1,28 @@
 //! The admin listener: its own address (loopback by default), never the proxy port.
 //!
 //! - `GET /healthz` — alive (no auth).
-//! - `GET /readyz` — 200 while the store answers; 503 with the reason when it does not
-//!   (the proxy keeps serving: fail-open) (no auth).
+//! - `GET /readyz` — 200 while the store answers; 503 when it does not (the proxy keeps
+//!   serving: fail-open) (no auth; the store's error text only with the admin token).
 //! - `GET /metrics` — Prometheus/OpenMetrics text, every metric `abridge_*` (no auth:
 //!   scrapers sit on the private admin network).
 //! - `GET /admin/` — the dashboard page (static; it asks for the token and keeps it in
-//!   the tab's sessionStorage; every number comes from the token-guarded API).
+//!   the tab's sessionStorage; every number comes from the token-guarded API), served
+//!   with a Content-Security-Policy that allows only its own script and style, and no
+//!   framing or sniffing.
 //! - `/admin/*` — `Authorization: Bearer <admin.token>` (constant-time compare); wrong or
-//!   missing → 401; no token configured → 403 saying how to set one:
+//!   missing → 401; more than `admin.auth_failures_per_minute` wrong tokens from one
+//!   address → 429 for the rest of that minute; no token configured → 403 saying how:
 //!   `GET stats`, `GET compactions`, `GET conversations`, `GET|DELETE conversations/{id}`,
 //!   `POST conversations/{id}/compact`, `POST preview`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
@@ -60,7 +65,13 @@ pub fn router(state: AppState) -> Router {
             post(schedule_compaction),
         )
         .route("/admin/preview", post(preview))
-        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+        .route_layer(middleware::from_fn_with_state(
+            Admin {
+                state: state.clone(),
+                failures: Arc::new(Failures::new(state.config().admin.auth_failures_per_minute)),
+            },
+            authorize,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -124,20 +135,43 @@ impl prometheus_client::collector::Collector for ScrapeTime {
     }
 }
 
-/// `/admin/*` needs `Authorization: Bearer <admin.token>`.
-async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(token) = &state.config().admin.token else {
+/// `/admin/*` needs `Authorization: Bearer <admin.token>`. A client address that
+/// presents more than `admin.auth_failures_per_minute` wrong tokens is answered 429
+/// (right tokens included) until its minute is over.
+async fn authorize(
+    State(admin): State<Admin>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = &admin.state.config().admin.token else {
         return admin_error(
             StatusCode::FORBIDDEN,
             "The admin API is disabled: set admin.token in the configuration (or ABRIDGE_ADMIN__TOKEN) to a long random string.",
             "admin_disabled",
         );
     };
+    if admin.failures.locked(peer.ip()) {
+        let mut response = admin_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many wrong admin tokens from this address; wait a minute.",
+            "too_many_attempts",
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+        return response;
+    }
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
     if !presented.is_some_and(|p| token.matches(p)) {
+        // Only a token that was presented and is wrong counts towards the limit.
+        if presented.is_some() {
+            admin.failures.failed(peer.ip());
+            tracing::warn!(%peer, "wrong admin token");
+        }
         let mut response = admin_error(
             StatusCode::UNAUTHORIZED,
             "Missing or wrong admin token (Authorization: Bearer <admin.token>).",
@@ -149,6 +183,71 @@ async fn authorize(State(state): State<AppState>, request: Request, next: Next) 
         return response;
     }
     next.run(request).await
+}
+
+/// Whether a request carries the right admin token (for what anyone may ask but only
+/// an operator may read in detail).
+fn is_operator(state: &AppState, headers: &HeaderMap) -> bool {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    match (&state.config().admin.token, presented) {
+        (Some(token), Some(p)) => token.matches(p),
+        _ => false,
+    }
+}
+
+/// The state of the guarded routes' middleware.
+#[derive(Clone)]
+struct Admin {
+    state: AppState,
+    failures: Arc<Failures>,
+}
+
+/// Wrong admin tokens per client address, in the current minute of each (std mutex:
+/// map operations only, never held across an `.await`; bounded, oldest dropped).
+struct Failures {
+    per_minute: u32,
+    seen: std::sync::Mutex<HashMap<IpAddr, (Instant, u32)>>,
+}
+
+impl Failures {
+    const MAX_ADDRESSES: usize = 10_000;
+
+    fn new(per_minute: u32) -> Self {
+        Self {
+            per_minute,
+            seen: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn locked(&self, ip: IpAddr) -> bool {
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.get(&ip).is_some_and(|(since, n)| {
+            since.elapsed() < Duration::from_secs(60) && *n >= self.per_minute
+        })
+    }
+
+    fn failed(&self, ip: IpAddr) {
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.len() >= Self::MAX_ADDRESSES && !seen.contains_key(&ip) {
+            seen.retain(|_, (since, _)| since.elapsed() < Duration::from_secs(60));
+            if seen.len() >= Self::MAX_ADDRESSES {
+                seen.clear();
+            }
+        }
+        let entry = seen.entry(ip).or_insert((Instant::now(), 0));
+        if entry.0.elapsed() >= Duration::from_secs(60) {
+            *entry = (Instant::now(), 0);
+        }
+        entry.1 += 1;
+    }
 }
 
 fn admin_error(status: StatusCode, message: &str, code: &str) -> Response {
@@ -165,18 +264,25 @@ async fn healthz() -> impl IntoResponse {
 }
 
 /// Ready: the store answers. A degraded store does not stop the proxy (fail-open), but
-/// an orchestrator should know. Asks the store once if it looks down, so a recovered
+/// an orchestrator should know. The reason (`last_error`) is shown only with the admin
+/// token. Asks the store once if it looks down, so a recovered
 /// store reports ready without waiting for traffic.
-async fn readyz(State(state): State<AppState>) -> Response {
+async fn readyz(State(state): State<AppState>, request_headers: HeaderMap) -> Response {
     let store = state.store();
     if !store.is_healthy() {
         let _ = store.active_since(now_ms()).await;
     }
     // Read once, so the status code and the body cannot disagree.
     let healthy = store.is_healthy();
+    // The store's own error text (addresses, Redis messages) only for the operator.
+    let last_error = if is_operator(&state, &request_headers) {
+        store.last_error()
+    } else {
+        None
+    };
     let body = json!({
         "status": if healthy { "ready" } else { "degraded" },
-        "store": {"backend": store.backend_name(), "healthy": healthy, "last_error": store.last_error()},
+        "store": {"backend": store.backend_name(), "healthy": healthy, "last_error": last_error},
     });
     let status = if healthy {
         StatusCode::OK
@@ -201,8 +307,43 @@ async fn metrics(registry: Arc<Registry>) -> Response {
     }
 }
 
-async fn dashboard() -> Html<&'static str> {
-    Html(DASHBOARD)
+/// The dashboard page, with headers that keep it from being framed, sniffed or made to
+/// run anything but its own inline script (the script and style are pinned by hash).
+async fn dashboard() -> Response {
+    static CSP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let csp = CSP.get_or_init(|| {
+        let hash = |tag: &str| {
+            let open = format!("<{tag}>");
+            let close = format!("</{tag}>");
+            let body = DASHBOARD
+                .split_once(&open)
+                .and_then(|(_, rest)| rest.split_once(&close))
+                .map_or("", |(inner, _)| inner);
+            use base64::Engine as _;
+            use sha2::Digest as _;
+            let digest = sha2::Sha256::digest(body.as_bytes());
+            format!("'sha256-{}'", base64::engine::general_purpose::STANDARD.encode(digest))
+        };
+        format!(
+            "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+            hash("script"),
+            hash("style")
+        )
+    });
+    let mut response = Html(DASHBOARD).into_response();
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(csp) {
+        headers.insert(header::CONTENT_SECURITY_POLICY, value);
+    }
+    for (name, value) in [
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
 }
 
 async fn stats(State(state): State<AppState>) -> Response {

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, HeaderValue, Uri, Version, header};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http::{HeaderValue, Uri, Version, header};
+use http_body_util::{BodyExt, Limited};
 
 use crate::chat::{self, Message, Parsed};
 use crate::compaction::{Decision, Followup, Reason, Turn};
@@ -24,6 +24,7 @@ use crate::config::CompactionMode;
 use crate::controls::{Compact, Controls, Report};
 use crate::error::Error;
 use crate::identity::{self, Fingerprint, Identified, IdentityKey};
+use crate::ingress;
 use crate::overflow;
 use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::server::AppState;
@@ -42,6 +43,9 @@ struct Exchange {
     inflight: Option<InFlight>,
     /// The request's tenant, once identified: a 2xx from the provider marks it accepted.
     tenant: Option<Fingerprint>,
+    /// The body's share of `limits.max_inflight_body_bytes`, until abridge is done with
+    /// the body (the end of the response, or of the background compaction it feeds).
+    held: Option<ingress::Held>,
 }
 
 impl Exchange {
@@ -51,6 +55,7 @@ impl Exchange {
             upstream_wait: Duration::ZERO,
             inflight: Some(state.stats().request_started()),
             tenant: None,
+            held: None,
         }
     }
 
@@ -90,7 +95,15 @@ async fn chat_stages(
     let controls = Controls::from_headers(&parts.headers, state.config().compaction.allowed())?;
 
     // ingress: the one body abridge reads whole, bounded.
-    let body = read_body(body, &parts.headers, state.config().limits.max_body_bytes).await?;
+    let (body, held) = ingress::read_body(
+        body,
+        &parts.headers,
+        state.config().limits.max_body_bytes,
+        state.config().timeouts.client_body(),
+        state.body_budget(),
+    )
+    .await?;
+    exchange.held = Some(held);
     prepare_headers(&mut parts);
     // The credentials as the provider will see them (hop-by-hop headers gone).
     let credentials = Credentials::from_headers(
@@ -146,50 +159,43 @@ async fn chat_stages(
         body.len(),
     );
 
-    // plan → rewrite → forward.
+    // plan → rewrite → forward (→ retry without what abridge added, if the provider
+    // refused it → compact-and-retry, if it said the prompt is too long).
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
     let (outgoing, mut watch) = rewrite(state, &body, &parsed, decision.apply.as_ref());
-    // compact-and-retry: the provider said the prompt is too long, and nothing has
-    // reached the client yet. Only then is an error body read before it is passed on.
-    let may_retry =
+    // An error body is read before it is passed on only when a retry could follow:
+    // compaction may act, or abridge added a field the provider may refuse.
+    let may_compact =
         controls.compact != Compact::Off && state.config().compaction.mode == CompactionMode::On;
-    let mut upstream = first_answer(state, &parts, &target, outgoing, may_retry, exchange).await?;
-    if let Upstream::Buffered(head, error) = &upstream
-        && overflow::is_context_overflow(head.status, error)
-    {
-        let retry = state
-            .compactor()
-            .plan(
-                &turn,
-                Reason::Overflow {
-                    sent: decision.estimate,
-                },
-            )
-            .await;
-        if retry.apply.is_some()
-            && retry.apply.as_ref().map(|c| c.through) != decision.apply.as_ref().map(|c| c.through)
-        {
-            let (outgoing, retry_watch) = rewrite(state, &body, &parsed, retry.apply.as_ref());
-            match send(state, &parts, &target, outgoing, exchange).await {
-                Ok(response) => {
-                    state.stats().retry();
-                    tracing::info!(conversation = ?turn.conversation, "context length exceeded: compacted and retried once");
-                    watch = retry_watch;
-                    upstream = Upstream::Streaming(response);
-                    decision = retry;
-                    decision.report.add_note(
-                        "provider reported context length exceeded: compacted and retried",
-                    );
-                }
-                // The provider's own answer is better than an error of abridge's.
-                Err(e) => {
-                    tracing::warn!(conversation = ?turn.conversation, error = %e, "context length exceeded; the compacted retry could not be sent, the provider's error is passed on");
-                    decision.report.add_note(
-                        "provider reported context length exceeded; the retry could not be sent",
-                    );
-                }
-            }
-        }
+    let added = watch == Watch::Usage { strip: true };
+    let mut upstream = first_answer(
+        state,
+        &parts,
+        &target,
+        outgoing,
+        may_compact || added,
+        exchange,
+    )
+    .await?;
+    if added && refused_addition(&upstream) {
+        state.refuse_usage_option();
+        let (outgoing, plain) = rewrite(state, &body, &parsed, decision.apply.as_ref());
+        upstream = first_answer(state, &parts, &target, outgoing, may_compact, exchange).await?;
+        watch = plain;
+        decision.report.add_note(
+            "the provider refused stream_options, which abridge adds to read usage: retried with the client's own fields; streaming usage is not read from this provider",
+        );
+    }
+    if may_compact {
+        upstream = overflow_retry(
+            state,
+            &turn,
+            (&parts, &target, &body, &parsed),
+            upstream,
+            (&mut decision, &mut watch),
+            exchange,
+        )
+        .await;
     }
 
     // relay → record.
@@ -233,6 +239,10 @@ async fn passthrough_stages(
     let (mut parts, body) = request.into_parts();
     let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
     headers::strip_request(&mut parts.headers);
+    let body = Body::new(ingress::IdleBody::new(
+        body,
+        state.config().timeouts.client_body(),
+    ));
     parts.uri = target;
     parts.version = Version::HTTP_11;
     let waiting = Instant::now();
@@ -336,7 +346,15 @@ fn rewrite(
     apply: Option<&Checkpoint>,
 ) -> (Bytes, Watch) {
     let mut edits = Vec::with_capacity(2);
+    // Not where the provider is known to refuse it (then usage is not read, counted).
     let usage = chat::usage_edit(body, &parsed.request);
+    let usage = match usage {
+        Some(_) if state.refuses_usage_option() => {
+            state.stats().usage_not_asked();
+            None
+        }
+        usage => usage,
+    };
     let strip = usage.is_some();
     edits.extend(usage);
     if let Some(checkpoint) = apply
@@ -349,6 +367,70 @@ fn rewrite(
     }
     let outgoing = chat::apply(body, edits).unwrap_or_else(|| body.clone());
     (outgoing, Watch::Usage { strip })
+}
+
+/// compact-and-retry: the provider said the prompt is too long, and nothing has reached
+/// the client yet. Compacts harder and sends once more; when that cannot be sent, the
+/// provider's own answer is passed on.
+async fn overflow_retry(
+    state: &AppState,
+    turn: &Turn<'_, '_>,
+    (parts, target, body, parsed): (&Parts, &Uri, &Bytes, &Parsed<'_>),
+    upstream: Upstream,
+    (decision, watch): (&mut Decision, &mut Watch),
+    exchange: &mut Exchange,
+) -> Upstream {
+    let Upstream::Buffered(head, error) = &upstream else {
+        return upstream;
+    };
+    if !overflow::is_context_overflow(head.status, error) {
+        return upstream;
+    }
+    let sent = decision.estimate;
+    let retry = state
+        .compactor()
+        .plan(turn, Reason::Overflow { sent })
+        .await;
+    let deeper = retry.apply.is_some()
+        && retry.apply.as_ref().map(|c| c.through) != decision.apply.as_ref().map(|c| c.through);
+    if !deeper {
+        return upstream;
+    }
+    let (outgoing, retry_watch) = rewrite(state, body, parsed, retry.apply.as_ref());
+    match send(state, parts, target, outgoing, exchange).await {
+        Ok(response) => {
+            state.stats().retry();
+            tracing::info!(conversation = ?turn.conversation, "context length exceeded: compacted and retried once");
+            *watch = retry_watch;
+            *decision = retry;
+            decision
+                .report
+                .add_note("provider reported context length exceeded: compacted and retried");
+            Upstream::Streaming(response)
+        }
+        // The provider's own answer is better than an error of abridge's.
+        Err(e) => {
+            tracing::warn!(conversation = ?turn.conversation, error = %e, "context length exceeded; the compacted retry could not be sent, the provider's error is passed on");
+            decision
+                .report
+                .add_note("provider reported context length exceeded; the retry could not be sent");
+            upstream
+        }
+    }
+}
+
+/// Whether the provider refused what abridge added to the request (`stream_options`):
+/// a 400 or 422 that names it. Azure OpenAI's older API versions and some compatible
+/// servers answer `Unrecognized request argument supplied: stream_options`.
+fn refused_addition(upstream: &Upstream) -> bool {
+    let Upstream::Buffered(head, error) = upstream else {
+        return false;
+    };
+    if !matches!(head.status.as_u16(), 400 | 422) {
+        return false;
+    }
+    let text = String::from_utf8_lossy(&error[..error.len().min(64 * 1024)]).to_ascii_lowercase();
+    text.contains("stream_options") || text.contains("include_usage")
 }
 
 /// The provider's answer: streamed on, or — for an error that may mean "context length
@@ -437,7 +519,13 @@ fn respond(
     let recorder = state.clone();
     let compacted = report.compacted;
     let inflight = exchange.inflight.take();
+    let held = exchange.held.take();
     let on_done: OnDone = Box::new(move |outcome: Outcome| {
+        // A background compaction keeps the body: its share of the budget goes along.
+        let followup = followup.map(|mut f| {
+            f.held = held;
+            f
+        });
         record(&recorder, &outcome, followup, compacted);
         drop((inflight, stream));
     });
@@ -461,6 +549,7 @@ fn followup(
     credentials: Credentials,
 ) -> Followup {
     Followup {
+        held: None,
         tenant: identified.tenant,
         conversation: identified.conversation,
         messages: u32::try_from(parsed.messages.len()).unwrap_or(u32::MAX),
@@ -499,20 +588,5 @@ fn record(state: &AppState, outcome: &Outcome, followup: Option<Followup>, compa
     );
     if let Some(followup) = followup {
         state.compactor().record(followup, usage.prompt_tokens);
-    }
-}
-
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, Error> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        return Err(Error::BodyTooLarge { limit });
-    }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(Error::BodyTooLarge { limit }),
-        Err(e) => Err(Error::ClientBody(e.to_string())),
     }
 }

@@ -1,8 +1,10 @@
 //! The in-process store: the default, nothing to install. State lives as long as the
 //! process. Same behaviour as Redis: TTL refreshed on use, bounded checkpoints per
 //! conversation (shallowest dropped), first writer wins per depth and history, a lock
-//! with expiry and compare-and-delete release; plus a bound on conversations (least
-//! recently used dropped) since there is no Redis `maxmemory` to do it.
+//! with expiry and compare-and-delete release; plus bounds on conversations and on the
+//! bytes their checkpoints take (least recently used dropped first), since there is no
+//! Redis `maxmemory` to do it: a checkpoint can be megabytes when a client names a
+//! model with a window of millions of tokens.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,7 @@ pub struct MemoryStore {
     ttl: Duration,
     max_checkpoints: usize,
     max_conversations: usize,
+    max_bytes: usize,
 }
 
 #[derive(Default)]
@@ -31,6 +34,8 @@ struct Inner {
     secret: Option<Secret>,
     /// Writes since the last sweep of expired conversations.
     writes: usize,
+    /// Bytes the conversations' checkpoints take, in all.
+    bytes: usize,
 }
 
 struct Conversation {
@@ -39,6 +44,15 @@ struct Conversation {
     state: Option<State>,
     lock: Option<(String, Instant)>,
     expires: Instant,
+    /// Bytes its checkpoints take.
+    bytes: usize,
+}
+
+/// What a checkpoint takes in memory, near enough: its text and a fixed overhead.
+fn size_of(c: &Checkpoint) -> usize {
+    256 + c.replacement.get().len()
+        + c.summary.as_ref().map_or(0, String::len)
+        + c.fallback.as_ref().map_or(0, String::len)
 }
 
 impl MemoryStore {
@@ -48,6 +62,7 @@ impl MemoryStore {
             ttl: config.ttl(),
             max_checkpoints: config.max_checkpoints,
             max_conversations: config.memory_max_conversations.max(1),
+            max_bytes: config.memory_max_bytes.max(1),
         }
     }
 
@@ -76,11 +91,18 @@ impl MemoryStore {
         if c.checkpoints.contains_key(&field) {
             return Saved::AlreadyPresent;
         }
+        let added = size_of(checkpoint);
         c.checkpoints.insert(field, checkpoint.clone());
+        let mut removed = 0;
         while c.checkpoints.len() > self.max_checkpoints {
-            c.checkpoints.pop_first();
+            if let Some((_, old)) = c.checkpoints.pop_first() {
+                removed += size_of(&old);
+            }
         }
+        c.bytes = c.bytes + added - removed;
         c.state.get_or_insert_with(State::default).compactions += 1;
+        inner.bytes = inner.bytes + added - removed;
+        self.shed_bytes(&mut inner, id);
         Saved::Stored
     }
 
@@ -158,7 +180,9 @@ impl MemoryStore {
         let mut inner = lock(&self.inner);
         let now = Instant::now();
         let existed = live(&mut inner, id, now).is_some();
-        inner.conversations.remove(id);
+        if let Some(c) = inner.conversations.remove(id) {
+            inner.bytes -= c.bytes;
+        }
         existed
     }
 
@@ -237,7 +261,15 @@ impl MemoryStore {
         inner.writes += 1;
         if inner.writes >= 1024 || inner.conversations.len() >= self.max_conversations {
             inner.writes = 0;
-            inner.conversations.retain(|_, c| c.expires > now);
+            let mut freed = 0;
+            inner.conversations.retain(|_, c| {
+                let keep = c.expires > now;
+                if !keep {
+                    freed += c.bytes;
+                }
+                keep
+            });
+            inner.bytes -= freed;
             if inner.conversations.len() >= self.max_conversations {
                 // Drop the least recently used tenth (at least one), not one per insert.
                 let mut by_age: Vec<(Instant, Fingerprint)> = inner
@@ -249,7 +281,9 @@ impl MemoryStore {
                 let excess = inner.conversations.len() + 1 - self.max_conversations;
                 let drop = excess.max(self.max_conversations / 10).min(by_age.len());
                 for (_, key) in &by_age[..drop] {
-                    inner.conversations.remove(key);
+                    if let Some(c) = inner.conversations.remove(key) {
+                        inner.bytes -= c.bytes;
+                    }
                 }
             }
         }
@@ -259,13 +293,49 @@ impl MemoryStore {
             state: None,
             lock: None,
             expires: now,
+            bytes: 0,
         };
         let c = inner.conversations.entry(*id).or_insert_with(fresh);
+        let mut freed = 0;
         if c.expires <= now {
+            freed = c.bytes;
             *c = fresh();
         }
         c.expires = now + self.ttl;
-        c
+        inner.bytes -= freed;
+        // Borrowck: look the entry up again after the total is updated.
+        inner
+            .conversations
+            .get_mut(id)
+            .unwrap_or_else(|| unreachable!("inserted above"))
+    }
+
+    /// Over `memory_max_bytes`: drops the least recently used conversations (never
+    /// `keep`, the one just written) until under it.
+    fn shed_bytes(&self, inner: &mut Inner, keep: &Fingerprint) {
+        if inner.bytes <= self.max_bytes {
+            return;
+        }
+        let mut by_age: Vec<(Instant, Fingerprint)> = inner
+            .conversations
+            .iter()
+            .filter(|(k, _)| *k != keep)
+            .map(|(k, c)| (c.expires, *k))
+            .collect();
+        by_age.sort_unstable();
+        for (_, key) in by_age {
+            if inner.bytes <= self.max_bytes {
+                break;
+            }
+            if let Some(c) = inner.conversations.remove(&key) {
+                inner.bytes -= c.bytes;
+            }
+        }
+    }
+
+    /// Bytes the checkpoints take, in all (for tests and the admin API).
+    pub fn bytes(&self) -> usize {
+        lock(&self.inner).bytes
     }
 }
 
@@ -275,8 +345,56 @@ fn live<'a>(inner: &'a mut Inner, id: &Fingerprint, now: Instant) -> Option<&'a 
         .conversations
         .get(id)
         .is_some_and(|c| c.expires <= now)
+        && let Some(c) = inner.conversations.remove(id)
     {
-        inner.conversations.remove(id);
+        inner.bytes -= c.bytes;
     }
     inner.conversations.get_mut(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::value::RawValue;
+
+    fn id(n: u8) -> Fingerprint {
+        Fingerprint::from_hex(&format!("{n:02x}").repeat(32)).unwrap_or_else(|| unreachable!())
+    }
+
+    fn checkpoint(through: u32, bytes: usize) -> Checkpoint {
+        let text = serde_json::to_string(&vec!["x".repeat(bytes)]).unwrap_or_default();
+        Checkpoint {
+            through,
+            prefix: id(200),
+            head: 1,
+            replacement: RawValue::from_string(text).unwrap_or_else(|_| unreachable!()),
+            summary: None,
+            strategy: "recency".into(),
+            fallback: None,
+            tokens_before: 0,
+            tokens_after: 0,
+            created_ms: 0,
+        }
+    }
+
+    #[test]
+    fn checkpoints_are_bounded_in_bytes_oldest_conversation_first() {
+        let store = MemoryStore::new(&StoreConfig {
+            memory_max_bytes: 3 * 1024 * 1024,
+            ..StoreConfig::default()
+        });
+        for n in 0..5 {
+            store.save_checkpoint(&id(n), &checkpoint(3, 1024 * 1024));
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(store.bytes() <= 3 * 1024 * 1024, "{}", store.bytes());
+        // The newest stay, the oldest went.
+        assert!(!store.load(&id(4)).checkpoints.is_empty());
+        assert!(store.load(&id(0)).checkpoints.is_empty());
+        // What is deleted or replaced is given back.
+        store.delete(&id(4));
+        store.delete(&id(3));
+        store.delete(&id(2));
+        assert_eq!(store.bytes(), 0);
+    }
 }

@@ -318,7 +318,10 @@ async fn readiness_follows_the_store_while_requests_keep_succeeding() {
     let body = degraded.await.expect("readyz reports the store down");
     assert_eq!(body["status"], "degraded");
     assert_eq!(body["store"]["healthy"], false);
-    assert!(body["store"]["last_error"].is_string());
+    // The store's own error text only for the operator.
+    assert!(body["store"]["last_error"].is_null(), "{body}");
+    let (_, body, _) = admin(&proxy, "GET", "/readyz", Some(TOKEN), None).await;
+    assert!(body["store"]["last_error"].is_string(), "{body}");
     let (_, stats, _) = admin(&proxy, "GET", "/admin/stats", Some(TOKEN), None).await;
     assert_eq!(stats["store"]["healthy"], false);
 
@@ -523,4 +526,49 @@ async fn conversations_can_be_inspected_deleted_and_recompacted() {
         main_requests(&provider).last().unwrap().body,
         short.body().as_bytes()
     );
+}
+
+#[tokio::test]
+async fn wrong_tokens_are_limited_per_address_and_the_dashboard_cannot_be_framed() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let proxy = Proxy::start_with(admin_config(&provider.url())).await;
+    // No token at all is not an attempt; ten wrong ones are the limit.
+    for _ in 0..20 {
+        let (status, _, _) = admin(&proxy, "GET", "/admin/stats", None, None).await;
+        assert_eq!(status, 401);
+    }
+    for i in 0..10 {
+        let (status, _, _) = admin(
+            &proxy,
+            "GET",
+            "/admin/stats",
+            Some("wrong-token-000000"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 401, "attempt {i}");
+    }
+    let (status, json, headers) = admin(&proxy, "GET", "/admin/stats", Some(TOKEN), None).await;
+    assert_eq!(
+        status, 429,
+        "locked for the minute, right token or not: {json}"
+    );
+    assert_eq!(headers["retry-after"], "60");
+    // Health and metrics stay open.
+    let (status, _, _) = admin(&proxy, "GET", "/healthz", None, None).await;
+    assert_eq!(status, 200);
+
+    let (status, page, headers) = admin(&proxy, "GET", "/admin/", None, None).await;
+    assert_eq!(status, 200);
+    assert!(page.as_str().unwrap().contains("<script>"));
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("default-src 'none'")
+            && csp.contains("frame-ancestors 'none'")
+            && csp.contains("script-src 'sha256-"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
 }

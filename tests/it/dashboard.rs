@@ -17,7 +17,7 @@ use crate::common::{Proxy, config_for, eventually};
 async fn the_dashboard_shows_what_the_api_says() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
     let mut config = config_for(&provider.url());
-    config.admin.token = Some(Secret::new("dashboard-token"));
+    config.admin.token = Some(Secret::new("dashboard-token-0123"));
     config.compaction.threshold_tokens = 3000;
     config.compaction.background = false;
     let proxy = Proxy::start_with(config).await;
@@ -47,7 +47,7 @@ async fn the_dashboard_shows_what_the_api_says() {
     let run = tokio::process::Command::new("node")
         .arg(&script)
         .arg(format!("http://{}", proxy.admin))
-        .arg("dashboard-token")
+        .arg("dashboard-token-0123")
         .arg(&screenshot)
         .kill_on_drop(true)
         .output();

@@ -364,3 +364,46 @@ async fn a_decompression_bomb_is_cut_at_the_limit() {
     assert!(received <= 1024 * 1024, "{received} bytes decoded");
     assert!(proxy.stats().upstream_errors >= 1);
 }
+
+/// A provider that does not know `stream_options` (Azure's older API versions): the
+/// request abridge added it to is retried with the client's own bytes, and this
+/// provider is not sent it again. Directly, the same request streams fine; through
+/// abridge it must too.
+#[tokio::test]
+async fn a_provider_refusing_what_abridge_adds_gets_the_clients_own_request() {
+    let provider = FakeProvider::start(Behavior {
+        faults: fake_provider::faults::Faults {
+            reject_stream_options: true,
+            ..Default::default()
+        },
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let proxy = Proxy::start_with(config(&provider.url())).await;
+    let body = crate::common::chat_body(true);
+    for round in 0..2 {
+        let before = provider.requests().len();
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .header("authorization", "Bearer sk-azure")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "round {round}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains("data: [DONE]"), "{text}");
+        let sent = &provider.requests()[before..];
+        let expected = if round == 0 { 2 } else { 1 };
+        assert_eq!(sent.len(), expected, "round {round}");
+        assert_eq!(
+            sent.last().unwrap().body,
+            body.as_bytes(),
+            "the client's own bytes"
+        );
+    }
+    let stats = proxy.stats();
+    assert_eq!(stats.usage_option_refused, 1);
+    assert_eq!(stats.usage_not_asked, 2);
+}

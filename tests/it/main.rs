@@ -13,6 +13,7 @@ mod admin;
 
 mod compaction;
 
+mod connections;
 mod conversations;
 mod dashboard;
 mod errors;
