@@ -454,24 +454,25 @@ where
 {
     let permit = cpu.acquire().await;
     let ctx = cpu.run(&permit, || Ctx::new(input, settings))?;
-    let attempt = match strategy {
+    let (attempt, permit) = match strategy {
         Strategy::Recency => {
             return cpu.run(&permit, || {
                 checked(&ctx, recency::plan(&ctx, strategy, None)?)
             });
         }
-        Strategy::Deterministic => cpu.run(&permit, || deterministic::plan(&ctx)),
+        Strategy::Deterministic => (cpu.run(&permit, || deterministic::plan(&ctx)), permit),
         Strategy::Structured | Strategy::LlmReplace => {
             let tail = match strategy {
                 Strategy::Structured => Tail::Budgeted,
                 _ => Tail::FinalTurn,
             };
-            // No permit is held while the summariser is waited for.
+            // No permit is held while the summariser is waited for (the strategy takes
+            // its own for the steps around the call).
             drop(permit);
-            structured::plan(&ctx, tail, &summarise, cpu).await
+            let attempt = structured::plan(&ctx, tail, &summarise, cpu).await;
+            (attempt, cpu.acquire().await)
         }
     };
-    let permit = cpu.acquire().await;
     cpu.run(&permit, || {
         let fallback = match attempt {
             Ok(plan) => match validate_with(&ctx.layout, input.messages, &plan) {

@@ -407,3 +407,41 @@ async fn a_provider_refusing_what_abridge_adds_gets_the_clients_own_request() {
     assert_eq!(stats.usage_option_refused, 1);
     assert_eq!(stats.usage_not_asked, 2);
 }
+
+/// Every strategy through the request path with the CPU pool at its smallest (one
+/// permit): a strategy that took the pool's permit twice would hang here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_strategy_completes_with_a_cpu_pool_of_one() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url());
+    cfg.compaction.cpu_concurrency = 1;
+    let proxy = Proxy::start_with(cfg).await;
+    // The first request of the key is answered before summaries may be made for it.
+    post(&proxy, &[("authorization", "Bearer sk-pool")], &history()).await;
+    for strategy in ["deterministic", "recency", "structured", "llm_replace"] {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(20),
+            post(
+                &proxy,
+                &[
+                    ("authorization", "Bearer sk-pool"),
+                    ("x-abridge-compact", "force"),
+                    ("x-abridge-strategy", strategy),
+                    // A conversation of its own for each.
+                    ("x-abridge-conversation", strategy),
+                ],
+                &history_of(300),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{strategy} hung"));
+        assert_eq!(answer.status, 200, "{strategy}");
+        assert!(answer.compacted(), "{strategy}");
+        assert_eq!(
+            answer.header("x-abridge-strategy").as_deref(),
+            Some(strategy),
+            "{:?}",
+            answer.header("x-abridge-note")
+        );
+    }
+}

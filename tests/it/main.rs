@@ -17,6 +17,7 @@ mod connections;
 mod conversations;
 mod dashboard;
 mod errors;
+mod faults;
 mod hardening;
 mod lifecycle;
 mod llama;

@@ -1,0 +1,612 @@
+//! The fault and abuse suite: the release binary (`target/release/abridge`, built by
+//! `scripts/test`) as a separate process against real Redis servers and the fake
+//! provider, under load and under attack. Each test writes what it measured to
+//! `target/fault-report.txt`, which `scripts/test` prints.
+//!
+//! Ignored by a bare `cargo test` (it needs the release build); `scripts/test` runs it.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fake_provider::{Behavior, FakeProvider};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::redis::{RedisServer, command_list};
+use crate::common::{chat_body, closed_port};
+
+/// The release binary, running, in front of `upstream`, with `env` on top of a clean
+/// environment. Killed when dropped.
+struct Release {
+    child: Child,
+    addr: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+}
+
+fn release_binary() -> PathBuf {
+    std::env::var_os("ABRIDGE_RELEASE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/abridge"),
+        PathBuf::from,
+    )
+}
+
+impl Release {
+    async fn start(upstream: &str, env: &[(&str, String)]) -> Self {
+        let bin = release_binary();
+        assert!(
+            bin.exists(),
+            "{} is missing: `cargo build --release --bin abridge` (scripts/test does)",
+            bin.display()
+        );
+        let (addr, admin) = (closed_port().await, closed_port().await);
+        let child = Command::new(bin)
+            .env_clear()
+            .env("ABRIDGE_UPSTREAM", upstream)
+            .env("ABRIDGE_LISTEN", addr.to_string())
+            .env("ABRIDGE_ADMIN__LISTEN", admin.to_string())
+            .env("ABRIDGE_LOG__FILTER", "error")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let me = Self { child, addr, admin };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(r) = reqwest::get(me.admin_url("/healthz")).await
+                && r.status() == 200
+            {
+                return me;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the release binary did not become healthy");
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// Peak resident memory of the process so far (VmHWM), in MB.
+    fn peak_rss_mb(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Appends a section to the report (one write, so parallel tests do not interleave).
+fn report(title: &str, lines: &[String]) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/fault-report.txt");
+    let mut text = format!("## {title}\n");
+    for line in lines {
+        text.push_str("- ");
+        text.push_str(line);
+        text.push('\n');
+    }
+    text.push('\n');
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = f.write_all(text.as_bytes());
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A conversation of `turns` user turns, for tenant `key`.
+fn conversation(key: &str, turns: usize) -> Value {
+    let mut m = vec![json!({"role": "system", "content": "You are terse."})];
+    for i in 0..turns {
+        m.push(
+            json!({"role": "user", "content": format!("{key} asks {i}: {}", "words ".repeat(80))}),
+        );
+        m.push(
+            json!({"role": "assistant", "content": format!("Answer {i}. {}", "more ".repeat(80))}),
+        );
+    }
+    m.push(json!({"role": "user", "content": "Go on."}));
+    json!({"model": "fake-model", "messages": m})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the fault suite: needs the release build, which scripts/test makes"]
+async fn redis_killed_and_paused_under_load_fails_no_request() {
+    let mut redis = RedisServer::start();
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let abridge = Release::start(
+        &provider.url(),
+        &[
+            ("ABRIDGE_REDIS_URL", redis.url()),
+            ("ABRIDGE_COMPACTION__THRESHOLD_TOKENS", "2000".into()),
+        ],
+    )
+    .await;
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let slowest = Arc::new(AtomicU64::new(0));
+    let stop_at = Instant::now() + Duration::from_secs(12);
+    let mut clients = Vec::new();
+    for c in 0..8 {
+        let (url, ok, failed, slowest) = (
+            abridge.url("/v1/chat/completions"),
+            ok.clone(),
+            failed.clone(),
+            slowest.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            let client = http();
+            let mut turns = 1;
+            while Instant::now() < stop_at {
+                let started = Instant::now();
+                let answer = client
+                    .post(&url)
+                    .header("authorization", format!("Bearer sk-load-{c}"))
+                    .json(&conversation(&format!("c{c}"), turns))
+                    .send()
+                    .await;
+                let status = answer.map(|r| r.status().as_u16()).unwrap_or(0);
+                if status == 200 {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+                slowest.fetch_max(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                turns = turns % 12 + 1;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.pause();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.resume();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.stop();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.restart();
+    for c in clients {
+        c.await.unwrap();
+    }
+    // State is written again after the recovery.
+    let client = http();
+    let mut recovered = false;
+    for _ in 0..150 {
+        client
+            .post(abridge.url("/v1/chat/completions"))
+            .header("authorization", "Bearer sk-after")
+            .json(&conversation("after", 2))
+            .send()
+            .await
+            .unwrap();
+        if !command_list(redis.port, &["KEYS", "abridge:*:state"]).is_empty() {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (ok, failed, slowest) = (
+        ok.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        slowest.load(Ordering::Relaxed),
+    );
+    report(
+        "Redis paused (SIGSTOP, 2 s) and killed (SIGKILL, 2 s) under 8 concurrent clients",
+        &[
+            format!("{ok} requests answered 200, {failed} failed"),
+            format!("slowest request {slowest} ms (store.response_timeout_ms is 200)"),
+            format!("state written again after the restart: {recovered}"),
+        ],
+    );
+    assert_eq!(failed, 0, "requests failed by abridge's machinery");
+    assert!(ok > 50, "{ok}");
+    assert!(recovered);
+}
+
+/// Reads a streamed response to its end: the bytes, and whether it ended cleanly.
+async fn drain(response: reqwest::Response) -> (Vec<u8>, bool) {
+    let mut response = response;
+    let mut out = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(c)) => out.extend_from_slice(&c),
+            Ok(None) => return (out, true),
+            Err(_) => return (out, false),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the fault suite: needs the release build, which scripts/test makes"]
+async fn provider_faults_end_in_honest_errors_with_bounded_memory() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let abridge = Release::start(
+        &provider.url(),
+        &[("ABRIDGE_TIMEOUTS__STREAM_IDLE_MS", "500".into())],
+    )
+    .await;
+    let client = http();
+    let post = |fault: (&'static str, &'static str)| {
+        client
+            .post(abridge.url("/v1/chat/completions"))
+            .header(fault.0, fault.1)
+            .body(chat_body(true))
+            .send()
+    };
+    let mut lines = Vec::new();
+    // Reset after the first event: the client's stream fails, it never sees [DONE].
+    let (bytes, clean) = drain(post(("x-fake-reset", "1")).await.unwrap()).await;
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(!clean && !text.contains("[DONE]"), "{text}");
+    lines.push(format!(
+        "reset mid-stream: the client's stream failed after {} bytes, no [DONE]",
+        bytes.len()
+    ));
+    // A stall after the first event: cut at stream_idle_ms, incomplete.
+    let started = Instant::now();
+    let (bytes, clean) = drain(post(("x-fake-stall", "body")).await.unwrap()).await;
+    assert!(!clean && !String::from_utf8_lossy(&bytes).contains("[DONE]"));
+    lines.push(format!(
+        "stall mid-stream: cut after {} ms (stream_idle_ms 500), incomplete",
+        started.elapsed().as_millis()
+    ));
+    // Garbage: relayed as the provider sent it; abridge adds nothing and fails nothing.
+    let response = post(("x-fake-garbage", "1")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let (bytes, _) = drain(response).await;
+    assert_eq!(bytes.len(), 4096);
+    lines.push("garbage stream: relayed byte for byte (4,096 bytes), usage not read".to_owned());
+    // Gzip bombs of 256 MB each: cut at limits.max_decoded_bytes (64 MB), memory bounded.
+    let before = abridge.peak_rss_mb();
+    let mut cut = 0;
+    for _ in 0..8 {
+        let sent = client
+            .post(abridge.url("/v1/chat/completions"))
+            .header("x-fake-gzip-bomb", (256usize << 20).to_string())
+            .body(chat_body(false))
+            .send()
+            .await;
+        let complete = match sent {
+            Ok(r) => drain(r).await.1,
+            Err(_) => false,
+        };
+        if !complete {
+            cut += 1;
+        }
+    }
+    let peak = abridge.peak_rss_mb();
+    assert_eq!(cut, 8, "every bomb is cut");
+    assert!(peak < 400.0, "peak RSS {peak:.0} MB");
+    lines.push(format!(
+        "8 gzip bombs of 256 MB: all cut; peak RSS {before:.0} MB before, {peak:.0} MB after"
+    ));
+    report(
+        "A provider that resets, stalls, sends garbage or gzip bombs",
+        &lines,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the fault suite: needs the release build, which scripts/test makes"]
+async fn a_client_that_leaves_cancels_the_upstream_request_within_a_second() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let abridge = Release::start(&provider.url(), &[]).await;
+    let mut lines = Vec::new();
+    for (what, header, value) in [
+        ("mid-stream", "x-fake-delay-ms", "200"),
+        ("before the response", "x-fake-latency-ms", "20000"),
+    ] {
+        let before = provider.cancelled();
+        let seen = provider.requests().len();
+        let mut stream = TcpStream::connect(abridge.addr).await.unwrap();
+        let body = chat_body(true);
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{header}: {value}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        if what == "mid-stream" {
+            let mut buf = [0u8; 512];
+            let _ = stream.read(&mut buf).await.unwrap();
+        } else {
+            assert!(
+                provider
+                    .wait_until(Duration::from_secs(5), |p| p.requests().len() > seen)
+                    .await
+            );
+        }
+        let left = Instant::now();
+        drop(stream);
+        let cancelled = provider
+            .wait_until(Duration::from_secs(5), |p| p.cancelled() > before)
+            .await;
+        let after = left.elapsed();
+        assert!(
+            cancelled && after < Duration::from_secs(1),
+            "{what}: {after:?}"
+        );
+        lines.push(format!(
+            "client gone {what}: upstream cancelled after {} ms",
+            after.as_millis()
+        ));
+    }
+    report("Client disconnects", &lines);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the fault suite: needs the release build, which scripts/test makes"]
+async fn slowloris_and_slow_bodies_are_closed_while_everyone_else_is_served() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let abridge = Release::start(
+        &provider.url(),
+        &[
+            ("ABRIDGE_TIMEOUTS__CLIENT_HEADER_MS", "1000".into()),
+            ("ABRIDGE_TIMEOUTS__CLIENT_BODY_MS", "1000".into()),
+        ],
+    )
+    .await;
+    let mut held = Vec::new();
+    for (addr, n) in [(abridge.addr, 400), (abridge.admin, 40)] {
+        for i in 0..n {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let part: &[u8] = if i % 2 == 0 {
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow"
+            } else {
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"mo"
+            };
+            s.write_all(part).await.unwrap();
+            held.push(s);
+        }
+    }
+    let opened = Instant::now();
+    let client = http();
+    let mut slowest_health = Duration::ZERO;
+    for _ in 0..20 {
+        let t = Instant::now();
+        assert_eq!(
+            client
+                .get(abridge.admin_url("/healthz"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        slowest_health = slowest_health.max(t.elapsed());
+        let chat = client
+            .post(abridge.url("/v1/chat/completions"))
+            .body(chat_body(false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(chat.status(), 200);
+    }
+    let mut latest = Duration::ZERO;
+    for (i, s) in held.iter_mut().enumerate() {
+        let mut buf = [0u8; 1024];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => continue,
+                Err(_) => panic!("slow connection {i} still open after 10 s"),
+            }
+        }
+        latest = latest.max(opened.elapsed());
+    }
+    report(
+        "Slowloris (half heads) and slow bodies: 400 connections on the proxy, 40 on admin",
+        &[
+            format!(
+                "all closed {} ms after they were opened (deadlines 1,000 ms)",
+                latest.as_millis()
+            ),
+            format!(
+                "meanwhile 20 chat requests answered 200, slowest /healthz {} ms",
+                slowest_health.as_millis()
+            ),
+        ],
+    );
+    assert!(slowest_health < Duration::from_secs(1));
+}
+
+/// The shapes of `benches/adversarial.rs`, at 8 MB, forced through each strategy while
+/// /healthz is polled.
+fn adversarial(shape: &str) -> Value {
+    let size = 8 << 20;
+    let mut m = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Start."}),
+    ];
+    match shape {
+        "huge_argument" => {
+            let arguments = json!({"path": "a/b ".repeat(size / 4)}).to_string();
+            m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "write", "arguments": arguments}}]}));
+            m.push(json!({"role": "tool", "tool_call_id": "c1", "content": "ok"}));
+        }
+        "parallel_calls" => {
+            let n = size / 160;
+            let calls: Vec<Value> = (0..n).map(|i| json!({"id": format!("c{i}"), "type": "function", "function": {"name": "read", "arguments": format!("{{\"path\":\"f{i}.rs\"}}")}})).collect();
+            m.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+            for i in 0..n {
+                m.push(json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": "fn f() {}"}));
+            }
+        }
+        "tiny_messages" => {
+            for i in 0..size / 40 {
+                m.push(json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("m{i}")}));
+            }
+        }
+        _ => {
+            m.push(json!({"role": "assistant", "content": "Send it."}));
+            m.push(json!({"role": "user", "content": "a".repeat(size)}));
+        }
+    }
+    m.push(json!({"role": "assistant", "content": "Done."}));
+    m.push(json!({"role": "user", "content": "Carry on."}));
+    json!({"model": "gpt-4o", "messages": m})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the fault suite: needs the release build, which scripts/test makes"]
+async fn adversarial_bodies_are_bounded_and_health_stays_responsive() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let abridge = Release::start(&provider.url(), &[]).await;
+    let health = {
+        let url = abridge.admin_url("/healthz");
+        tokio::spawn(async move {
+            let client = http();
+            let mut slowest = Duration::ZERO;
+            let until = Instant::now() + Duration::from_secs(600);
+            loop {
+                let t = Instant::now();
+                if client.get(&url).send().await.is_err() || Instant::now() > until {
+                    return slowest;
+                }
+                slowest = slowest.max(t.elapsed());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let client = http();
+    let mut lines = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for shape in [
+        "huge_argument",
+        "parallel_calls",
+        "tiny_messages",
+        "letter_run",
+    ] {
+        let body = adversarial(shape).to_string();
+        for strategy in ["deterministic", "recency", "structured", "llm_replace"] {
+            let t = Instant::now();
+            let response = client
+                .post(abridge.url("/v1/chat/completions"))
+                .header("authorization", "Bearer sk-adversary")
+                .header("x-abridge-compact", "force")
+                .header("x-abridge-strategy", strategy)
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            let status = response.status();
+            let _ = response.bytes().await;
+            let took = t.elapsed();
+            assert!(status.is_success(), "{shape} {strategy}: {status}");
+            assert!(
+                took < Duration::from_secs(20),
+                "{shape} {strategy}: {took:?}"
+            );
+            slowest = slowest.max(took);
+            lines.push(format!(
+                "{shape} (8 MB), {strategy}: {} ms",
+                took.as_millis()
+            ));
+        }
+    }
+    drop(abridge);
+    let slowest_health = health.await.unwrap();
+    lines.push(format!(
+        "slowest request {} ms; slowest /healthz meanwhile {} ms",
+        slowest.as_millis(),
+        slowest_health.as_millis()
+    ));
+    report(
+        "Adversarial 8 MB bodies, forced through every strategy",
+        &lines,
+    );
+    assert!(
+        slowest_health < Duration::from_secs(1),
+        "{slowest_health:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the fault suite: needs the release build, which scripts/test makes"]
+async fn cross_tenant_canaries_share_nothing() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let abridge = Release::start(
+        &provider.url(),
+        &[
+            ("ABRIDGE_REDIS_URL", redis.url()),
+            ("ABRIDGE_COMPACTION__THRESHOLD_TOKENS", "100000".into()),
+        ],
+    )
+    .await;
+    let client = http();
+    let styles = ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+    let (mut pairs, mut shared) = (0, 0);
+    let mut keys = std::collections::HashSet::new();
+    for pair in 0..25 {
+        for style in styles {
+            let body = conversation(&format!("canary-{pair}"), 4);
+            let value = |who: &str| match style {
+                "authorization" => format!("Bearer sk-{who}-{pair}"),
+                _ => format!("{who}-{pair}"),
+            };
+            let a = client
+                .post(abridge.url("/v1/chat/completions"))
+                .header(style, value("alice"))
+                .header("x-abridge-compact", "force")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let b = client
+                .post(abridge.url("/v1/chat/completions"))
+                .header(style, value("bob"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let header = |r: &reqwest::Response, n: &str| {
+                r.headers().get(n).map(|v| v.to_str().unwrap().to_owned())
+            };
+            assert_eq!(header(&a, "x-abridge-compacted").as_deref(), Some("true"));
+            let (ka, kb) = (
+                header(&a, "x-abridge-conversation").unwrap(),
+                header(&b, "x-abridge-conversation").unwrap(),
+            );
+            if ka == kb || header(&b, "x-abridge-compacted").as_deref() == Some("true") {
+                shared += 1;
+            }
+            keys.insert(ka);
+            keys.insert(kb);
+            pairs += 1;
+        }
+    }
+    report(
+        "Cross-tenant canaries (Redis)",
+        &[format!(
+            "{pairs} tenant pairs over 4 credential headers sent identical histories: {shared} shared anything, {} distinct conversation keys",
+            keys.len()
+        )],
+    );
+    assert_eq!(shared, 0);
+    assert_eq!(keys.len(), pairs * 2);
+}
