@@ -45,9 +45,7 @@ use crate::models;
 use crate::offload::Offload;
 use crate::proxy::headers::Credentials;
 use crate::stats::{Stats, Trigger};
-use crate::store::{
-    Checkpoint, INDEX_REFRESH_MS, Loaded, Lock, Saved, State, Store, UsageRecord, now_ms,
-};
+use crate::store::{Checkpoint, INDEX_REFRESH_MS, Loaded, Lock, Saved, Store, Usage, now_ms};
 use crate::summariser::Summariser;
 use crate::tenants::Tenants;
 use crate::tokens::Estimator;
@@ -123,14 +121,103 @@ pub struct Decision {
     pub threshold: u64,
     /// The soft threshold: over it after the response, the next checkpoint is prepared.
     pub soft: u64,
-    /// Compaction may act on this request (not off, not observe, not suspended).
+    /// Compaction may act on this request (not off, not observe).
     pub active: bool,
     /// The strategy this request asked for (or the configured one).
     pub strategy: Strategy,
-    /// Reports over the threshold after compaction so far (from the store).
-    pub overs: u32,
+    /// The usage record the prediction came from (its history's prefix hash), which
+    /// this request's report supersedes.
+    pub usage: Option<Fingerprint>,
+    /// Tokens this history grows by per turn, as observed (see [`growth`]).
+    pub growth: u64,
+    /// abridge's estimate of the request's head (leading system messages).
+    pub head_tokens: u64,
+    /// abridge's estimate of what was appended since the usage record (0: no record).
+    pub appended: u64,
+    /// The record's tokens and ratio, to measure the next ratio (see [`next_ratio`]).
+    pub previous: Option<(u64, u32, Option<u32>)>,
     /// When the conversation was last seen (from the store; 0: new).
     pub last_seen_ms: u64,
+}
+
+/// What [`Compactor::predict`] worked out.
+struct Prediction {
+    /// Predicted prompt tokens (the provider's count).
+    tokens: u64,
+    /// abridge's estimate of the head.
+    head: u64,
+    /// abridge's estimate of what was appended since the usage record.
+    appended: u64,
+}
+
+/// The ratio of the provider's count to abridge's estimate of appended messages, after
+/// a report: `reported − previous tokens` over the estimate of what was appended, when
+/// the same checkpoint applied to both (else the previous ratio stands), averaged with
+/// the previous ratio; clamped to 0.5–4.
+pub fn next_ratio(
+    previous: Option<(u64, u32, Option<u32>)>,
+    applied: Option<u32>,
+    appended: u64,
+    reported: u64,
+) -> u32 {
+    let Some((tokens, ratio, was_applied)) = previous else {
+        return 1000;
+    };
+    if appended < 16 || was_applied != applied || reported <= tokens {
+        return ratio.max(1);
+    }
+    let measured = ((reported - tokens) * 1000 / appended).clamp(500, 4000) as u32;
+    (ratio / 2 + measured / 2).clamp(500, 4000)
+}
+
+/// Why even the minimal plan does not fit (the anti-thrash case, for the note and the
+/// metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Uncompactable {
+    /// The leading system messages (and tools) take most of the threshold.
+    Head,
+    /// The final turn is too big (an agent's large tool output): usually gone from the
+    /// final turn next time.
+    FinalTurn,
+}
+
+impl Uncompactable {
+    pub const ALL: [Uncompactable; 2] = [Uncompactable::Head, Uncompactable::FinalTurn];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Uncompactable::Head => "head",
+            Uncompactable::FinalTurn => "final_turn",
+        }
+    }
+
+    fn why(self) -> &'static str {
+        match self {
+            Uncompactable::Head => "the system prompt takes most of it",
+            Uncompactable::FinalTurn => "the final turn takes most of it",
+        }
+    }
+}
+
+/// Tokens a history grows by per turn: what this request added to the last report,
+/// and at least the mean of that and the growth remembered, so a burst counts at once
+/// and a lull wears off slowly.
+fn growth(usage: Option<&Usage>, predicted: u64) -> u64 {
+    let Some(u) = usage else {
+        return 0;
+    };
+    let now = predicted.saturating_sub(u.tokens);
+    now.max(u.growth / 2 + now / 2)
+}
+
+/// An estimate in abridge's units as the provider would count it.
+fn scaled(estimate: u64, ratio: f64) -> u64 {
+    (estimate as f64 * ratio) as u64
+}
+
+/// A provider count in abridge's units.
+fn unscaled(tokens: u64, ratio: f64) -> u64 {
+    (tokens as f64 / ratio) as u64
 }
 
 /// A conversation's single-flight lock while this process builds its checkpoint: renewed
@@ -199,6 +286,8 @@ pub struct Compactor {
     cpu: Offload,
     /// Which tenants may have summaries now.
     tenants: Arc<Tenants>,
+    /// `store.max_checkpoints`: checkpoints each history keeps.
+    max_checkpoints: usize,
     stats: Arc<Stats>,
     jobs: mpsc::Sender<Job>,
     queue: Mutex<Option<mpsc::Receiver<Job>>>,
@@ -264,7 +353,13 @@ pub struct Followup {
     /// Compaction may act on this conversation (see [`Decision::active`]).
     pub active: bool,
     pub strategy: Strategy,
-    pub overs: u32,
+    /// The usage record this request's report supersedes, and what goes into the new
+    /// one (see [`Decision`]).
+    pub replaces: Option<Fingerprint>,
+    pub growth: u64,
+    pub head_tokens: u64,
+    pub appended: u64,
+    pub previous: Option<(u64, u32, Option<u32>)>,
     /// When the conversation was last seen, per the store (0: new).
     pub last_seen_ms: u64,
     /// For a background build: the client's body, its prefix hashes, the model and the
@@ -288,6 +383,7 @@ struct Job {
     credentials: Credentials,
     tenant: Fingerprint,
     strategy: Strategy,
+    growth: u64,
     /// Given back when the job is done or dropped.
     _held: Option<crate::ingress::Held>,
 }
@@ -305,6 +401,7 @@ impl Compactor {
         Self {
             cpu,
             tenants,
+            max_checkpoints: config.store.max_checkpoints.max(1),
             config: config.compaction.clone(),
             settings: config.strategies.clone(),
             summariser,
@@ -337,6 +434,11 @@ impl Compactor {
         let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
         let strategy = turn.controls.strategy.unwrap_or(self.config.strategy);
         let state = turn.loaded.and_then(|l| l.state.as_ref());
+        // The usage the provider reported for the deepest history this request holds.
+        let usage = turn
+            .loaded
+            .and_then(|l| l.usage_for(turn.prefixes))
+            .copied();
         // A preview decides exactly as a request would, but changes and counts nothing.
         let dry = reason == Reason::Preview;
         let mut decision = Decision {
@@ -350,7 +452,11 @@ impl Compactor {
             soft,
             active: false,
             strategy,
-            overs: state.map_or(0, |s| s.overs),
+            usage: usage.map(|u| u.prefix),
+            growth: 0,
+            head_tokens: 0,
+            appended: 0,
+            previous: usage.map(|u| (u.tokens, u.ratio_permille, u.applied)),
             last_seen_ms: state.map_or(0, |s| s.last_seen_ms),
         };
         if turn.controls.compact == Compact::Off || self.config.mode == CompactionMode::Off {
@@ -371,23 +477,28 @@ impl Compactor {
                     .collect()
             })
             .unwrap_or_default();
-        let active = state
-            .and_then(|s| s.applied)
+        // The checkpoint in force: the one this history's last request was sent with.
+        let active = usage
+            .and_then(|u| u.applied)
             .and_then(|through| matching.iter().copied().find(|c| c.through == through));
         let permit = self.cpu.permit_for(turn.size).await;
-        let predicted = self
-            .cpu
-            .run_with(&permit, || self.predict(turn, state, active, threshold));
+        let prediction = self.cpu.run_with(&permit, || {
+            self.predict(turn, usage.as_ref(), active, threshold)
+        });
         drop(permit);
+        let (predicted, head_tokens) = (prediction.tokens, prediction.head);
         decision.estimate = predicted;
+        decision.head_tokens = head_tokens;
+        decision.appended = prediction.appended;
+        decision.growth = growth(usage.as_ref(), predicted);
+        let target = self.target(threshold, soft, decision.growth);
         // An operator's scheduled compaction (POST /admin/conversations/{id}/compact)
         // forces this turn, with its focus for a summary.
         let scheduled = state.and_then(|s| s.scheduled.as_deref());
         let forced = turn.controls.compact == Compact::Force
             || matches!(reason, Reason::Overflow { .. })
             || scheduled.is_some();
-        let suspended = state.is_some_and(|s| s.suspended_until_ms > now_ms());
-        decision.active = !observe && (!suspended || forced);
+        decision.active = !observe;
 
         if !forced && predicted <= threshold {
             if !observe {
@@ -395,23 +506,24 @@ impl Compactor {
             }
             return decision;
         }
-        if suspended && !forced {
-            self.use_checkpoint(&mut decision, active, predicted, dry);
-            decision
-                .report
-                .add_note("compaction suspended for this conversation (anti-thrash)");
-            return decision;
-        }
+        // How this provider counts next to abridge's estimate, for this conversation.
+        let ratio = self.calibration(turn, usage.as_ref(), active).await;
 
-        // Over the threshold: a prepared, deeper checkpoint that fits needs no work now.
+        // Over the threshold: a prepared, deeper checkpoint that brings the request to
+        // the target needs no work now.
         if !forced {
             let deeper = matching
                 .iter()
                 .copied()
                 .filter(|c| active.is_none_or(|a| c.through > a.through));
             for candidate in deeper {
-                let estimate = self.estimate_off(turn, Some(candidate), threshold).await;
-                if estimate <= threshold {
+                let estimate = scaled(
+                    self.estimate_off(turn, Some(candidate), threshold).await,
+                    ratio,
+                );
+                // A checkpoint prepared ahead (see `run_job`) was built for the target up
+                // to two turns ago; the history has grown since by about that much.
+                if estimate <= target.saturating_add(decision.growth.saturating_mul(2)) {
                     if observe {
                         self.observe(&mut decision, candidate, predicted, estimate, dry);
                     } else {
@@ -423,28 +535,42 @@ impl Compactor {
         }
 
         let (budget, trigger) = match reason {
-            Reason::Overflow { sent } => ((sent / 2).min(soft), Trigger::Retry),
-            _ if forced => ((predicted / 2).min(soft), Trigger::Forced),
-            _ => (soft, Trigger::Threshold),
+            Reason::Overflow { sent } => ((sent / 2).min(target), Trigger::Retry),
+            _ if forced => ((predicted / 2).min(target), Trigger::Forced),
+            _ => (target, Trigger::Threshold),
         };
         // Observe mode: what recency (no LLM, nothing stored) would do.
-        let (strategy, previous) = if observe {
-            (Strategy::Recency, matching.first().copied())
-        } else {
-            (strategy, matching.first().copied())
-        };
-        let attempt = Attempt {
+        let strategy = if observe { Strategy::Recency } else { strategy };
+        let mut attempt = Attempt {
             strategy,
-            previous,
-            budget,
+            previous: matching.first().copied(),
+            // The strategies count in abridge's estimate.
+            budget: unscaled(budget, ratio),
             trigger,
             real: !observe && !dry,
             wait: true,
             focus: scheduled.filter(|f| !f.is_empty()),
         };
-        match self.compact_now(turn, attempt).await {
+        let mut result = self.compact_now(turn, attempt).await;
+        // Not even the minimal plan (head, marker, final turn) fits the budget: when it
+        // still fits the threshold (or, for a retry, is smaller than what was sent),
+        // compact to it, which is as small as the request can get.
+        if let Err(CannotCompact::TooLarge { estimate, .. }) = result {
+            let fits = match reason {
+                Reason::Overflow { sent } => scaled(estimate, ratio) < sent,
+                _ => scaled(estimate, ratio) <= threshold,
+            };
+            if fits {
+                attempt.budget = estimate;
+                result = self.compact_now(turn, attempt).await;
+            }
+        }
+        match result {
             Ok((checkpoint, plan_note)) => {
-                let estimate = self.estimate_off(turn, Some(&checkpoint), threshold).await;
+                let estimate = scaled(
+                    self.estimate_off(turn, Some(&checkpoint), threshold).await,
+                    ratio,
+                );
                 if observe {
                     self.observe(&mut decision, &checkpoint, predicted, estimate, dry);
                 } else {
@@ -461,13 +587,25 @@ impl Compactor {
                 }
             }
             Err(cannot) => {
-                // Anti-thrash only when even the smallest result is over the threshold
-                // itself (a forced or retry budget is stricter than the threshold).
-                if let (CannotCompact::TooLarge { estimate, .. }, Some(conversation), false) =
-                    (&cannot, turn.conversation, observe || dry)
-                    && *estimate > threshold
+                // Anti-thrash: even the minimal plan is over the threshold. Nothing is
+                // suspended: the next turn is judged afresh (an agent's big tool output
+                // in the final turn is usually gone from the final turn next time).
+                if let CannotCompact::TooLarge { estimate, .. } = &cannot
+                    && !dry
                 {
-                    self.suspend(conversation, &cannot.to_string()).await;
+                    let case = if scaled(head_tokens, ratio) * 2 > threshold {
+                        Uncompactable::Head
+                    } else {
+                        Uncompactable::FinalTurn
+                    };
+                    self.stats.anti_thrash(case);
+                    decision.report.add_note(format!(
+                        "not compacted: the leading system messages and the final turn alone are about {} tokens, over the threshold of {threshold} ({}); forwarded as it was",
+                        scaled(*estimate, ratio),
+                        case.why()
+                    ));
+                } else {
+                    decision.report.add_note(format!("not compacted: {cannot}"));
                 }
                 self.use_checkpoint(
                     &mut decision,
@@ -475,37 +613,88 @@ impl Compactor {
                     predicted,
                     dry,
                 );
-                decision.report.add_note(format!("not compacted: {cannot}"));
             }
         }
         decision
     }
 
-    /// Predicted prompt tokens of the request with `applied` applied.
+    /// What a compaction aims for: below the hard threshold by room for a few turns of
+    /// this history's growth (`compaction.room_turns`), at least the soft threshold's
+    /// headroom, so compactions come in steps and the forwarded prefix stays put
+    /// between them. It may be 0: the strategies then go as low as the minimal plan.
+    fn target(&self, threshold: u64, soft: u64, growth: u64) -> u64 {
+        let room = (threshold - soft.min(threshold))
+            .max(growth.saturating_mul(u64::from(self.config.room_turns)));
+        threshold.saturating_sub(room)
+    }
+
+    /// The provider's count over abridge's estimate, for this conversation: what it
+    /// reported for this history's last request against the estimate of the same view.
+    /// 1 without a report. Clamped to 0.5–4.
+    async fn calibration(
+        &self,
+        turn: &Turn<'_, '_>,
+        usage: Option<&Usage>,
+        active: Option<&Checkpoint>,
+    ) -> f64 {
+        let Some(u) = usage else {
+            return 1.0;
+        };
+        let n = (u.messages as usize).min(turn.messages.len());
+        let permit = self.cpu.permit_for(turn.size).await;
+        let estimate = self.cpu.run_with(&permit, || {
+            let estimator = Estimator::for_model_ready(turn.model);
+            forwarded_estimate(&estimator, &turn.messages[..n], active)
+        });
+        if estimate == 0 || u.tokens == 0 {
+            return 1.0;
+        }
+        (u.tokens as f64 / estimate as f64).clamp(0.5, 4.0)
+    }
+
+    /// Predicted prompt tokens of the request with `applied` applied, and the estimate
+    /// of its head (the leading system messages).
+    ///
+    /// With a usage record of this history sent with the same checkpoint: the
+    /// provider's own count, corrected for a head that changed since (a timestamp in
+    /// the system prompt), plus an estimate of only what was appended. Otherwise the
+    /// forwarded view estimated whole. Saturating: the numbers come from the provider,
+    /// and a wrapped sum would read as a tiny conversation and switch compaction off.
     fn predict(
         &self,
         turn: &Turn<'_, '_>,
-        state: Option<&State>,
+        usage: Option<&Usage>,
         applied: Option<&Checkpoint>,
         threshold: u64,
-    ) -> u64 {
-        if let Some(s) = state {
-            let n = s.messages as usize;
-            let same_history = n >= 1
-                && n <= turn.messages.len()
-                && s.prefix
-                    .is_some_and(|p| turn.prefixes.get(n - 1) == Some(&p));
-            if same_history && s.applied == applied.map(|c| c.through) {
-                // The provider's own count, plus only what was appended since.
-                // Saturating: the numbers come from the provider, and a wrapped sum
-                // would read as a tiny conversation and switch compaction off.
-                let exact = Estimator::for_model_ready(turn.model);
-                return turn.messages[n..]
-                    .iter()
-                    .fold(s.tokens, |sum, m| sum.saturating_add(exact.message(m)));
+    ) -> Prediction {
+        let exact = Estimator::for_model_ready(turn.model);
+        let head_len = turn
+            .messages
+            .iter()
+            .take_while(|m| matches!(m.role, Role::System | Role::Developer))
+            .count();
+        let head: u64 = turn.messages[..head_len]
+            .iter()
+            .map(|m| exact.message(m))
+            .sum();
+        if let Some(u) = usage {
+            let n = u.messages as usize;
+            if n <= turn.messages.len() && u.applied == applied.map(|c| c.through) {
+                let reported = u.tokens.saturating_sub(u.head_tokens).saturating_add(head);
+                let appended: u64 = turn.messages[n..].iter().map(|m| exact.message(m)).sum();
+                let scaled = appended.saturating_mul(u64::from(u.ratio_permille.max(1))) / 1000;
+                return Prediction {
+                    tokens: reported.saturating_add(scaled),
+                    head,
+                    appended,
+                };
             }
         }
-        self.estimate_with(turn, applied, threshold)
+        Prediction {
+            tokens: self.estimate_with(turn, applied, threshold),
+            head,
+            appended: 0,
+        }
     }
 
     /// [`Compactor::estimate_with`] off the async workers when the request is large.
@@ -587,13 +776,6 @@ impl Compactor {
         if !dry {
             self.stats.observed();
         }
-    }
-
-    async fn suspend(&self, conversation: Fingerprint, why: &str) {
-        let until = now_ms() + self.config.anti_thrash_secs * 1000;
-        self.stats.anti_thrash();
-        tracing::warn!(%conversation, reason = why, secs = self.config.anti_thrash_secs, "compaction suspended for a conversation (anti-thrash)");
-        let _ = self.store.suspend(&conversation, until).await;
     }
 
     /// Runs a strategy and stores the checkpoint. With a summarising strategy and a
@@ -773,7 +955,15 @@ impl Compactor {
         let (Some(conversation), true) = (turn.conversation, stored) else {
             return Ok((checkpoint, note));
         };
-        match self.store.save_checkpoint(&conversation, &checkpoint).await {
+        // This history keeps its deepest checkpoints; siblings keep theirs.
+        let drop = turn.loaded.map_or_else(Vec::new, |l| {
+            l.to_drop(turn.prefixes, &checkpoint, self.max_checkpoints)
+        });
+        match self
+            .store
+            .save_checkpoint(&conversation, &checkpoint, &drop)
+            .await
+        {
             Ok(Saved::AlreadyPresent) => {
                 // Someone stored one for the same history first: forward theirs, so every
                 // replica sends the same bytes.
@@ -829,30 +1019,35 @@ impl Compactor {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let over = followup.applied.is_some() && reported > followup.threshold;
         let me = self.clone();
-        let record = UsageRecord {
-            tokens: reported,
-            messages: followup.messages,
+        let usage = Usage {
             prefix: followup.prefix,
+            messages: followup.messages,
+            tokens: reported,
             applied: followup.applied,
-            over,
-            touch_index: now_ms().saturating_sub(followup.last_seen_ms) >= INDEX_REFRESH_MS,
+            head_tokens: followup.head_tokens,
+            growth: followup.growth,
+            ratio_permille: next_ratio(
+                followup.previous,
+                followup.applied,
+                followup.appended,
+                reported,
+            ),
+            at_ms: now_ms(),
         };
-        let conversation = followup.conversation;
-        let suspend = over && followup.overs + 1 >= self.config.anti_thrash_after;
+        let touch_index = now_ms().saturating_sub(followup.last_seen_ms) >= INDEX_REFRESH_MS;
+        let (conversation, replaces) = (followup.conversation, followup.replaces);
         runtime.spawn(async move {
             // Failures are counted and logged by the store.
-            let _ = me.store.record_usage(&conversation, record).await;
-            if suspend {
-                me.suspend(
-                    conversation,
-                    "the provider keeps reporting over the threshold after compaction",
-                )
+            let _ = me
+                .store
+                .record_usage(&conversation, usage, replaces, touch_index)
                 .await;
-            }
         });
-        if self.config.background && followup.active && reported > followup.soft && !suspend {
+        // Prepare the next checkpoint once over the soft threshold, or when the next
+        // two turns at this history's pace would cross the hard one.
+        let soon = reported.saturating_add(followup.growth.saturating_mul(2)) > followup.threshold;
+        if self.config.background && followup.active && (reported > followup.soft || soon) {
             self.queue_job(followup);
         }
     }
@@ -879,6 +1074,7 @@ impl Compactor {
             model: followup.model,
             credentials: followup.credentials,
             tenant: followup.tenant,
+            growth: followup.growth,
             _held: followup.held,
             strategy: followup.strategy,
         };
@@ -935,29 +1131,44 @@ impl Compactor {
         };
         let threshold = self.threshold(&job.model);
         let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
+        let target = self.target(threshold, soft, job.growth);
         let deepest = loaded
             .all_matching(&job.prefixes)
             .find(|c| applicable(c, &parsed.messages));
-        let in_use = loaded.state.as_ref().and_then(|s| s.applied);
-        let estimate = self.estimate_off(&turn, deepest, threshold).await;
-        // Nothing to do while the deepest checkpoint keeps the request under the soft
-        // threshold, or while one prepared ahead (deeper than the one in use) would still
-        // leave room when the hard threshold is crossed: building again every turn
-        // would pay for summaries that are never forwarded.
+        let usage = loaded.usage_for(&job.prefixes).copied();
+        let in_use = usage.and_then(|u| u.applied);
+        let active = in_use.and_then(|t| {
+            loaded
+                .all_matching(&job.prefixes)
+                .find(|c| c.through == t && applicable(c, &parsed.messages))
+        });
+        let ratio = self.calibration(&turn, usage.as_ref(), active).await;
+        let estimate = scaled(self.estimate_off(&turn, deepest, threshold).await, ratio);
+        // Nothing to do while the deepest checkpoint keeps the request at the target, or
+        // while one prepared ahead (deeper than the one in use) would still leave room
+        // when the hard threshold is crossed: building again every turn would pay for
+        // summaries that are never forwarded.
         let prepared = deepest.is_some_and(|d| in_use.is_none_or(|a| d.through > a));
-        if estimate <= soft || (prepared && estimate <= soft + (threshold - soft) / 2) {
+        if estimate <= target || (prepared && estimate <= target + (threshold - target) / 2) {
             return;
         }
-        let attempt = Attempt {
+        let mut attempt = Attempt {
             strategy: job.strategy,
             previous: deepest,
-            budget: soft,
+            budget: unscaled(target, ratio),
             trigger: Trigger::Background,
             real: true,
             wait: false,
             focus: None,
         };
-        match self.compact_now(&turn, attempt).await {
+        let mut result = self.compact_now(&turn, attempt).await;
+        if let Err(CannotCompact::TooLarge { estimate, .. }) = result
+            && scaled(estimate, ratio) <= threshold
+        {
+            attempt.budget = estimate;
+            result = self.compact_now(&turn, attempt).await;
+        }
+        match result {
             Ok(_) => {}
             Err(e) => {
                 tracing::debug!(conversation = %job.conversation, error = %e, "background compaction skipped")

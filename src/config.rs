@@ -69,8 +69,9 @@ pub struct CompactionConfig {
     /// `threshold_tokens` is 0).
     pub threshold_ratio: f64,
     /// Soft threshold as a share of the hard one: over it, the next checkpoint is built in
-    /// the background, so the turn crossing the hard threshold finds it ready. It is also
-    /// the size compaction aims for.
+    /// the background, so the turn crossing the hard threshold finds it ready. A
+    /// compaction aims at most this high (lower when the history grows fast, see
+    /// `room_turns`).
     pub soft_ratio: f64,
     /// Context window of models the built-in table does not know.
     pub default_context_window: u64,
@@ -85,11 +86,10 @@ pub struct CompactionConfig {
     /// Lifetime of the single-flight lock of a summary build; the builder renews it
     /// every third of it, so it only bounds how long a crashed builder blocks others.
     pub lock_ttl_ms: u64,
-    /// Compaction is suspended for a conversation this long when it cannot get under the
-    /// threshold, or the provider keeps reporting over it after compaction.
-    pub anti_thrash_secs: u64,
-    /// Reports over the threshold after compaction that suspend it.
-    pub anti_thrash_after: u32,
+    /// Turns of a history's observed growth a compaction leaves room for below the hard
+    /// threshold (at least the soft threshold's headroom), so compactions come in steps
+    /// and the forwarded prefix stays put between them.
+    pub room_turns: u32,
     /// CPU-heavy work on large requests (estimates, strategies) running at once, off
     /// the async workers; more waits its turn. 0: half the cores, at least one.
     pub cpu_concurrency: usize,
@@ -131,8 +131,7 @@ impl Default for CompactionConfig {
             background_workers: 2,
             background_queue: 64,
             lock_ttl_ms: 15_000,
-            anti_thrash_secs: 600,
-            anti_thrash_after: 2,
+            room_turns: 3,
             cpu_concurrency: 0,
             client_strategy: true,
             client_force: true,

@@ -3,17 +3,27 @@
 //!
 //! Clients resend the whole history every turn. Each message is reduced to a canonical
 //! byte form of the fields that carry meaning (role, content, name, tool calls,
-//! tool-call id), hashed, and chained into a rolling prefix hash:
+//! tool-call id), hashed, and chained into a rolling prefix hash over the messages after
+//! the head (the leading system/developer messages, `s` of them):
 //!
 //! ```text
-//! h(-1) = H(namespace)            namespace = HMAC(secret, tenant ‖ conversation id)
-//! h(i)  = H(h(i-1) ‖ H(canon(m_i)))
+//! h(s-1) = H(namespace)           namespace = HMAC(secret, tenant ‖ conversation id)
+//! h(i)   = H(h(i-1) ‖ H(canon(m_i)))       for i ≥ s
 //! ```
 //!
-//! so `h(i)` names "this exact history up to message i, for this tenant". A checkpoint
-//! stores `h(through)`; a later request matches it only if its first `through + 1`
-//! messages are the same — an edited or forked history falls back to an older checkpoint
-//! or none, never to a wrong summary. The conversation key is `h(first user message)`.
+//! so `h(i)` names "this exact history from the head to message i, for this tenant". A
+//! checkpoint stores `h(through)`; a later request matches it only if its messages
+//! `s..=through` are the same — an edited or forked history falls back to an older
+//! checkpoint or none, never to a wrong summary. The conversation key is `h(first user
+//! message)`.
+//!
+//! The head is left out of the chain on purpose: it is never summarised (every plan
+//! keeps it verbatim), and many apps put the current time or an environment block in
+//! their system prompt, which would otherwise make every turn a new conversation. It
+//! has a hash of its own ([`Hashes::head`]), and for `i < s`, `h(i)` is `H(namespace)`
+//! (nothing can be checkpointed there). A change in the number of head messages shifts
+//! every index, and a checkpoint is matched at its own index, so nothing matches then:
+//! safe, and rare.
 //!
 //! Canonical form (all framing length-prefixed, so it is prefix-free: no two different
 //! messages produce the same bytes by concatenation):
@@ -176,10 +186,15 @@ impl fmt::Debug for IdentityKey {
 /// Every hash of a request, computed in one pass over its messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hashes {
-    /// `prefixes[i]` = h(i): the rolling hash of messages `0..=i`.
+    /// `prefixes[i]` = h(i): the rolling hash of messages `head..=i` (see the module
+    /// docs; for `i` in the head, the namespace's seed).
     pub prefixes: Vec<Fingerprint>,
     /// Index of the first user message, if any.
     pub first_user: Option<usize>,
+    /// How many leading system/developer messages make the head.
+    pub head_len: usize,
+    /// The head's own hash (all of its messages, chained from the same seed).
+    pub head: Fingerprint,
 }
 
 impl Hashes {
@@ -216,24 +231,36 @@ pub fn identify(
     })
 }
 
-/// Hashes every prefix of `messages` within `namespace`.
+/// Hashes every prefix of `messages` within `namespace` (see the module docs).
 pub fn hash_conversation(namespace: &Fingerprint, messages: &[Message<'_>]) -> Hashes {
+    let seed = Fingerprint::of(Sha256::new_with_prefix(namespace.as_bytes()));
+    let head_len = messages
+        .iter()
+        .take_while(|m| matches!(m.role, Role::System | Role::Developer))
+        .count();
+    let chain = |previous: Fingerprint, message: &Message<'_>| {
+        let mut h = Sha256::new();
+        h.update(previous.as_bytes());
+        h.update(hash_message(message).as_bytes());
+        Fingerprint::of(h)
+    };
+    let head = messages[..head_len].iter().fold(seed, chain);
     let mut prefixes = Vec::with_capacity(messages.len());
-    let mut previous = Fingerprint::of(Sha256::new_with_prefix(namespace.as_bytes()));
+    prefixes.resize(head_len, seed);
+    let mut previous = seed;
     let mut first_user = None;
-    for (i, message) in messages.iter().enumerate() {
+    for (i, message) in messages.iter().enumerate().skip(head_len) {
         if first_user.is_none() && message.role == Role::User {
             first_user = Some(i);
         }
-        let mut chain = Sha256::new();
-        chain.update(previous.as_bytes());
-        chain.update(hash_message(message).as_bytes());
-        previous = Fingerprint::of(chain);
+        previous = chain(previous, message);
         prefixes.push(previous);
     }
     Hashes {
         prefixes,
         first_user,
+        head_len,
+        head,
     }
 }
 
@@ -568,6 +595,33 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_system_prompt_keeps_the_conversation_and_its_prefixes() {
+        let ns = key().namespace(b"Bearer sk-a", None);
+        let turn = |time: &str| {
+            hashes(
+                &ns,
+                &format!(
+                    r#"[{{"role":"system","content":"Current time: {time}"}},{{"role":"developer","content":"env"}},{{"role":"user","content":"u"}},{{"role":"assistant","content":"a"}}]"#
+                ),
+            )
+        };
+        let (a, b) = (turn("10:00"), turn("10:05"));
+        assert_eq!(a.head_len, 2);
+        assert_ne!(a.head, b.head, "the head has a hash of its own");
+        assert_eq!(a.conversation(), b.conversation());
+        assert_eq!(a.prefixes, b.prefixes);
+        // One head message more or less shifts every index: a checkpoint (matched at
+        // its own index) no longer matches, safely.
+        let shorter = hashes(
+            &ns,
+            r#"[{"role":"system","content":"Current time: 10:00"},{"role":"user","content":"u"},{"role":"assistant","content":"a"}]"#,
+        );
+        for i in 1..shorter.prefixes.len() {
+            assert_ne!(shorter.prefixes[i], a.prefixes[i], "index {i}");
+        }
+    }
+
+    #[test]
     fn namespaces_separate_tenants_conversations_and_secrets() {
         let k = key();
         let a = k.namespace(b"Bearer sk-a", None);
@@ -746,15 +800,23 @@ mod tests {
             let after = hash_list(&ns, &edited);
             let canon = |list: &[String]| list.iter().map(|m| one(m)).collect::<Vec<_>>();
             let (cb, ca) = (canon(&messages), canon(&edited));
+            // The head (leading system messages) is not part of the chain: a history is
+            // the same when the heads have the same length and the rest is equal.
+            let same_head = before.head_len == after.head_len;
+            let (s, ha) = (before.head_len, after.head_len);
             for i in 0..before.prefixes.len().min(after.prefixes.len()) {
-                let same_history = cb[..=i] == ca[..=i];
+                if i < s.max(ha) {
+                    continue;
+                }
+                let same_history = same_head && cb[s..=i] == ca[s..=i];
                 prop_assert_eq!(before.prefixes[i] == after.prefixes[i], same_history, "h({}) after an edit at {}", i, p);
-                if i < p {
+                if i < p && same_head {
                     prop_assert_eq!(before.prefixes[i], after.prefixes[i], "h({}) before the edit at {} changed", i, p);
                 }
             }
-            // A real edit (not a swap of equal messages) is visible at its position.
-            if cb.get(p) != ca.get(p) && p < before.prefixes.len().min(after.prefixes.len()) {
+            // A real edit after the head (not a swap of equal messages) is visible at its
+            // position.
+            if same_head && p >= s && cb.get(p) != ca.get(p) && p < before.prefixes.len().min(after.prefixes.len()) {
                 prop_assert_ne!(before.prefixes[p], after.prefixes[p]);
             }
         }

@@ -16,6 +16,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::compact::Strategy;
+use crate::compaction::Uncompactable;
 use crate::relay::{End, Outcome};
 
 /// What started a compaction.
@@ -108,7 +109,7 @@ macro_rules! label_value {
     )*};
 }
 
-label_value!(Trigger, Route, Class, StrategyLabel, Phase);
+label_value!(Trigger, Route, Class, StrategyLabel, Phase, Uncompactable);
 
 impl Route {
     pub fn as_str(self) -> &'static str {
@@ -158,6 +159,11 @@ struct CompactionLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CaseLabel {
+    case: Uncompactable,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CompactedLabel {
     compacted: bool,
 }
@@ -203,7 +209,7 @@ pub struct Stats {
     summary_refused: Counter,
     fallbacks: Counter,
     retries: Counter,
-    anti_thrash: Counter,
+    anti_thrash: Family<CaseLabel, Counter>,
     observed: Counter,
     waited_for_peer: Counter,
     background_dropped: Counter,
@@ -243,7 +249,7 @@ impl Default for Stats {
             summary_refused: Counter::default(),
             fallbacks: Counter::default(),
             retries: Counter::default(),
-            anti_thrash: Counter::default(),
+            anti_thrash: Family::default(),
             observed: Counter::default(),
             waited_for_peer: Counter::default(),
             background_dropped: Counter::default(),
@@ -311,7 +317,7 @@ pub struct Snapshot {
     pub fallbacks: u64,
     /// Requests compacted and retried after "context length exceeded".
     pub retries: u64,
-    /// Conversations whose compaction was suspended (anti-thrash).
+    /// Requests not compacted because even the minimal plan is over the threshold.
     pub anti_thrash: u64,
     /// Observe mode: requests that would have been compacted.
     pub observed: u64,
@@ -490,7 +496,7 @@ impl Stats {
         );
         r.register(
             "anti_thrash",
-            "Conversations whose compaction was suspended",
+            "Requests not compacted because even the minimal plan (head, marker, final turn) is over the threshold, by case: head or final_turn",
             self.anti_thrash.clone(),
         );
         r.register(
@@ -615,8 +621,8 @@ impl Stats {
         self.retries.inc();
     }
 
-    pub fn anti_thrash(&self) {
-        self.anti_thrash.inc();
+    pub fn anti_thrash(&self, case: Uncompactable) {
+        self.anti_thrash.get_or_create(&CaseLabel { case }).inc();
     }
 
     pub fn observed(&self) {
@@ -736,7 +742,14 @@ impl Stats {
             summary_refused: self.summary_refused.get(),
             fallbacks: self.fallbacks.get(),
             retries: self.retries.get(),
-            anti_thrash: self.anti_thrash.get(),
+            anti_thrash: Uncompactable::ALL
+                .iter()
+                .map(|&case| {
+                    self.anti_thrash
+                        .get(&CaseLabel { case })
+                        .map_or(0, |n| n.get())
+                })
+                .sum(),
             observed: self.observed.get(),
             waited_for_peer: self.waited_for_peer.get(),
             background_dropped: self.background_dropped.get(),

@@ -401,14 +401,16 @@ async fn conversations(State(state): State<AppState>, Query(page): Query<Page>) 
     for r in recent {
         let loaded = store.load(&r.conversation).await.ok();
         let state = loaded.as_ref().and_then(|l| l.state.as_ref());
+        // The latest report among its histories.
+        let latest = loaded.as_ref().and_then(|l| l.usage.first());
         items.push(json!({
             "id": r.conversation,
             "last_seen_ms": r.last_seen_ms,
-            "tokens": state.map(|s| s.tokens),
-            "messages": state.map(|s| s.messages),
+            "tokens": latest.map(|u| u.tokens),
+            "messages": latest.map(|u| u.messages),
+            "histories": loaded.as_ref().map(|l| l.usage.len()),
             "compactions": state.map(|s| s.compactions),
             "checkpoints": loaded.as_ref().map(|l| l.checkpoints.len()),
-            "suspended_until_ms": state.map(|s| s.suspended_until_ms).filter(|t| *t > now_ms()),
         }));
     }
     axum::Json(json!({"offset": page.offset, "limit": limit, "conversations": items}))
@@ -463,16 +465,20 @@ async fn conversation(State(state): State<AppState>, Path(id): Path<String>) -> 
     let body = json!({
         "id": id,
         "state": {
-            "tokens": s.tokens,
-            "messages": s.messages,
-            "prefix": s.prefix,
-            "applied": s.applied,
-            "overs": s.overs,
-            "suspended_until_ms": s.suspended_until_ms,
             "scheduled": s.scheduled,
             "compactions": s.compactions,
             "last_seen_ms": s.last_seen_ms,
         },
+        // Each history's last report, newest first.
+        "usage": loaded.usage.iter().map(|u| json!({
+            "prefix": u.prefix,
+            "messages": u.messages,
+            "tokens": u.tokens,
+            "applied": u.applied,
+            "head_tokens": u.head_tokens,
+            "growth": u.growth,
+            "at_ms": u.at_ms,
+        })).collect::<Vec<_>>(),
         "checkpoints": loaded.checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>(),
     });
     axum::Json(body).into_response()

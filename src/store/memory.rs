@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{
-    Checkpoint, Loaded, Lock, Recent, Saved, State, UsageRecord, checkpoint_field, lock, now_ms,
+    Checkpoint, Loaded, Lock, MAX_USAGE, Recent, Saved, State, Usage, checkpoint_field, lock,
+    now_ms,
 };
 use crate::config::StoreConfig;
 use crate::identity::Fingerprint;
@@ -41,6 +42,8 @@ struct Inner {
 struct Conversation {
     /// By field name (`<depth>:<prefix>`), so iteration is by depth.
     checkpoints: BTreeMap<String, Checkpoint>,
+    /// Newest last.
+    usage: Vec<Usage>,
     state: Option<State>,
     lock: Option<(String, Instant)>,
     expires: Instant,
@@ -77,6 +80,7 @@ impl MemoryStore {
                 c.expires = now + self.ttl;
                 Loaded {
                     checkpoints: c.checkpoints.values().rev().cloned().collect(),
+                    usage: c.usage.iter().rev().copied().collect(),
                     state: c.state.clone(),
                 }
             }
@@ -84,7 +88,12 @@ impl MemoryStore {
         }
     }
 
-    pub fn save_checkpoint(&self, id: &Fingerprint, checkpoint: &Checkpoint) -> Saved {
+    pub fn save_checkpoint(
+        &self,
+        id: &Fingerprint,
+        checkpoint: &Checkpoint,
+        drop: &[String],
+    ) -> Saved {
         let mut inner = lock(&self.inner);
         let c = self.entry(&mut inner, id);
         let field = checkpoint_field(checkpoint);
@@ -94,7 +103,13 @@ impl MemoryStore {
         let added = size_of(checkpoint);
         c.checkpoints.insert(field, checkpoint.clone());
         let mut removed = 0;
-        while c.checkpoints.len() > self.max_checkpoints {
+        for name in drop {
+            if let Some(old) = c.checkpoints.remove(name) {
+                removed += size_of(&old);
+            }
+        }
+        // A safety net whatever the caller asked: never more than four histories' worth.
+        while c.checkpoints.len() > self.max_checkpoints * 4 {
             if let Some((_, old)) = c.checkpoints.pop_first() {
                 removed += size_of(&old);
             }
@@ -106,24 +121,22 @@ impl MemoryStore {
         Saved::Stored
     }
 
-    pub fn record_usage(&self, id: &Fingerprint, usage: UsageRecord) {
+    pub fn record_usage(&self, id: &Fingerprint, usage: Usage, replaces: Option<Fingerprint>) {
         let mut inner = lock(&self.inner);
         let c = self.entry(&mut inner, id);
-        let state = c.state.get_or_insert_with(State::default);
-        state.tokens = usage.tokens;
-        state.messages = usage.messages;
-        state.prefix = Some(usage.prefix);
-        state.applied = usage.applied;
-        state.overs = if usage.over { state.overs + 1 } else { 0 };
-        state.last_seen_ms = now_ms();
-    }
-
-    pub fn suspend(&self, id: &Fingerprint, until_ms: u64) {
-        let mut inner = lock(&self.inner);
-        let c = self.entry(&mut inner, id);
-        let state = c.state.get_or_insert_with(State::default);
-        state.suspended_until_ms = until_ms;
-        state.overs = 0;
+        c.usage
+            .retain(|u| u.prefix != usage.prefix && Some(u.prefix) != replaces);
+        c.usage.push(usage);
+        if c.usage.len() > MAX_USAGE {
+            let oldest = c
+                .usage
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, u)| u.at_ms)
+                .map_or(0, |(i, _)| i);
+            c.usage.remove(oldest);
+        }
+        c.state.get_or_insert_with(State::default).last_seen_ms = now_ms();
     }
 
     pub fn try_lock(&self, id: &Fingerprint, lock_: &Lock, ttl: Duration) -> bool {
@@ -290,6 +303,7 @@ impl MemoryStore {
         // One lookup: an absent or expired conversation starts afresh.
         let fresh = || Conversation {
             checkpoints: BTreeMap::new(),
+            usage: Vec::new(),
             state: None,
             lock: None,
             expires: now,
@@ -384,7 +398,7 @@ mod tests {
             ..StoreConfig::default()
         });
         for n in 0..5 {
-            store.save_checkpoint(&id(n), &checkpoint(3, 1024 * 1024));
+            store.save_checkpoint(&id(n), &checkpoint(3, 1024 * 1024), &[]);
             std::thread::sleep(Duration::from_millis(2));
         }
         assert!(store.bytes() <= 3 * 1024 * 1024, "{}", store.bytes());

@@ -1,6 +1,6 @@
 //! The store: what abridge remembers about a conversation between turns — checkpoints
-//! (which messages a replacement stands for) and state (the usage the provider last
-//! reported) — plus the single-flight lock for summary builds.
+//! (which messages a replacement stands for), the usage the provider reported for each
+//! history, and a little state — plus the single-flight lock for summary builds.
 //!
 //! One enum, two backends with the same behaviour and the same test suite:
 //! [`memory::MemoryStore`] (the default: nothing to install, state lost on restart) and
@@ -18,7 +18,8 @@
 //! one slot; only hashes appear in key names; every conversation key has a TTL refreshed
 //! on use:
 //! - `<prefix>:{<conv>}:ckpt`  — hash: `<through, 10 digits>:<prefix hash>` → checkpoint JSON
-//! - `<prefix>:{<conv>}:state` — hash: tokens, messages, prefix, compactions, last_seen
+//! - `<prefix>:{<conv>}:state` — hash: compactions, last_seen, scheduled
+//! - `<prefix>:{<conv>}:usage` — hash: `<history prefix hash>` → the usage reported for it
 //! - `<prefix>:{<conv>}:lock`  — the single-flight lock token (SET NX PX)
 //! - `<prefix>:{<tenant>}:tenant` — "1" once the provider accepted the tenant's credential
 //! - `<prefix>:recent`         — sorted set of conversations by last use (admin listing)
@@ -91,22 +92,9 @@ impl PartialEq for Checkpoint {
     }
 }
 
-/// The usage the provider last reported for a conversation.
+/// A conversation's own state, beside its histories' usage.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct State {
-    /// Input tokens the provider counted for the request of `messages` messages.
-    pub tokens: u64,
-    pub messages: u32,
-    /// `h(messages - 1)` of that request: the tokens are only meaningful for a request
-    /// that starts with the same history.
-    pub prefix: Option<Fingerprint>,
-    /// `through` of the checkpoint applied to that request (`None`: forwarded as sent).
-    pub applied: Option<u32>,
-    /// Consecutive turns the provider reported over the threshold although a checkpoint
-    /// was applied (anti-thrash).
-    pub overs: u32,
-    /// Compaction is suspended for this conversation until then (ms since the epoch).
-    pub suspended_until_ms: u64,
     /// An operator asked for this conversation to be compacted at its next turn, with
     /// this focus for a summary (empty: none).
     pub scheduled: Option<String>,
@@ -115,21 +103,75 @@ pub struct State {
     pub last_seen_ms: u64,
 }
 
-/// What [`Store::record_usage`] writes.
+/// What the provider reported for one history of a conversation. Conversations that
+/// share an opening (sibling chats of an IDE, one system prompt and first message) share
+/// a conversation key, so usage is kept per exact history prefix: a request uses the
+/// deepest record whose prefix it contains, and no sibling overwrites another's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UsageRecord {
-    pub tokens: u64,
-    pub messages: u32,
+pub struct Usage {
+    /// `h(messages - 1)`: the tokens are only meaningful for a request that starts with
+    /// this history.
     pub prefix: Fingerprint,
-    /// `through` of the checkpoint applied to the request, if any.
+    /// Messages of that request.
+    pub messages: u32,
+    /// Input tokens the provider counted for it.
+    pub tokens: u64,
+    /// `through` of the checkpoint applied to it (`None`: forwarded as sent).
     pub applied: Option<u32>,
-    /// The provider reported more than the threshold although a checkpoint was applied:
-    /// counts towards anti-thrash (any other report resets the count).
-    pub over: bool,
-    /// Also update the conversation's entry in the recent-conversations index (Redis:
-    /// one more round trip to a global key, so done at most once a minute).
-    pub touch_index: bool,
+    /// abridge's estimate of its head (leading system messages), so a head that
+    /// changed since (a timestamp in the system prompt) is accounted for.
+    pub head_tokens: u64,
+    /// How many tokens a turn of this history has added lately (provider's count).
+    pub growth: u64,
+    /// The provider's count of what a turn appended, per thousand of abridge's estimate
+    /// of it (1000 until measured): what appended messages are scaled by.
+    pub ratio_permille: u32,
+    /// When it was reported (ms since the epoch).
+    pub at_ms: u64,
 }
+
+impl Usage {
+    /// The record's value as stored (Redis): numbers separated by `:`, `at_ms` last.
+    pub(crate) fn encode(&self) -> String {
+        let applied = self.applied.map_or(-1, i64::from);
+        format!(
+            "{}:{}:{applied}:{}:{}:{}:{}",
+            self.tokens,
+            self.messages,
+            self.head_tokens,
+            self.growth,
+            self.ratio_permille,
+            self.at_ms
+        )
+    }
+
+    pub(crate) fn decode(prefix: Fingerprint, value: &str) -> Option<Self> {
+        let mut parts = value.split(':');
+        let mut next = || parts.next()?.parse::<i64>().ok();
+        let (tokens, messages, applied, head_tokens, growth, ratio, at_ms) = (
+            next()?,
+            next()?,
+            next()?,
+            next()?,
+            next()?,
+            next()?,
+            next()?,
+        );
+        Some(Self {
+            prefix,
+            tokens: u64::try_from(tokens).ok()?,
+            messages: u32::try_from(messages).ok()?,
+            applied: u32::try_from(applied).ok(),
+            head_tokens: u64::try_from(head_tokens).ok()?,
+            growth: u64::try_from(growth).ok()?,
+            ratio_permille: u32::try_from(ratio).ok()?,
+            at_ms: u64::try_from(at_ms).ok()?,
+        })
+    }
+}
+
+/// Histories whose usage a conversation keeps at most (the least recently reported go).
+pub const MAX_USAGE: usize = 16;
 
 /// How stale a conversation's entry in the recent index may get before it is updated.
 pub const INDEX_REFRESH_MS: u64 = 60_000;
@@ -139,6 +181,8 @@ pub const INDEX_REFRESH_MS: u64 = 60_000;
 pub struct Loaded {
     /// Deepest first.
     pub checkpoints: Vec<Checkpoint>,
+    /// The histories' usage, newest first.
+    pub usage: Vec<Usage>,
     pub state: Option<State>,
 }
 
@@ -157,6 +201,47 @@ impl Loaded {
         self.checkpoints
             .iter()
             .filter(|c| prefixes.get(c.through as usize) == Some(&c.prefix))
+    }
+
+    /// The usage of the deepest history `prefixes` contains.
+    pub fn usage_for(&self, prefixes: &[Fingerprint]) -> Option<&Usage> {
+        self.usage
+            .iter()
+            .filter(|u| u.messages >= 1 && prefixes.get(u.messages as usize - 1) == Some(&u.prefix))
+            .max_by_key(|u| (u.messages, u.at_ms))
+    }
+
+    /// The fields (see [`checkpoint_field`]) to drop when `new` is saved for the
+    /// history `prefixes`: that history keeps its `max` deepest checkpoints, and the
+    /// conversation as a whole `max * 4` (the oldest go), so sibling conversations never
+    /// evict each other's.
+    pub fn to_drop(&self, prefixes: &[Fingerprint], new: &Checkpoint, max: usize) -> Vec<String> {
+        let field = checkpoint_field(new);
+        let mine: Vec<&Checkpoint> = self
+            .all_matching(prefixes)
+            .filter(|c| checkpoint_field(c) != field)
+            .collect();
+        let mut drop: Vec<String> = mine
+            .iter()
+            .skip(max.saturating_sub(1))
+            .map(|c| checkpoint_field(c))
+            .collect();
+        let kept = self.checkpoints.len() + 1 - drop.len();
+        if kept > max * 4 {
+            let mut others: Vec<&Checkpoint> = self
+                .checkpoints
+                .iter()
+                .filter(|c| !mine.iter().any(|m| std::ptr::eq(*m, *c)))
+                .collect();
+            others.sort_by_key(|c| c.created_ms);
+            drop.extend(
+                others
+                    .iter()
+                    .take(kept - max * 4)
+                    .map(|c| checkpoint_field(c)),
+            );
+        }
+        drop
     }
 }
 
@@ -284,54 +369,44 @@ impl Store {
         .await
     }
 
-    /// Saves a checkpoint. Monotonic: a checkpoint for the same depth and history that is
-    /// already there stays; when over `max_checkpoints` the shallowest go, so a late
-    /// (shallower) writer never displaces a deeper checkpoint.
+    /// Saves a checkpoint and drops the fields `drop` (see [`Loaded::to_drop`]).
+    /// Monotonic: a checkpoint for the same depth and history that is already there
+    /// stays (and nothing is dropped), so a late writer never replaces a checkpoint.
     pub async fn save_checkpoint(
         &self,
         conversation: &Fingerprint,
         checkpoint: &Checkpoint,
+        drop: &[String],
     ) -> Result<Saved, StoreError> {
         self.call("save_checkpoint", async {
             match &self.backend {
-                Backend::Memory(m) => Ok(m.save_checkpoint(conversation, checkpoint)),
-                Backend::Redis(r) => r.save_checkpoint(conversation, checkpoint).await,
+                Backend::Memory(m) => Ok(m.save_checkpoint(conversation, checkpoint, drop)),
+                Backend::Redis(r) => r.save_checkpoint(conversation, checkpoint, drop).await,
             }
         })
         .await
     }
 
-    /// Records the usage the provider reported for a request of this conversation.
+    /// Records the usage the provider reported for a history of this conversation.
+    /// `replaces`: the prefix of the record this request was predicted from (an
+    /// earlier turn of the same history), which the new record supersedes.
     pub async fn record_usage(
         &self,
         conversation: &Fingerprint,
-        usage: UsageRecord,
+        usage: Usage,
+        replaces: Option<Fingerprint>,
+        touch_index: bool,
     ) -> Result<(), StoreError> {
         self.call("record_usage", async {
             match &self.backend {
                 Backend::Memory(m) => {
-                    m.record_usage(conversation, usage);
+                    m.record_usage(conversation, usage, replaces);
                     Ok(())
                 }
-                Backend::Redis(r) => r.record_usage(conversation, usage).await,
-            }
-        })
-        .await
-    }
-
-    /// Suspends compaction of a conversation until `until_ms` (anti-thrash).
-    pub async fn suspend(
-        &self,
-        conversation: &Fingerprint,
-        until_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.call("suspend", async {
-            match &self.backend {
-                Backend::Memory(m) => {
-                    m.suspend(conversation, until_ms);
-                    Ok(())
+                Backend::Redis(r) => {
+                    r.record_usage(conversation, usage, replaces, touch_index)
+                        .await
                 }
-                Backend::Redis(r) => r.suspend(conversation, until_ms).await,
             }
         })
         .await
@@ -593,7 +668,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-pub(crate) fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

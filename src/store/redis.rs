@@ -26,20 +26,25 @@ use redis::{
 use tokio::sync::OnceCell;
 
 use super::{
-    Checkpoint, Loaded, Lock, Recent, Saved, State, StoreError, UsageRecord, checkpoint_field,
+    Checkpoint, Loaded, Lock, MAX_USAGE, Recent, Saved, State, StoreError, Usage, checkpoint_field,
     now_ms,
 };
 use crate::config::StoreConfig;
 use crate::identity::Fingerprint;
 use crate::secret::Secret;
 
-/// Adds a checkpoint unless one for the same depth and history exists; trims the
-/// shallowest beyond the limit; counts compactions; refreshes TTLs. Atomic in Redis, so
-/// concurrent and late writers cannot interleave.
+/// Adds a checkpoint unless one for the same depth and history exists; then drops the
+/// fields the caller named (its history's shallowest beyond the limit, the oldest of
+/// others) and, as a safety net, the shallowest beyond four histories' worth; counts
+/// compactions; refreshes TTLs. Atomic in Redis, so concurrent and late writers cannot
+/// interleave. ARGV: field, json, safety cap, ttl, then the fields to drop.
 const SAVE_CHECKPOINT: &str = r#"
 local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 if added == 1 then
   redis.call('HINCRBY', KEYS[2], 'compactions', 1)
+  for i = 5, #ARGV do
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  end
   local max = tonumber(ARGV[3])
   local n = redis.call('HLEN', KEYS[1])
   if n > max then
@@ -53,6 +58,35 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return added
+"#;
+
+/// Records a history's usage: the record it supersedes goes, the new one is set, and
+/// beyond the limit the least recently reported history goes (its value ends in its
+/// time). Refreshes TTLs and `last_seen`. KEYS: usage, state, ckpt. ARGV: field, value,
+/// superseded field (or ""), limit, now, ttl.
+const RECORD_USAGE: &str = r#"
+if ARGV[3] ~= '' and ARGV[3] ~= ARGV[1] then
+  redis.call('HDEL', KEYS[1], ARGV[3])
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[4]) then
+  local all = redis.call('HGETALL', KEYS[1])
+  local oldest, oldest_at = nil, nil
+  for i = 1, #all, 2 do
+    local at = tonumber(string.match(all[i + 1], '(%d+)$'))
+    if at ~= nil and (oldest_at == nil or at < oldest_at) then
+      oldest, oldest_at = all[i], at
+    end
+  end
+  if oldest ~= nil then
+    redis.call('HDEL', KEYS[1], oldest)
+  end
+end
+redis.call('HSET', KEYS[2], 'last_seen', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+return 1
 "#;
 
 /// Deletes the lock only if it still holds our token.
@@ -94,6 +128,7 @@ struct Inner {
     ttl_ms: u64,
     max_checkpoints: usize,
     save: Script,
+    record: Script,
     unlock: Script,
     refresh: Script,
     schedule: Script,
@@ -298,6 +333,7 @@ impl RedisStore {
                 ttl_ms: config.ttl().as_millis() as u64,
                 max_checkpoints: config.max_checkpoints,
                 save: Script::new(SAVE_CHECKPOINT),
+                record: Script::new(RECORD_USAGE),
                 unlock: Script::new(UNLOCK),
                 refresh: Script::new(REFRESH),
                 schedule: Script::new(SCHEDULE),
@@ -351,20 +387,25 @@ impl RedisStore {
     }
 
     pub async fn load(&self, conversation: &Fingerprint) -> Result<Loaded, StoreError> {
-        let (ckpt, state) = (
+        let (ckpt, state, usage) = (
             self.key(conversation, "ckpt"),
             self.key(conversation, "state"),
+            self.key(conversation, "usage"),
         );
+        let ttl = self.inner.ttl_ms as i64;
         let mut pipe = redis::pipe();
         pipe.hgetall(&ckpt)
             .hgetall(&state)
-            .pexpire(&ckpt, self.inner.ttl_ms as i64)
+            .hgetall(&usage)
+            .pexpire(&ckpt, ttl)
             .ignore()
-            .pexpire(&state, self.inner.ttl_ms as i64)
+            .pexpire(&state, ttl)
+            .ignore()
+            .pexpire(&usage, ttl)
             .ignore();
         // Field/value pairs, not maps: a handful of fields, looked up once each, are
         // cheaper scanned than hashed.
-        let (mut fields, state): (Fields, Fields) =
+        let (mut fields, state, usage): (Fields, Fields, Fields) =
             pipe.query_async(&mut self.conn().await?).await?;
         fields.sort_unstable_by(|a, b| b.0.cmp(&a.0));
         let checkpoints = fields
@@ -374,8 +415,18 @@ impl RedisStore {
                     .map_err(|e| StoreError::Corrupt(format!("checkpoint {field}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let mut usage: Vec<Usage> = usage
+            .iter()
+            .map(|(field, value)| {
+                Fingerprint::from_hex(field)
+                    .and_then(|prefix| Usage::decode(prefix, value))
+                    .ok_or_else(|| StoreError::Corrupt(format!("usage {field}: {value}")))
+            })
+            .collect::<Result<_, _>>()?;
+        usage.sort_unstable_by_key(|u| std::cmp::Reverse(u.at_ms));
         Ok(Loaded {
             checkpoints,
+            usage,
             state: parse_state(&state)?,
         })
     }
@@ -384,20 +435,21 @@ impl RedisStore {
         &self,
         conversation: &Fingerprint,
         checkpoint: &Checkpoint,
+        drop: &[String],
     ) -> Result<Saved, StoreError> {
         let json = serde_json::to_string(checkpoint)
             .map_err(|e| StoreError::Backend(format!("encoding a checkpoint: {e}")))?;
-        let added: i64 = self
-            .inner
-            .save
-            .key(self.key(conversation, "ckpt"))
+        let mut invocation = self.inner.save.key(self.key(conversation, "ckpt"));
+        invocation
             .key(self.key(conversation, "state"))
             .arg(checkpoint_field(checkpoint))
             .arg(json)
-            .arg(self.inner.max_checkpoints)
-            .arg(self.inner.ttl_ms)
-            .invoke_async(&mut self.conn().await?)
-            .await?;
+            .arg(self.inner.max_checkpoints * 4)
+            .arg(self.inner.ttl_ms);
+        for field in drop {
+            invocation.arg(field);
+        }
+        let added: i64 = invocation.invoke_async(&mut self.conn().await?).await?;
         Ok(if added == 1 {
             Saved::Stored
         } else {
@@ -408,41 +460,24 @@ impl RedisStore {
     pub async fn record_usage(
         &self,
         conversation: &Fingerprint,
-        usage: UsageRecord,
+        usage: Usage,
+        replaces: Option<Fingerprint>,
+        touch_index: bool,
     ) -> Result<(), StoreError> {
-        let (ckpt, state) = (
-            self.key(conversation, "ckpt"),
-            self.key(conversation, "state"),
-        );
         let now = now_ms();
         let ttl = self.inner.ttl_ms as i64;
-        let mut own = redis::pipe();
-        own.hset_multiple(
-            &state,
-            &[
-                ("tokens", usage.tokens.to_string()),
-                ("messages", usage.messages.to_string()),
-                ("prefix", usage.prefix.to_hex()),
-                ("last_seen", now.to_string()),
-            ],
-        )
-        .ignore();
-        match usage.applied {
-            Some(through) => own.hset(&state, "applied", through).ignore(),
-            None => own.hdel(&state, "applied").ignore(),
-        };
-        if usage.over {
-            own.hincr(&state, "overs", 1).ignore();
-        } else {
-            own.hset(&state, "overs", 0).ignore();
-        }
-        own.pexpire(&state, ttl)
-            .ignore()
-            .pexpire(&ckpt, ttl)
-            .ignore();
+        let mut own = self.inner.record.key(self.key(conversation, "usage"));
+        own.key(self.key(conversation, "state"))
+            .key(self.key(conversation, "ckpt"))
+            .arg(usage.prefix.to_hex())
+            .arg(usage.encode())
+            .arg(replaces.map(|p| p.to_hex()).unwrap_or_default())
+            .arg(MAX_USAGE)
+            .arg(now)
+            .arg(ttl);
         let mut a = self.conn().await?;
-        if !usage.touch_index {
-            own.query_async::<()>(&mut a).await?;
+        if !touch_index {
+            own.invoke_async::<i64>(&mut a).await?;
             return Ok(());
         }
         let recent = self.global("recent");
@@ -457,27 +492,10 @@ impl RedisStore {
         // The index is a global key (another node in a Cluster): a second pipeline, sent
         // alongside the conversation's own.
         let mut b = a.clone();
-        let ((), ()) = tokio::try_join!(
-            own.query_async::<()>(&mut a),
+        let (_, ()): (i64, ()) = tokio::try_join!(
+            own.invoke_async::<i64>(&mut a),
             index.query_async::<()>(&mut b)
         )?;
-        Ok(())
-    }
-
-    pub async fn suspend(
-        &self,
-        conversation: &Fingerprint,
-        until_ms: u64,
-    ) -> Result<(), StoreError> {
-        let state = self.key(conversation, "state");
-        let mut pipe = redis::pipe();
-        pipe.hset(&state, "suspended_until", until_ms)
-            .ignore()
-            .hset(&state, "overs", 0)
-            .ignore()
-            .pexpire(&state, self.inner.ttl_ms as i64)
-            .ignore();
-        pipe.query_async::<()>(&mut self.conn().await?).await?;
         Ok(())
     }
 
@@ -583,6 +601,7 @@ impl RedisStore {
         let keys = [
             self.key(conversation, "ckpt"),
             self.key(conversation, "state"),
+            self.key(conversation, "usage"),
             self.key(conversation, "lock"),
         ];
         let mut conn = self.conn().await?;
@@ -665,17 +684,6 @@ fn parse_state(fields: &[(String, String)]) -> Result<Option<State>, StoreError>
         })
     };
     Ok(Some(State {
-        tokens: number("tokens")?,
-        messages: u32::try_from(number("messages")?).unwrap_or(u32::MAX),
-        prefix: get("prefix").and_then(|p| Fingerprint::from_hex(p)),
-        applied: get("applied")
-            .map(|v| {
-                v.parse()
-                    .map_err(|_| StoreError::Corrupt(format!("state field applied: {v}")))
-            })
-            .transpose()?,
-        overs: u32::try_from(number("overs")?).unwrap_or(u32::MAX),
-        suspended_until_ms: number("suspended_until")?,
         scheduled: get("scheduled").cloned(),
         compactions: number("compactions")?,
         last_seen_ms: number("last_seen")?,

@@ -65,11 +65,29 @@ async fn send(proxy: &Proxy, tenant: &str, explicit: Option<&str>) -> serde_json
 }
 
 fn state_of(port: u16, conversation: &Fingerprint, field: &str) -> String {
+    if matches!(field, "tokens" | "messages") {
+        return usage_of(port, conversation, field);
+    }
+    if field == "prefix" {
+        // The usage record's field is the prefix hash of its history.
+        let keys = command_list(port, &["HKEYS", &format!("conv:{{{conversation}}}:usage")]);
+        return keys.first().cloned().unwrap_or_default();
+    }
     command(
         port,
         &["HGET", &format!("conv:{{{conversation}}}:state"), field],
     )
     .unwrap_or_default()
+}
+
+/// A field of the conversation's one history's usage record (`tokens:messages:…`).
+fn usage_of(port: u16, conversation: &Fingerprint, field: &str) -> String {
+    let values = command_list(port, &["HVALS", &format!("conv:{{{conversation}}}:usage")]);
+    let Some(value) = values.first() else {
+        return String::new();
+    };
+    let at = if field == "tokens" { 0 } else { 1 };
+    value.split(':').nth(at).unwrap_or_default().to_owned()
 }
 
 #[tokio::test]
@@ -211,6 +229,16 @@ async fn the_recent_index_is_written_once_a_minute_per_conversation_not_every_tu
     send(&proxy, "Bearer sk-i", None).await;
     let conversation = expected_conversation(redis.port, "Bearer sk-i", None);
     assert!(eventually(Duration::from_secs(3), || calls(redis.port, "zadd") == 1).await);
+    // The index and the conversation's own keys are written side by side.
+    assert!(
+        eventually(Duration::from_secs(3), || !state_of(
+            redis.port,
+            &conversation,
+            "last_seen"
+        )
+        .is_empty())
+        .await
+    );
     let first_seen = state_of(redis.port, &conversation, "last_seen");
     let indexed = command(
         redis.port,

@@ -29,3 +29,4 @@ mod sentinel;
 mod store;
 mod streaming;
 mod summariser;
+mod traffic;

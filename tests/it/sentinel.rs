@@ -106,10 +106,12 @@ async fn abridge_follows_a_sentinel_failover_and_keeps_the_checkpoints() {
     let forwarded_before = last_forwarded(&provider);
     // Everything written so far (the usage of that turn is recorded after its response)
     // has reached the replica: a write on our own connection, then WAIT for it.
+    let usage = format!("sentinel:{{{conversation}}}:usage");
     let state = format!("sentinel:{{{conversation}}}:state");
     let recorded = eventually(Duration::from_secs(5), || {
-        command(redis.master.port, &["HGET", &state, "messages"]).as_deref()
-            == Ok(messages.len().to_string().as_str())
+        crate::common::redis::command_list(redis.master.port, &["HVALS", &usage])
+            .iter()
+            .any(|v| v.split(':').nth(1) == Some(messages.len().to_string().as_str()))
     })
     .await;
     assert!(recorded);
@@ -165,8 +167,9 @@ async fn abridge_follows_a_sentinel_failover_and_keeps_the_checkpoints() {
     );
     // And abridge writes to the new master (the usage is recorded after the response).
     let recorded = eventually(Duration::from_secs(5), || {
-        command(redis.replica.port, &["HGET", &state, "messages"]).as_deref()
-            == Ok(messages.len().to_string().as_str())
+        crate::common::redis::command_list(redis.replica.port, &["HVALS", &usage])
+            .iter()
+            .any(|v| v.split(':').nth(1) == Some(messages.len().to_string().as_str()))
     })
     .await;
     assert!(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use abridge::config::StoreConfig;
 use abridge::identity::{Fingerprint, IdentityKey};
 use abridge::secret::Secret;
-use abridge::store::{Checkpoint, Saved, Store, StoreError, UsageRecord};
+use abridge::store::{Checkpoint, MAX_USAGE, Saved, Store, StoreError, Usage};
 use serde_json::value::RawValue;
 
 use crate::common::redis::{
@@ -81,6 +81,19 @@ fn checkpoint(through: u32, prefix: Fingerprint, text: &str) -> Checkpoint {
     }
 }
 
+fn usage(prefix: Fingerprint, messages: u32, tokens: u64, applied: Option<u32>) -> Usage {
+    Usage {
+        prefix,
+        messages,
+        tokens,
+        applied,
+        head_tokens: 40,
+        growth: 300,
+        ratio_permille: 1300,
+        at_ms: abridge::store::now_ms(),
+    }
+}
+
 /// Runs each scenario on the three backends.
 macro_rules! suite {
     ($($scenario:ident),* $(,)?) => {
@@ -97,6 +110,7 @@ suite!(
     lock_is_exclusive_expires_and_needs_its_token,
     delete_and_recent,
     identity_secret_is_set_once,
+    each_history_keeps_its_own_checkpoints,
 );
 
 async fn round_trip((store, _): (Store, StoreConfig)) {
@@ -107,30 +121,20 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
     let (p3, p7) = (fingerprint(3), fingerprint(7));
     assert_eq!(
         store
-            .save_checkpoint(&conv, &checkpoint(3, p3, "three"))
+            .save_checkpoint(&conv, &checkpoint(3, p3, "three"), &[])
             .await
             .unwrap(),
         Saved::Stored
     );
     assert_eq!(
         store
-            .save_checkpoint(&conv, &checkpoint(7, p7, "seven"))
+            .save_checkpoint(&conv, &checkpoint(7, p7, "seven"), &[])
             .await
             .unwrap(),
         Saved::Stored
     );
     store
-        .record_usage(
-            &conv,
-            UsageRecord {
-                tokens: 4321,
-                messages: 9,
-                prefix: fingerprint(8),
-                applied: None,
-                over: false,
-                touch_index: true,
-            },
-        )
+        .record_usage(&conv, usage(fingerprint(8), 9, 4321, None), None, true)
         .await
         .unwrap();
 
@@ -141,16 +145,17 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
         "deepest first"
     );
     let state = loaded.state.clone().unwrap();
+    assert_eq!(state.compactions, 2);
+    assert!(state.last_seen_ms > 0);
+    assert_eq!(loaded.usage.len(), 1);
     assert_eq!(
         (
-            state.tokens,
-            state.messages,
-            state.prefix,
-            state.compactions
+            loaded.usage[0].tokens,
+            loaded.usage[0].messages,
+            loaded.usage[0].prefix
         ),
-        (4321, 9, Some(fingerprint(8)), 2)
+        (4321, 9, fingerprint(8))
     );
-    assert!(state.last_seen_ms > 0);
 
     // Matching: the deepest checkpoint whose prefix hash is the request's.
     let mut prefixes: Vec<Fingerprint> = (0..10).map(|i| fingerprint(100 + i)).collect();
@@ -166,45 +171,54 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
         "a shorter request matches only what it contains"
     );
 
-    // Applied checkpoint, anti-thrash count and suspension.
-    let over = |applied: Option<u32>, over: bool| UsageRecord {
-        tokens: 9000,
-        messages: 12,
-        prefix: fingerprint(11),
-        applied,
-        over,
-        touch_index: true,
-    };
+    // Usage per history: a sibling's report does not overwrite this one's; a later turn
+    // of a history supersedes its earlier record; the deepest matching record wins.
     store
-        .record_usage(&conv, over(Some(7), true))
+        .record_usage(&conv, usage(fingerprint(30), 9, 999, None), None, false)
         .await
         .unwrap();
     store
-        .record_usage(&conv, over(Some(7), true))
+        .record_usage(
+            &conv,
+            usage(fingerprint(11), 12, 9000, Some(7)),
+            Some(fingerprint(8)),
+            false,
+        )
         .await
         .unwrap();
-    let state = store.load(&conv).await.unwrap().state.unwrap();
+    let loaded = store.load(&conv).await.unwrap();
+    let mut kept: Vec<(u64, Option<u32>)> =
+        loaded.usage.iter().map(|u| (u.tokens, u.applied)).collect();
+    kept.sort_unstable();
     assert_eq!(
-        (state.applied, state.overs, state.suspended_until_ms),
-        (Some(7), 2, 0)
+        kept,
+        vec![(999, None), (9000, Some(7))],
+        "the superseded record went"
     );
-    store.record_usage(&conv, over(None, false)).await.unwrap();
-    let state = store.load(&conv).await.unwrap().state.unwrap();
+    let mut history: Vec<Fingerprint> = (0..12).map(|i| fingerprint(200 + i)).collect();
+    history[8] = fingerprint(30);
+    assert_eq!(loaded.usage_for(&history).map(|u| u.tokens), Some(999));
+    history[11] = fingerprint(11);
     assert_eq!(
-        (state.applied, state.overs),
-        (None, 0),
-        "a report under the threshold resets the count"
+        loaded.usage_for(&history).map(|u| u.tokens),
+        Some(9000),
+        "the deepest history the request contains"
     );
-    store
-        .record_usage(&conv, over(Some(7), true))
-        .await
-        .unwrap();
-    store.suspend(&conv, 1_900_000_000_000).await.unwrap();
-    let state = store.load(&conv).await.unwrap().state.unwrap();
-    assert_eq!(
-        (state.suspended_until_ms, state.overs, state.tokens),
-        (1_900_000_000_000, 0, 9000)
+    // Bounded: the least recently reported histories go.
+    for i in 0..(MAX_USAGE as u32 + 4) {
+        let mut u = usage(fingerprint(500 + i), 3, u64::from(i), None);
+        u.at_ms += u64::from(i) + 10_000;
+        store.record_usage(&conv, u, None, false).await.unwrap();
+    }
+    let loaded = store.load(&conv).await.unwrap();
+    assert_eq!(loaded.usage.len(), MAX_USAGE);
+    assert!(
+        loaded
+            .usage
+            .iter()
+            .any(|u| u.prefix == fingerprint(500 + MAX_USAGE as u32 + 3))
     );
+    assert!(!loaded.usage.iter().any(|u| u.prefix == fingerprint(30)));
 
     // Another conversation sees nothing of this one.
     let other = store.load(&conversation("Bearer sk-b", 1)).await.unwrap();
@@ -224,6 +238,7 @@ async fn checkpoints_are_monotonic_under_concurrent_writers((store, config): (St
                 .save_checkpoint(
                     &conv,
                     &checkpoint(depth, fingerprint(depth), &format!("d{depth}")),
+                    &[],
                 )
                 .await
         }));
@@ -233,13 +248,14 @@ async fn checkpoints_are_monotonic_under_concurrent_writers((store, config): (St
     }
     // A late, paused writer arrives with a shallow checkpoint.
     store
-        .save_checkpoint(&conv, &checkpoint(2, fingerprint(2), "late"))
+        .save_checkpoint(&conv, &checkpoint(2, fingerprint(2), "late"), &[])
         .await
         .unwrap();
 
     let loaded = store.load(&conv).await.unwrap();
     let depths: Vec<u32> = loaded.checkpoints.iter().map(|c| c.through).collect();
-    let max = config.max_checkpoints as u32;
+    // Without a caller's drop list, the safety net: four histories' worth, the deepest.
+    let max = config.max_checkpoints as u32 * 4;
     let expected: Vec<u32> = (50 - max + 1..=50).rev().collect();
     assert_eq!(depths, expected, "the deepest {max} stay, deepest first");
     assert_eq!(
@@ -256,7 +272,7 @@ async fn first_writer_wins_for_the_same_history((store, _): (Store, StoreConfig)
         let store = store.clone();
         tasks.push(tokio::spawn(async move {
             store
-                .save_checkpoint(&conv, &checkpoint(5, prefix, &format!("writer {i}")))
+                .save_checkpoint(&conv, &checkpoint(5, prefix, &format!("writer {i}")), &[])
                 .await
                 .unwrap()
         }));
@@ -274,7 +290,7 @@ async fn first_writer_wins_for_the_same_history((store, _): (Store, StoreConfig)
     // A fork at the same depth (other history) is a different checkpoint.
     assert_eq!(
         store
-            .save_checkpoint(&conv, &checkpoint(5, fingerprint(55), "fork"))
+            .save_checkpoint(&conv, &checkpoint(5, fingerprint(55), "fork"), &[])
             .await
             .unwrap(),
         Saved::Stored
@@ -324,36 +340,16 @@ async fn lock_is_exclusive_expires_and_needs_its_token((store, _): (Store, Store
 async fn delete_and_recent((store, _): (Store, StoreConfig)) {
     let (a, b) = (conversation("t", 5), conversation("t", 6));
     store
-        .record_usage(
-            &a,
-            UsageRecord {
-                tokens: 1,
-                messages: 1,
-                prefix: fingerprint(1),
-                applied: None,
-                over: false,
-                touch_index: true,
-            },
-        )
+        .record_usage(&a, usage(fingerprint(1), 1, 1, None), None, true)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     store
-        .record_usage(
-            &b,
-            UsageRecord {
-                tokens: 2,
-                messages: 2,
-                prefix: fingerprint(2),
-                applied: None,
-                over: false,
-                touch_index: true,
-            },
-        )
+        .record_usage(&b, usage(fingerprint(2), 2, 2, None), None, true)
         .await
         .unwrap();
     store
-        .save_checkpoint(&a, &checkpoint(1, fingerprint(1), "a"))
+        .save_checkpoint(&a, &checkpoint(1, fingerprint(1), "a"), &[])
         .await
         .unwrap();
 
@@ -423,13 +419,13 @@ fn delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)
 }
 
 #[tokio::test]
-async fn a_load_is_one_pipeline_of_four_commands_on_one_node() {
+async fn a_load_is_one_pipeline_of_six_commands_on_one_node() {
     // Single Redis (its own server, so no other test's commands are counted).
     let server = RedisServer::start();
     let (store, _) = redis_at(server.url());
     let conv = conversation("t", 7);
     store
-        .save_checkpoint(&conv, &checkpoint(1, fingerprint(1), "x"))
+        .save_checkpoint(&conv, &checkpoint(1, fingerprint(1), "x"), &[])
         .await
         .unwrap();
     let before = command_calls(server.port);
@@ -437,17 +433,17 @@ async fn a_load_is_one_pipeline_of_four_commands_on_one_node() {
     let after = command_calls(server.port);
     assert_eq!(
         delta(&before, &after),
-        vec![("hgetall".to_owned(), 2), ("pexpire".to_owned(), 2)]
+        vec![("hgetall".to_owned(), 3), ("pexpire".to_owned(), 3)]
     );
 
-    // Cluster: the same four commands, all on the one node that owns the slot.
+    // Cluster: the same six commands, all on the one node that owns the slot.
     let cluster_nodes = &shared_cluster().nodes;
     let (store, _) = cluster();
     store.load(&conv).await.unwrap(); // connect and learn the slots first
     // Other tests use the same cluster at the same time and their commands add to the
     // counts; they can only add, so one clean attempt out of a few shows what one load
     // sends (a load that sent more, or to two nodes, fails every attempt).
-    let expected = vec![("hgetall".to_owned(), 2), ("pexpire".to_owned(), 2)];
+    let expected = vec![("hgetall".to_owned(), 3), ("pexpire".to_owned(), 3)];
     let mut seen = Vec::new();
     for _ in 0..10 {
         let before: Vec<_> = cluster_nodes
@@ -482,21 +478,11 @@ async fn every_key_has_a_ttl_and_a_conversations_keys_share_one_hash_tag() {
     let (store, config) = redis_at(server.url());
     let conv = IdentityKey::new(Secret::new("s")).namespace(b"Bearer sk-tenant", None);
     store
-        .save_checkpoint(&conv, &checkpoint(2, fingerprint(2), "hello"))
+        .save_checkpoint(&conv, &checkpoint(2, fingerprint(2), "hello"), &[])
         .await
         .unwrap();
     store
-        .record_usage(
-            &conv,
-            UsageRecord {
-                tokens: 10,
-                messages: 3,
-                prefix: fingerprint(3),
-                applied: None,
-                over: false,
-                touch_index: true,
-            },
-        )
+        .record_usage(&conv, usage(fingerprint(3), 3, 10, None), None, true)
         .await
         .unwrap();
     store
@@ -535,7 +521,8 @@ async fn every_key_has_a_ttl_and_a_conversations_keys_share_one_hash_tag() {
         .iter()
         .filter(|k| k.contains(&format!("{{{conv}}}")))
         .collect();
-    assert_eq!(tagged.len(), 3, "{keys:?}");
+    // ckpt, state, usage, lock (the tenant's key has the tenant's tag).
+    assert_eq!(tagged.len(), 4, "{keys:?}");
 }
 
 /// Waits until `store` answers again (the probe gate lets a call through every 500 ms).
@@ -556,7 +543,7 @@ async fn a_killed_redis_fails_fast_and_is_used_again_after_restart() {
     let (store, config) = redis_at(server.url());
     let conv = conversation("t", 8);
     store
-        .save_checkpoint(&conv, &checkpoint(1, fingerprint(1), "before"))
+        .save_checkpoint(&conv, &checkpoint(1, fingerprint(1), "before"), &[])
         .await
         .unwrap();
     assert!(store.is_healthy());
@@ -590,7 +577,7 @@ async fn a_killed_redis_fails_fast_and_is_used_again_after_restart() {
     assert!(store.is_healthy());
     // The restarted Redis is empty (no persistence); writes work again.
     store
-        .save_checkpoint(&conv, &checkpoint(2, fingerprint(2), "after"))
+        .save_checkpoint(&conv, &checkpoint(2, fingerprint(2), "after"), &[])
         .await
         .unwrap();
     assert_eq!(store.load(&conv).await.unwrap().checkpoints.len(), 1);
@@ -638,4 +625,36 @@ async fn a_redis_down_at_start_is_picked_up_when_it_comes() {
     assert!(store.load(&conv).await.is_err());
     server.restart();
     assert!(until_healthy(&store, &conv, Duration::from_secs(10)).await);
+}
+
+/// Sibling conversations (one opening, two histories) keep their own checkpoints: each
+/// history keeps its deepest `max_checkpoints`, whatever the other saves.
+async fn each_history_keeps_its_own_checkpoints((store, config): (Store, StoreConfig)) {
+    let conv = conversation("t", 9);
+    let max = config.max_checkpoints;
+    // Two histories: prefixes of A and of B differ from message 1 on.
+    let a: Vec<Fingerprint> = (0..60).map(|i| fingerprint(1000 + i)).collect();
+    let b: Vec<Fingerprint> = (0..60).map(|i| fingerprint(2000 + i)).collect();
+    let save = async |prefixes: &[Fingerprint], depth: u32| {
+        let loaded = store.load(&conv).await.unwrap();
+        let new = checkpoint(depth, prefixes[depth as usize], "x");
+        let drop = loaded.to_drop(prefixes, &new, max);
+        store.save_checkpoint(&conv, &new, &drop).await.unwrap();
+    };
+    for depth in 1..=3 {
+        save(&b, depth).await;
+    }
+    for depth in 1..=(max as u32 + 10) {
+        save(&a, depth).await;
+    }
+    let loaded = store.load(&conv).await.unwrap();
+    let of = |p: &[Fingerprint]| {
+        loaded
+            .all_matching(p)
+            .map(|c| c.through)
+            .collect::<Vec<_>>()
+    };
+    let deepest: Vec<u32> = (11..=max as u32 + 10).rev().collect();
+    assert_eq!(of(&a), deepest, "A keeps its deepest {max}");
+    assert_eq!(of(&b), vec![3, 2, 1], "B lost nothing to A");
 }

@@ -164,7 +164,7 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
             );
         }
     }
-    let prompt_tokens = count_tokens(messages);
+    let prompt_tokens = (count_tokens(messages) as f64 * b.token_scale).ceil() as u64;
     if let Some(window) = b.context_window
         && prompt_tokens > window
     {

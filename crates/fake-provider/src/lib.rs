@@ -23,7 +23,8 @@
 //! `x-abridge-*` response headers a proxy must not pass on).
 //!
 //! Token counting (documented so tests can predict it): 3 per request + for each message
-//! 4 + ⌈bytes/4⌉ of its text content, name, and tool-call names and arguments.
+//! 4 + ⌈bytes/4⌉ of its text content, name, and tool-call names and arguments; times
+//! `token_scale` (`x-fake-token-scale`), 1 by default.
 
 mod chat;
 pub mod faults;
@@ -99,6 +100,9 @@ pub struct Behavior {
     pub reported_prompt_tokens: Option<u64>,
     /// Faults of a misbehaving provider (see [`faults`]).
     pub faults: faults::Faults,
+    /// Prompt tokens are counted as documented, times this (a provider whose
+    /// tokenizer counts more, or fewer, than abridge's estimate).
+    pub token_scale: f64,
 }
 
 impl Default for Behavior {
@@ -119,6 +123,7 @@ impl Default for Behavior {
             summary: SummaryMode::Good,
             reported_prompt_tokens: None,
             faults: faults::Faults::default(),
+            token_scale: 1.0,
         }
     }
 }
@@ -174,6 +179,9 @@ impl Behavior {
         }
         if let Some(n) = get("x-fake-prompt-tokens").and_then(|v| v.parse().ok()) {
             b.reported_prompt_tokens = Some(n);
+        }
+        if let Some(scale) = get("x-fake-token-scale").and_then(|v| v.parse().ok()) {
+            b.token_scale = scale;
         }
         b.faults.apply_headers(headers);
         b

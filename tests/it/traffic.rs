@@ -1,0 +1,249 @@
+//! Compaction under the traffic real clients send, through the request path, against a
+//! provider that counts 30 % more than abridge estimates (as real tokenizers differ):
+//! system prompts that change every turn, fast-growing conversations, sibling chats
+//! that share an opening, an oversized final turn.
+
+use abridge::compact::Strategy;
+use abridge::config::Config;
+use fake_provider::{Behavior, FakeProvider};
+use serde_json::{Value, json};
+
+use crate::common::agent::{Answer, idle, main_requests, raw_messages};
+use crate::common::{Proxy, client, config_for};
+
+/// The fake counts 1.3 × its documented count.
+const SCALE: f64 = 1.3;
+
+async fn provider() -> FakeProvider {
+    FakeProvider::start(Behavior {
+        token_scale: SCALE,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn config(url: &str, threshold: u64) -> Config {
+    let mut config = config_for(url);
+    config.compaction.threshold_tokens = threshold;
+    config.compaction.strategy = Strategy::Recency;
+    config
+}
+
+/// A chat as a client keeps it: the whole history, resent every turn.
+struct Chat {
+    messages: Vec<Value>,
+    key: String,
+}
+
+impl Chat {
+    fn new(key: &str, system: &str, opening: &str) -> Self {
+        Self {
+            messages: vec![
+                json!({"role": "system", "content": system}),
+                json!({"role": "user", "content": opening}),
+            ],
+            key: key.to_owned(),
+        }
+    }
+
+    /// Sends the history and appends the answer.
+    async fn send(&mut self, proxy: &Proxy) -> Answer {
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .header("authorization", format!("Bearer {}", self.key))
+            .json(&json!({"model": "fake-model", "messages": self.messages}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        self.messages.push(body["choices"][0]["message"].clone());
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn ask(&mut self, words: usize, n: usize) {
+        let text = format!(
+            "Question {n} of chat {} about module_{n}: {}",
+            self.key,
+            "detail ".repeat(words)
+        );
+        self.messages.push(json!({"role": "user", "content": text}));
+    }
+}
+
+fn reported(answer: &Answer) -> u64 {
+    answer.body["usage"]["prompt_tokens"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_system_prompt_with_the_time_keeps_one_conversation_and_its_checkpoints() {
+    let provider = provider().await;
+    let proxy = Proxy::start_with(config(&provider.url(), 3000)).await;
+    let mut chat = Chat::new(
+        "sk-clock",
+        "You are helpful. Current time: 10:00:00",
+        "Hello.",
+    );
+    let mut keys = std::collections::HashSet::new();
+    let mut over = Vec::new();
+    for turn in 1..=24 {
+        chat.messages[0] = json!({"role": "system", "content": format!("You are helpful. Current time: 10:{turn:02}:00")});
+        chat.ask(60, turn);
+        idle(&proxy).await;
+        let answer = chat.send(&proxy).await;
+        keys.insert(answer.header("x-abridge-conversation").unwrap());
+        if reported(&answer) > 3000 {
+            over.push((turn, reported(&answer)));
+        }
+    }
+    assert_eq!(keys.len(), 1, "one conversation key for all 24 turns");
+    assert!(
+        over.is_empty(),
+        "over the threshold at the provider: {over:?}"
+    );
+    // Checkpoints are reused: the forwarded history after the system prompt changes
+    // only at a compaction, and compactions are few.
+    let sent = main_requests(&provider);
+    let mut changes = 0;
+    for pair in sent.windows(2) {
+        let (a, b) = (raw_messages(&pair[0]), raw_messages(&pair[1]));
+        if !(b.len() >= a.len() && b[1..a.len()] == a[1..]) {
+            changes += 1;
+        }
+    }
+    let compactions = proxy.stats().compactions_total();
+    assert!(compactions >= 1, "it was compacted");
+    assert!(
+        changes <= 8,
+        "{changes} prefix changes in 24 turns ({compactions} compactions)"
+    );
+}
+
+#[tokio::test]
+async fn a_fast_growing_conversation_stays_under_the_threshold_and_compacts_in_steps() {
+    let provider = provider().await;
+    let proxy = Proxy::start_with(config(&provider.url(), 3000)).await;
+    // Each turn adds about 30 % of the threshold at the provider.
+    let mut chat = Chat::new("sk-fast", "You are terse.", "Start.");
+    let mut over = Vec::new();
+    let mut changes = Vec::new();
+    let mut previous: Option<Vec<String>> = None;
+    for turn in 1..=16 {
+        chat.ask(520, turn);
+        idle(&proxy).await;
+        let answer = chat.send(&proxy).await;
+        if reported(&answer) > 3000 {
+            over.push((turn, reported(&answer)));
+        }
+        let forwarded = raw_messages(main_requests(&provider).last().unwrap());
+        if let Some(p) = &previous
+            && !(forwarded.len() >= p.len() && forwarded[..p.len()] == p[..])
+        {
+            changes.push(turn);
+        }
+        previous = Some(forwarded);
+    }
+    assert!(
+        over.is_empty(),
+        "over the threshold at the provider: {over:?}"
+    );
+    assert!(!changes.is_empty(), "it was compacted");
+    // Never on two consecutive turns: each compaction leaves room for the next turns.
+    for pair in changes.windows(2) {
+        assert!(pair[1] - pair[0] >= 2, "compacted on turns {changes:?}");
+    }
+}
+
+#[tokio::test]
+async fn sibling_conversations_with_one_opening_are_each_compacted_at_their_crossing() {
+    let provider = provider().await;
+    let proxy = Proxy::start_with(config(&provider.url(), 3000)).await;
+    let system = "You are the IDE assistant. Answer about the open project.";
+    let mut a = Chat::new("sk-ide", system, "Explain the project.");
+    let mut b = Chat::new("sk-ide", system, "Explain the project.");
+    // One tenant, told apart in their questions only.
+    b.key = "sk-ide".to_owned();
+    let mut over = Vec::new();
+    let mut keys = std::collections::HashSet::new();
+    for turn in 1..=18 {
+        for (name, chat) in [("a", &mut a), ("b", &mut b)] {
+            chat.ask(if name == "a" { 150 } else { 110 }, turn);
+            idle(&proxy).await;
+            let answer = chat.send(&proxy).await;
+            keys.insert(answer.header("x-abridge-conversation").unwrap());
+            if reported(&answer) > 3000 {
+                over.push((name, turn, reported(&answer)));
+            }
+        }
+    }
+    assert_eq!(keys.len(), 1, "they share a conversation key (one opening)");
+    assert!(proxy.stats().compactions_total() >= 2);
+    assert!(
+        over.is_empty(),
+        "over the threshold at the provider: {over:?}"
+    );
+    // Each was forwarded only its own history: its questions have its own length.
+    for r in main_requests(&provider) {
+        let lengths: std::collections::BTreeSet<usize> = raw_messages(&r)
+            .iter()
+            .filter(|m| m.contains("Question") && m.contains("\"user\""))
+            .map(|m| m.matches("detail").count())
+            .filter(|&n| n >= 100)
+            .collect();
+        assert!(
+            lengths.len() <= 1,
+            "a request mixed two histories: {lengths:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_final_turn_is_forwarded_and_the_next_turn_is_compacted_again() {
+    let provider = provider().await;
+    let mut cfg = config(&provider.url(), 4000);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut chat = Chat::new("sk-log", "You are a coding agent.", "Look at the logs.");
+    for turn in 1..=6 {
+        chat.ask(250, turn);
+        chat.send(&proxy).await;
+    }
+    // The agent reads a big log file: the final turn alone (call and result) is over the
+    // threshold.
+    chat.messages
+        .push(json!({"role": "user", "content": "Read /var/log/app.log."}));
+    chat.messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_log", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"/var/log/app.log\"}"}}]}));
+    chat.messages.push(json!({"role": "tool", "tool_call_id": "call_log", "content": "ERROR timeout talking to db-7\n".repeat(900)}));
+    let big = chat.send(&proxy).await;
+    assert!(!big.compacted(), "nothing can make it fit");
+    let note = big.header("x-abridge-note").unwrap();
+    assert!(note.contains("final turn"), "{note}");
+    // The next turns have small final turns again: compacted, under the threshold.
+    for turn in 7..=10 {
+        chat.ask(40, turn);
+        let answer = chat.send(&proxy).await;
+        assert!(
+            answer.compacted(),
+            "turn {turn}: {:?}",
+            answer.header("x-abridge-note")
+        );
+        assert!(
+            reported(&answer) <= 4000,
+            "turn {turn}: {} at the provider",
+            reported(&answer)
+        );
+        assert!(
+            !answer
+                .header("x-abridge-note")
+                .is_some_and(|n| n.contains("suspended"))
+        );
+    }
+}
