@@ -24,7 +24,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use abridge::chat;
-use abridge::compact::{Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact};
+use abridge::strategies::{Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact};
 use abridge::identity::{IdentityKey, hash_conversation};
 use abridge::secret::Secret;
 use abridge::tokens::Estimator;

@@ -9,7 +9,7 @@
 use std::hint::black_box;
 
 use abridge::chat;
-use abridge::compact::{Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact};
+use abridge::strategies::{Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact};
 use abridge::tokens::Estimator;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;

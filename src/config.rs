@@ -49,7 +49,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub compaction: CompactionConfig,
     /// Parameters of the strategies (see `compact::Settings`).
-    pub strategies: crate::compact::Settings,
+    pub strategies: crate::strategies::Settings,
     pub summary: SummaryConfig,
 }
 
@@ -61,7 +61,7 @@ pub struct CompactionConfig {
     /// forward every request unmodified; `off`: never compact.
     pub mode: CompactionMode,
     /// Strategy when a request does not choose one with `x-abridge-strategy`.
-    pub strategy: crate::compact::Strategy,
+    pub strategy: crate::strategies::Strategy,
     /// Hard threshold in prompt tokens: over it, a request is compacted before it is
     /// forwarded. 0: `threshold_ratio` × the model's context window.
     pub threshold_tokens: u64,
@@ -121,7 +121,7 @@ impl Default for CompactionConfig {
     fn default() -> Self {
         Self {
             mode: CompactionMode::On,
-            strategy: crate::compact::Strategy::Recency,
+            strategy: crate::strategies::Strategy::Recency,
             threshold_tokens: 0,
             threshold_ratio: 0.75,
             soft_ratio: 0.7,
@@ -343,7 +343,7 @@ impl Default for Config {
             identity: IdentityConfig::default(),
             store: StoreConfig::default(),
             compaction: CompactionConfig::default(),
-            strategies: crate::compact::Settings::default(),
+            strategies: crate::strategies::Settings::default(),
             summary: SummaryConfig::default(),
         }
     }

@@ -21,7 +21,7 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::compact::Strategy;
+use crate::strategies::Strategy;
 use crate::error::Error;
 use crate::identity::Fingerprint;
 

@@ -62,16 +62,17 @@
 
 pub mod admin;
 pub mod chat;
-pub mod compact;
-pub mod compaction;
+pub mod strategies;
+pub mod compactor;
 pub mod config;
 pub mod controls;
 pub mod error;
+pub mod headers;
 pub mod identity;
 pub mod ingress;
 pub mod models;
 pub mod offload;
-pub mod overflow;
+pub mod outcome;
 pub mod proxy;
 pub mod relay;
 pub mod secret;
@@ -79,7 +80,6 @@ pub mod serve;
 pub mod server;
 pub mod stats;
 pub mod store;
-pub mod summariser;
 pub mod tenants;
 pub mod tokens;
 pub mod upstream;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::compact::Cpu;
+use crate::strategies::Cpu;
 
 /// Bodies smaller than this are worked on where they are: moving work to another
 /// thread costs more than it saves below it.

@@ -11,14 +11,14 @@ use axum::routing::post;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::compaction::Compactor;
+use crate::compactor::Compactor;
 use crate::config::Config;
 use crate::identity::IdentityKey;
 use crate::ingress::BodyBudget;
 use crate::offload::Offload;
 use crate::stats::Stats;
 use crate::store::{Store, StoreError};
-use crate::summariser::Summariser;
+use crate::compactor::summariser::Summariser;
 use crate::tenants::Tenants;
 use crate::upstream::Upstream;
 use crate::{admin, proxy, serve};

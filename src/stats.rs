@@ -15,40 +15,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-use crate::compact::Strategy;
-use crate::compaction::Uncompactable;
+use crate::strategies::Strategy;
+use crate::outcome::{Trigger, Uncompactable};
 use crate::relay::{End, Outcome};
-
-/// What started a compaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Trigger {
-    /// A request predicted over the hard threshold.
-    Threshold,
-    /// `x-abridge-compact: force`.
-    Forced,
-    /// The provider answered "context length exceeded"; compacted and retried.
-    Retry,
-    /// Prepared after a response over the soft threshold.
-    Background,
-}
-
-impl Trigger {
-    pub const ALL: [Trigger; 4] = [
-        Trigger::Threshold,
-        Trigger::Forced,
-        Trigger::Retry,
-        Trigger::Background,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Threshold => "threshold",
-            Trigger::Forced => "forced",
-            Trigger::Retry => "retry",
-            Trigger::Background => "background",
-        }
-    }
-}
 
 /// Which handler served a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -36,12 +36,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::chat;
-use crate::compaction::{self, Reason, Turn};
+use crate::compactor::{self, Reason, Turn};
 use crate::config::Anonymous;
 use crate::controls::Controls;
 use crate::error::Error;
 use crate::identity::{self, Fingerprint};
-use crate::proxy::headers::Credentials;
+use crate::headers::Credentials;
 use crate::server::AppState;
 use crate::store::{Checkpoint, Store, now_ms};
 
@@ -98,7 +98,7 @@ fn registry(state: &AppState) -> Registry {
 /// Metrics whose value lives elsewhere, read when scraped.
 struct ScrapeTime {
     store: Store,
-    compactor: Arc<compaction::Compactor>,
+    compactor: Arc<compactor::Compactor>,
 }
 
 impl std::fmt::Debug for ScrapeTime {
@@ -435,7 +435,11 @@ fn store_error(e: &crate::store::StoreError) -> Response {
 
 /// A checkpoint as the admin API shows it: what it covers, how big, and its text.
 fn checkpoint_json(c: &Checkpoint) -> Value {
-    let replacement: Value = serde_json::from_str(c.replacement.get()).unwrap_or(Value::Null);
+    let replacement: Vec<Value> = c
+        .replacement
+        .iter()
+        .map(|r| serde_json::from_str(r.get()).unwrap_or(Value::Null))
+        .collect();
     json!({
         "through": c.through,
         "head": c.head,
@@ -444,7 +448,7 @@ fn checkpoint_json(c: &Checkpoint) -> Value {
         "fallback": c.fallback,
         "tokens_before": c.tokens_before,
         "tokens_after": c.tokens_after,
-        "replacement_bytes": c.replacement.get().len(),
+        "replacement_bytes": c.replacement_bytes(),
         "created_ms": c.created_ms,
         "summary": c.summary,
         "replacement": replacement,
@@ -615,7 +619,7 @@ async fn preview(State(state): State<AppState>, body: Bytes) -> Response {
             );
         }
     };
-    crate::proxy::headers::strip_request(&mut headers);
+    crate::headers::strip_request(&mut headers);
     let credentials = Credentials::from_headers(
         &headers,
         state.config().identity.tenant_headers.iter().map(|h| &h.0),
@@ -645,8 +649,7 @@ async fn preview(State(state): State<AppState>, body: Bytes) -> Response {
     );
     let decision = state.compactor().plan(&turn, Reason::Preview).await;
     let forwarded: Vec<Value> = match &decision.apply {
-        Some(c) => compaction::forwarded(&parsed.messages, c)
-            .unwrap_or_default()
+        Some(c) => compactor::forwarded(&parsed.messages, c)
             .into_iter()
             .map(|raw| serde_json::from_str(raw.get()).unwrap_or(Value::Null))
             .collect(),
@@ -659,7 +662,7 @@ async fn preview(State(state): State<AppState>, body: Bytes) -> Response {
     let plan = decision.apply.as_ref().map(|c| PreviewPlan {
         head: c.head,
         through: c.through,
-        strategy: c.strategy.clone(),
+        strategy: c.strategy.to_string(),
         fallback: c.fallback.clone(),
         tokens_before: c.tokens_before,
         tokens_after: c.tokens_after,

@@ -4,8 +4,6 @@
 //! Each handler is a short list of named stages (see the picture in `lib.rs`); the
 //! stages live in their own modules and only `forward` touches the network.
 
-pub mod headers;
-
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
@@ -18,19 +16,19 @@ use http::{HeaderValue, Uri, Version, header};
 use http_body_util::{BodyExt, Limited};
 
 use crate::chat::{self, Message, Parsed};
-use crate::compaction::{Decision, Followup, Reason, Turn};
+use crate::compactor::{Decision, Followup, Reason, Turn};
 use crate::config::Anonymous;
 use crate::config::CompactionMode;
 use crate::controls::{Compact, Controls, Report};
 use crate::error::Error;
 use crate::identity::{self, Fingerprint, Identified, IdentityKey};
 use crate::ingress;
-use crate::overflow;
+use crate::compactor::overflow;
 use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::server::AppState;
 use crate::stats::{InFlight, Route};
 use crate::store::{Checkpoint, Loaded};
-use headers::Credentials;
+use crate::headers::{self, Credentials};
 
 /// Largest provider error body read to see whether it says "context length exceeded".
 const MAX_ERROR_BODY: usize = 1024 * 1024;
@@ -357,9 +355,8 @@ fn rewrite(
     };
     let strip = usage.is_some();
     edits.extend(usage);
-    if let Some(checkpoint) = apply
-        && let Some(messages) = crate::compaction::forwarded(&parsed.messages, checkpoint)
-    {
+    if let Some(checkpoint) = apply {
+        let messages = crate::compactor::forwarded(&parsed.messages, checkpoint);
         edits.extend(chat::messages_edit(body, &parsed.request, &messages));
     }
     if strip {

@@ -36,7 +36,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
-use crate::proxy::headers;
+use crate::headers;
 use sse::SseTap;
 pub use usage::Usage;
 

@@ -53,7 +53,7 @@ struct Conversation {
 
 /// What a checkpoint takes in memory, near enough: its text and a fixed overhead.
 fn size_of(c: &Checkpoint) -> usize {
-    256 + c.replacement.get().len()
+    256 + c.replacement_bytes()
         + c.summary.as_ref().map_or(0, String::len)
         + c.fallback.as_ref().map_or(0, String::len)
 }
@@ -376,14 +376,14 @@ mod tests {
     }
 
     fn checkpoint(through: u32, bytes: usize) -> Checkpoint {
-        let text = serde_json::to_string(&vec!["x".repeat(bytes)]).unwrap_or_default();
+        let text = serde_json::to_string(&"x".repeat(bytes)).unwrap_or_default();
         Checkpoint {
             through,
             prefix: id(200),
             head: 1,
-            replacement: RawValue::from_string(text).unwrap_or_else(|_| unreachable!()),
+            replacement: vec![RawValue::from_string(text).unwrap_or_else(|_| unreachable!())],
             summary: None,
-            strategy: "recency".into(),
+            strategy: crate::strategies::Strategy::Recency,
             fallback: None,
             tokens_before: 0,
             tokens_after: 0,

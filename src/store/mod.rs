@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::config::StoreConfig;
+use crate::strategies::Strategy;
 use crate::identity::Fingerprint;
 use crate::secret::Secret;
 
@@ -53,13 +54,14 @@ pub struct Checkpoint {
     pub prefix: Fingerprint,
     /// Messages `..head` are kept verbatim before the replacement.
     pub head: u32,
-    /// The replacement messages, a JSON array, spliced in as is.
-    pub replacement: Box<RawValue>,
+    /// The replacement messages, each spliced in as is. Parsed once, when loaded (a
+    /// JSON array of raw values: each element is kept byte for byte).
+    pub replacement: Vec<Box<RawValue>>,
     /// The summary text, for an iterative update at the next compaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
-    /// Name of the strategy that produced it.
-    pub strategy: String,
+    /// The strategy that produced it.
+    pub strategy: Strategy,
     /// Why the requested strategy was not the one that produced it (a fallback).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
@@ -70,6 +72,11 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// Bytes of the replacement as it is spliced in.
+    pub fn replacement_bytes(&self) -> usize {
+        self.replacement.iter().map(|r| r.get().len() + 1).sum()
+    }
+
     /// How many of the client's messages the replacement stands for (`head..=through`).
     pub fn messages_replaced(&self) -> usize {
         (self.through + 1).saturating_sub(self.head) as usize
@@ -82,7 +89,12 @@ impl PartialEq for Checkpoint {
         self.through == other.through
             && self.prefix == other.prefix
             && self.head == other.head
-            && self.replacement.get() == other.replacement.get()
+            && self.replacement.len() == other.replacement.len()
+            && self
+                .replacement
+                .iter()
+                .zip(&other.replacement)
+                .all(|(a, b)| a.get() == b.get())
             && self.summary == other.summary
             && self.strategy == other.strategy
             && self.fallback == other.fallback

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use abridge::compact::Strategy;
+use abridge::strategies::Strategy;
 use abridge::config::{CompactionMode, Config};
 use abridge::secret::Secret;
 use fake_provider::{Behavior, FakeProvider, SummaryMode, count_tokens};
@@ -131,7 +131,7 @@ async fn with_background_precompaction_the_crossing_turn_calls_no_summariser() {
     let answers = converse(&mut agent, &provider, &proxy, 20).await;
     let stats = proxy.stats();
     assert!(
-        stats.compactions_by(Strategy::Structured, abridge::stats::Trigger::Background) >= 1,
+        stats.compactions_by(Strategy::Structured, abridge::outcome::Trigger::Background) >= 1,
         "{stats:?}"
     );
     assert!(answers.iter().any(|(a, _)| a.compacted()));
@@ -144,7 +144,7 @@ async fn with_background_precompaction_the_crossing_turn_calls_no_summariser() {
         );
     }
     assert_eq!(
-        stats.compactions_by(Strategy::Structured, abridge::stats::Trigger::Threshold),
+        stats.compactions_by(Strategy::Structured, abridge::outcome::Trigger::Threshold),
         0
     );
     assert_eq!(
@@ -169,7 +169,7 @@ async fn with_background_precompaction_the_crossing_turn_calls_no_summariser() {
     assert!(
         proxy
             .stats()
-            .compactions_by(Strategy::Structured, abridge::stats::Trigger::Threshold)
+            .compactions_by(Strategy::Structured, abridge::outcome::Trigger::Threshold)
             >= 1
     );
 }

@@ -37,7 +37,7 @@ fn expected_conversation(port: u16, tenant: &str, explicit: Option<&str>) -> Fin
     let mut headers = http::HeaderMap::new();
     headers.insert("authorization", tenant.parse().unwrap());
     let tenant_headers = abridge::Config::default().identity.tenant_headers;
-    let credentials = abridge::proxy::headers::Credentials::from_headers(
+    let credentials = abridge::headers::Credentials::from_headers(
         &headers,
         tenant_headers.iter().map(|h| &h.0),
     );

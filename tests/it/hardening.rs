@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use abridge::compact::Strategy;
+use abridge::strategies::Strategy;
 use abridge::config::{Anonymous, Config};
 use fake_provider::{Behavior, FakeProvider, is_summary_request};
 use serde_json::{Value, json};

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use abridge::compact::Strategy;
+use abridge::strategies::Strategy;
 
 use crate::common::{Proxy, client, closed_port, config_for};
 

@@ -315,7 +315,7 @@ fn raw_messages(body: &[u8]) -> Vec<String> {
 
 /// `sent` with `checkpoint` applied: head + replacement + the rest, as raw messages.
 fn applied(sent: &[String], checkpoint: &Checkpoint) -> Vec<String> {
-    let replacement: Vec<&RawValue> = serde_json::from_str(checkpoint.replacement.get()).unwrap();
+    let replacement: Vec<&RawValue> = checkpoint.replacement.iter().map(|r| &**r).collect();
     let (head, through) = (checkpoint.head as usize, checkpoint.through as usize);
     sent[..head]
         .iter()
@@ -605,7 +605,7 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
         let llm = s
             .checkpoints
             .iter()
-            .filter(|c| c.strategy == "structured" && c.fallback.is_none())
+            .filter(|c| c.strategy == abridge::strategies::Strategy::Structured && c.fallback.is_none())
             .count();
         let other = s.checkpoints.len() - llm;
         assert_eq!(

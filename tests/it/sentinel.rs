@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use abridge::compact::Strategy;
+use abridge::strategies::Strategy;
 use abridge::secret::Secret;
 use abridge::store::Checkpoint;
 use fake_provider::{Behavior, FakeProvider};
@@ -187,7 +187,7 @@ async fn abridge_follows_a_sentinel_failover_and_keeps_the_checkpoints() {
             .map(|v| serde_json::from_str(v).unwrap())
             .collect()
     };
-    let replacement: Vec<&RawValue> = serde_json::from_str(stored[0].replacement.get()).unwrap();
+    let replacement: Vec<&RawValue> = stored[0].replacement.iter().map(|r| &**r).collect();
     assert!(
         forwarded_before.contains(&replacement[0].get().to_owned()),
         "the replacement forwarded is the stored one"

@@ -66,14 +66,14 @@ fn fingerprint(n: u32) -> Fingerprint {
 }
 
 fn checkpoint(through: u32, prefix: Fingerprint, text: &str) -> Checkpoint {
-    let replacement = serde_json::json!([{"role": "user", "content": text}]).to_string();
+    let replacement = serde_json::json!({"role": "user", "content": text}).to_string();
     Checkpoint {
         through,
         prefix,
         head: 1,
-        replacement: RawValue::from_string(replacement).unwrap(),
+        replacement: vec![RawValue::from_string(replacement).unwrap()],
         summary: Some(format!("summary: {text}")),
-        strategy: "recency".into(),
+        strategy: abridge::strategies::Strategy::Recency,
         fallback: None,
         tokens_before: 1000 + u64::from(through),
         tokens_after: 100,

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use abridge::compact::SummaryRequest;
+use abridge::strategies::SummaryRequest;
 use abridge::config::SummaryConfig;
-use abridge::proxy::headers::Credentials;
+use abridge::headers::Credentials;
 use abridge::secret::Secret;
-use abridge::summariser::{Summariser, SummaryFailure};
+use abridge::compactor::summariser::{Summariser, SummaryFailure};
 use abridge::upstream::Upstream;
 use fake_provider::{Behavior, FakeProvider, SummaryMode};
 use http::HeaderMap;

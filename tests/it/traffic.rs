@@ -3,7 +3,7 @@
 //! system prompts that change every turn, fast-growing conversations, sibling chats
 //! that share an opening, an oversized final turn.
 
-use abridge::compact::Strategy;
+use abridge::strategies::Strategy;
 use abridge::config::Config;
 use fake_provider::{Behavior, FakeProvider};
 use serde_json::{Value, json};

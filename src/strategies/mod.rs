@@ -404,11 +404,26 @@ pub struct Plan {
 impl Plan {
     /// What to forward: the head, the replacement, then `messages[through + 1..]`.
     pub fn forwarded<'r>(&'r self, messages: &[Message<'r>]) -> Vec<&'r RawValue> {
-        let head = messages.iter().take(self.head).map(|m| m.raw);
-        let replacement = self.replacement.iter().map(|r| &**r);
-        let tail = messages.iter().skip(self.through + 1).map(|m| m.raw);
-        head.chain(replacement).chain(tail).collect()
+        splice(
+            messages,
+            self.head,
+            self.through,
+            self.replacement.iter().map(|r| &**r),
+        )
     }
+}
+
+/// `messages[..head]`, then `replacement`, then `messages[through + 1..]`: what is
+/// forwarded for a plan or a stored checkpoint, as the raw messages spliced in.
+pub fn splice<'r>(
+    messages: &[Message<'r>],
+    head: usize,
+    through: usize,
+    replacement: impl Iterator<Item = &'r RawValue>,
+) -> Vec<&'r RawValue> {
+    let kept_head = messages.iter().take(head).map(|m| m.raw);
+    let tail = messages.iter().skip(through + 1).map(|m| m.raw);
+    kept_head.chain(replacement).chain(tail).collect()
 }
 
 /// Where the CPU-heavy steps of a compaction run. Everything here is pure and linear in

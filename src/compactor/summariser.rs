@@ -15,9 +15,9 @@ use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
-use crate::compact::{SummaryError, SummaryRequest};
+use crate::strategies::{SummaryError, SummaryRequest};
 use crate::config::SummaryConfig;
-use crate::proxy::headers::Credentials;
+use crate::headers::Credentials;
 use crate::secret::Secret;
 use crate::upstream::Upstream;
 

@@ -1,0 +1,242 @@
+//! After the response: the usage the provider reported goes to the store, and when the
+//! conversation is near its threshold the next checkpoint is built by a background
+//! worker, so the turn that crosses the threshold finds it ready. Bounded: a fixed
+//! number of workers, a queue of `compaction.background_queue` jobs (more are dropped
+//! and counted), one job per conversation at a time.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::chat;
+use crate::controls::Controls;
+use crate::headers::Credentials;
+use crate::identity::Fingerprint;
+use crate::ingress::Held;
+use crate::outcome::Trigger;
+use crate::store::{INDEX_REFRESH_MS, Usage, now_ms};
+use crate::strategies::{CannotCompact, Strategy};
+
+use super::Compactor;
+use super::build::Attempt;
+use super::decide::{self, applicable, next_ratio, scaled, unscaled};
+use super::turn::{Followup, Turn};
+
+/// A background compaction: the request's body (its share of the byte budget held with
+/// it) and what its view is rebuilt with.
+struct Job {
+    conversation: Fingerprint,
+    body: Bytes,
+    prefixes: Vec<Fingerprint>,
+    model: String,
+    credentials: Credentials,
+    tenant: Fingerprint,
+    strategy: Strategy,
+    growth: u64,
+    /// Given back when the job is done or dropped.
+    _held: Option<Held>,
+}
+
+/// The queue and who is in it.
+pub(super) struct Background {
+    jobs: mpsc::Sender<Job>,
+    queue: Mutex<Option<mpsc::Receiver<Job>>>,
+    /// Conversations with a job queued or running (std mutex: no `.await` under it).
+    pending: Mutex<HashSet<Fingerprint>>,
+}
+
+impl Background {
+    pub(super) fn new(capacity: usize) -> Self {
+        let (jobs, queue) = mpsc::channel(capacity.max(1));
+        Self {
+            jobs,
+            queue: Mutex::new(Some(queue)),
+            pending: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub(super) fn pending(&self) -> usize {
+        lock(&self.pending).len()
+    }
+}
+
+impl Compactor {
+    /// record: the usage the provider reported goes to the store (in the background:
+    /// the client has its bytes already), for this exact history; near the threshold the
+    /// next checkpoint is queued for a background build.
+    pub fn record(self: &Arc<Self>, followup: Followup, reported: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = self.clone();
+        let usage = Usage {
+            prefix: followup.prefix,
+            messages: followup.messages,
+            tokens: reported,
+            applied: followup.applied,
+            head_tokens: followup.head_tokens,
+            growth: followup.growth,
+            ratio_permille: next_ratio(
+                followup.previous,
+                followup.applied,
+                followup.appended,
+                reported,
+            ),
+            at_ms: now_ms(),
+        };
+        let touch_index = now_ms().saturating_sub(followup.last_seen_ms) >= INDEX_REFRESH_MS;
+        let (conversation, replaces) = (followup.conversation, followup.replaces);
+        runtime.spawn(async move {
+            // Failures are counted and logged by the store.
+            let _ = me
+                .store
+                .record_usage(&conversation, usage, replaces, touch_index)
+                .await;
+        });
+        // Prepare the next checkpoint once over the soft threshold, or when the next
+        // two turns at this history's pace would cross the hard one.
+        let soon = reported.saturating_add(followup.growth.saturating_mul(2)) > followup.threshold;
+        if self.config.background && followup.active && (reported > followup.soft || soon) {
+            self.queue_job(followup);
+        }
+    }
+
+    fn queue_job(&self, followup: Followup) {
+        let conversation = followup.conversation;
+        if !self.store.is_healthy() || !lock(&self.background.pending).insert(conversation) {
+            return;
+        }
+        let job = Job {
+            conversation,
+            body: followup.body,
+            prefixes: followup.prefixes,
+            model: followup.model,
+            credentials: followup.credentials,
+            tenant: followup.tenant,
+            strategy: followup.strategy,
+            growth: followup.growth,
+            _held: followup.held,
+        };
+        if self.background.jobs.try_send(job).is_err() {
+            lock(&self.background.pending).remove(&conversation);
+            self.stats.background_dropped();
+        }
+    }
+
+    /// Starts the background workers; they stop when `stop` changes (after finishing the
+    /// job at hand).
+    pub fn start_background(self: &Arc<Self>, stop: watch::Receiver<()>) -> JoinSet<()> {
+        let mut set = JoinSet::new();
+        let Some(queue) = lock(&self.background.queue).take() else {
+            return set;
+        };
+        let queue = Arc::new(tokio::sync::Mutex::new(queue));
+        for _ in 0..self.config.background_workers.max(1) {
+            let (me, queue, mut stop) = (self.clone(), queue.clone(), stop.clone());
+            set.spawn(async move {
+                loop {
+                    let job = tokio::select! {
+                        _ = stop.changed() => break,
+                        job = async { queue.lock().await.recv().await } => job,
+                    };
+                    let Some(job) = job else { break };
+                    let conversation = job.conversation;
+                    me.run_job(job).await;
+                    lock(&me.background.pending).remove(&conversation);
+                }
+            });
+        }
+        set
+    }
+
+    async fn run_job(&self, job: Job) {
+        let Ok(parsed) = chat::parse(&job.body) else {
+            return;
+        };
+        let Ok(loaded) = self.store.load(&job.conversation).await else {
+            return;
+        };
+        let controls = Controls::default();
+        let turn = Turn {
+            size: job.body.len(),
+            messages: &parsed.messages,
+            prefixes: &job.prefixes,
+            conversation: Some(job.conversation),
+            loaded: Some(&loaded),
+            controls: &controls,
+            model: &job.model,
+            credentials: &job.credentials,
+            tenant: Some(job.tenant),
+        };
+        let Some(attempt) = self.job_attempt(&turn, &job).await else {
+            return;
+        };
+        let (mut attempt, ratio) = attempt;
+        let mut result = self.compact_now(&turn, attempt).await;
+        // Not even the minimal plan fits the target: the minimal plan, if it fits the
+        // threshold.
+        if let Err(CannotCompact::TooLarge { estimate, .. }) = result
+            && scaled(estimate, ratio) <= self.threshold(&job.model)
+        {
+            attempt.budget = estimate;
+            result = self.compact_now(&turn, attempt).await;
+        }
+        if let Err(e) = result {
+            tracing::debug!(conversation = %job.conversation, error = %e, "background compaction skipped");
+        }
+    }
+
+    /// What a job builds, and the ratio its budget is calibrated with; `None` when there
+    /// is nothing to do: the deepest checkpoint keeps the request at the target, or one
+    /// prepared ahead (deeper than the one in use) would still leave room when the hard
+    /// threshold is crossed — building again every turn would pay for summaries that
+    /// are never forwarded.
+    async fn job_attempt<'t>(
+        &self,
+        turn: &Turn<'t, '_>,
+        job: &Job,
+    ) -> Option<(Attempt<'t>, f64)> {
+        let threshold = self.threshold(&job.model);
+        let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
+        let target = decide::target(&self.config, threshold, soft, job.growth);
+        let loaded = turn.loaded?;
+        let deepest = loaded
+            .all_matching(turn.prefixes)
+            .find(|c| applicable(c, turn.messages));
+        let usage = loaded.usage_for(turn.prefixes).copied();
+        let in_use = usage.and_then(|u| u.applied);
+        let active = in_use.and_then(|t| {
+            loaded
+                .all_matching(turn.prefixes)
+                .find(|c| c.through == t && applicable(c, turn.messages))
+        });
+        let permit = self.cpu.permit_for(turn.size).await;
+        let (ratio, estimate) = self.cpu.run_with(&permit, || {
+            let ratio = decide::calibration(turn, usage.as_ref(), active);
+            (ratio, scaled(decide::estimate(turn, deepest, threshold), ratio))
+        });
+        drop(permit);
+        let prepared = deepest.is_some_and(|d| in_use.is_none_or(|a| d.through > a));
+        if estimate <= target || (prepared && estimate <= target + (threshold - target) / 2) {
+            return None;
+        }
+        let attempt = Attempt {
+            strategy: job.strategy,
+            previous: deepest,
+            budget: unscaled(target, ratio),
+            trigger: Trigger::Background,
+            real: true,
+            wait: false,
+            focus: None,
+        };
+        Some((attempt, ratio))
+    }
+}
+
+/// A std mutex around plain data; never held across an `.await`.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

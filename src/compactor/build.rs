@@ -1,0 +1,364 @@
+//! Building a checkpoint: running a strategy (with the summariser for the summarising
+//! ones, only for an accepted tenant), counting and logging it, saving it — and, for
+//! summaries with a store, single-flight: one request per conversation (on any replica)
+//! builds, the others wait for its checkpoint or take recency.
+
+use std::time::Duration;
+
+use crate::outcome::Trigger;
+use crate::store::{Checkpoint, Lock, Saved, Store, now_ms};
+use crate::strategies::{self, CannotCompact, Input, Plan, Previous, Strategy, SummaryError};
+use crate::tokens::Estimator;
+use crate::identity::Fingerprint;
+
+use super::decide::applicable;
+use super::ring::CompactionEvent;
+use super::summariser::SummaryFailure;
+use super::turn::Turn;
+use super::Compactor;
+
+/// Poll interval while another request or replica builds the checkpoint we need.
+const PEER_POLL: Duration = Duration::from_millis(50);
+
+/// One run of a strategy.
+#[derive(Clone, Copy)]
+pub(super) struct Attempt<'c> {
+    pub strategy: Strategy,
+    /// The deepest checkpoint of this history, for an iterative update.
+    pub previous: Option<&'c Checkpoint>,
+    /// In abridge's estimate.
+    pub budget: u64,
+    pub trigger: Trigger,
+    /// Store, count and log it (false: observe mode's or a preview's dry run).
+    pub real: bool,
+    /// Wait for a peer's summary when the single-flight lock is taken (false: give up).
+    pub wait: bool,
+    /// What a summary should keep in particular detail (an operator's request).
+    pub focus: Option<&'c str>,
+}
+
+/// A conversation's single-flight lock while this process builds its checkpoint: renewed
+/// every third of its TTL until released. Dropped without [`HeldLock::release`] (the
+/// request's future was dropped), it stops renewing and releases in the background, so
+/// an abandoned build cannot keep waiters waiting.
+struct HeldLock {
+    store: Store,
+    conversation: Fingerprint,
+    lock: Option<Lock>,
+    refresher: tokio::task::JoinHandle<()>,
+}
+
+impl HeldLock {
+    fn renewed(store: Store, conversation: Fingerprint, lock: Lock, ttl: Duration) -> Self {
+        let refresher = {
+            let (store, lock) = (store.clone(), lock.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(ttl / 3).await;
+                    if !matches!(
+                        store.refresh_lock(&conversation, &lock, ttl).await,
+                        Ok(true)
+                    ) {
+                        break;
+                    }
+                }
+            })
+        };
+        Self {
+            store,
+            conversation,
+            lock: Some(lock),
+            refresher,
+        }
+    }
+
+    async fn release(mut self) {
+        self.refresher.abort();
+        if let Some(lock) = self.lock.take() {
+            let _ = self.store.unlock(&self.conversation, &lock).await;
+        }
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        self.refresher.abort();
+        if let Some(lock) = self.lock.take() {
+            let (store, conversation) = (self.store.clone(), self.conversation);
+            tokio::spawn(async move {
+                let _ = store.unlock(&conversation, &lock).await;
+            });
+        }
+    }
+}
+
+/// What waiting for another request's (or replica's) summary came to.
+enum Peer {
+    /// Its checkpoint is stored.
+    Built(Checkpoint),
+    /// Its lock is gone and no checkpoint came: it died or gave up.
+    Gone,
+    /// It did not finish in time (or the store stopped answering).
+    Slow,
+}
+
+/// A checkpoint and the note to add to the report (a fallback, recency without a
+/// store).
+pub(super) type Built = (Checkpoint, Option<String>);
+
+impl Compactor {
+    /// Runs a strategy and stores the checkpoint. With a summarising strategy and a
+    /// store, only one request per conversation builds at a time (single-flight): the
+    /// others wait for its checkpoint (`attempt.wait`) or give up (background jobs).
+    pub(super) async fn compact_now(
+        &self,
+        turn: &Turn<'_, '_>,
+        attempt: Attempt<'_>,
+    ) -> Result<Built, CannotCompact> {
+        let has_store = turn.loaded.is_some() && turn.conversation.is_some();
+        let stored = attempt.real && has_store;
+        let llm = matches!(
+            attempt.strategy,
+            Strategy::Structured | Strategy::LlmReplace
+        );
+        if llm && !has_store {
+            // Without a store a summary could not be kept: it would be paid for every
+            // turn. Say why the summary was not made: a note, not a silent downgrade.
+            let recency = Attempt {
+                strategy: Strategy::Recency,
+                ..attempt
+            };
+            let result = self.build(turn, recency, stored).await;
+            return result.map(|(checkpoint, note)| {
+                let why = "summaries need the store: recency used".to_owned();
+                (
+                    checkpoint,
+                    Some(note.map_or(why.clone(), |n| format!("{n}; {why}"))),
+                )
+            });
+        }
+        let (true, true, Some(conversation)) = (stored, llm, turn.conversation) else {
+            return self.build(turn, attempt, stored).await;
+        };
+        let ttl = Duration::from_millis(self.config.lock_ttl_ms);
+        // Twice at most: a second try when the holder's lock went away with no checkpoint
+        // (the holder died); then recency rather than wait again.
+        for _ in 0..2 {
+            match self.store.try_lock(&conversation, ttl).await {
+                Ok(Some(lock)) => {
+                    // Kept alive while the summary is built; a holder that dies lets it
+                    // expire within the TTL, and waiters take over. The guard also lets
+                    // go when this future is dropped (the client left mid-summary).
+                    let held = HeldLock::renewed(self.store.clone(), conversation, lock, ttl);
+                    let result = self.build(turn, attempt, stored).await;
+                    held.release().await;
+                    return result;
+                }
+                Ok(None) if attempt.wait => match self
+                    .wait_for_peer(turn, conversation, attempt.previous)
+                    .await
+                {
+                    Peer::Built(found) => return Ok((found, None)),
+                    Peer::Gone => continue,
+                    Peer::Slow => break,
+                },
+                Ok(None) => return Err(CannotCompact::NothingToReplace),
+                // The store failed just now: build without the lock (saving is still
+                // first-writer-wins).
+                Err(_) => return self.build(turn, attempt, stored).await,
+            }
+        }
+        // The peer took too long or vanished twice: recency now, without the LLM.
+        let recency = Attempt {
+            strategy: Strategy::Recency,
+            ..attempt
+        };
+        self.build(turn, recency, stored).await
+    }
+
+    /// Runs the strategy; a real attempt is counted and logged, and saved when
+    /// `stored`.
+    async fn build(
+        &self,
+        turn: &Turn<'_, '_>,
+        attempt: Attempt<'_>,
+        stored: bool,
+    ) -> Result<Built, CannotCompact> {
+        let plan = self.run_strategy(turn, &attempt).await?;
+        let checkpoint = checkpoint_of(&plan, turn.prefixes)?;
+        let note = checkpoint.fallback.clone();
+        if !attempt.real {
+            return Ok((checkpoint, note));
+        }
+        self.account(turn, &plan, &checkpoint, attempt.trigger);
+        match (turn.conversation, stored) {
+            (Some(conversation), true) => Ok(self.save(turn, conversation, checkpoint, note).await),
+            _ => Ok((checkpoint, note)),
+        }
+    }
+
+    async fn run_strategy(
+        &self,
+        turn: &Turn<'_, '_>,
+        attempt: &Attempt<'_>,
+    ) -> Result<Plan, CannotCompact> {
+        let estimator = Estimator::for_model_ready(turn.model);
+        let input = Input {
+            messages: turn.messages,
+            budget: attempt.budget,
+            previous: attempt.previous.map(|c| Previous {
+                head: c.head as usize,
+                through: c.through as usize,
+                replacement: &c.replacement,
+                summary: c.summary.as_deref(),
+            }),
+            focus: attempt.focus,
+            estimator: &estimator,
+        };
+        let summarise = |request| self.summarise(turn, request);
+        strategies::compact(attempt.strategy, &input, &self.settings, summarise, &self.cpu).await
+    }
+
+    /// One summary for `turn`: only for a tenant the provider accepted, and within its
+    /// rate; a failure is counted and logged as its class (the provider's own text only
+    /// at debug, with secrets taken out: it can quote the credential it refused).
+    async fn summarise(
+        &self,
+        turn: &Turn<'_, '_>,
+        request: strategies::SummaryRequest,
+    ) -> Result<String, SummaryError> {
+        let Some(tenant) = turn.tenant else {
+            return Err(SummaryError::NotAttempted("the request has no tenant"));
+        };
+        if let Err(refusal) = self.tenants.may_summarise(tenant).await {
+            self.stats.summary_refused();
+            return Err(SummaryError::NotAttempted(refusal.reason()));
+        }
+        self.stats.summary_call();
+        // The summariser bounds the call by summary.timeout_ms itself.
+        let result = self
+            .summariser
+            .summarise(turn.credentials, turn.model, &request)
+            .await;
+        if let Err(failure) = &result {
+            self.stats.summary_failure();
+            tracing::warn!(conversation = ?turn.conversation, error = %failure, "summary failed; recency used");
+            if let SummaryFailure::Status { message, .. } = failure {
+                tracing::debug!(message = %strategies::redact::redact(message), "summariser's error message");
+            }
+        }
+        result.map_err(SummaryError::from)
+    }
+
+    /// Counts a compaction, lists it in the ring, logs it.
+    fn account(&self, turn: &Turn<'_, '_>, plan: &Plan, checkpoint: &Checkpoint, trigger: Trigger) {
+        if plan.fallback.is_some() {
+            self.stats.fallback();
+        }
+        self.stats
+            .compaction(plan.strategy, trigger, plan.tokens_before, plan.tokens_after);
+        if let Some(conversation) = turn.conversation {
+            self.ring.push(CompactionEvent {
+                at_ms: checkpoint.created_ms,
+                conversation,
+                strategy: plan.strategy,
+                requested: plan.requested,
+                trigger: trigger.as_str(),
+                tokens_before: plan.tokens_before,
+                tokens_after: plan.tokens_after,
+                messages_replaced: plan.messages_replaced,
+                fallback: checkpoint.fallback.clone(),
+            });
+        }
+        tracing::info!(
+            conversation = ?turn.conversation,
+            strategy = %plan.strategy,
+            trigger = ?trigger,
+            tokens_before = plan.tokens_before,
+            tokens_after = plan.tokens_after,
+            messages_replaced = plan.messages_replaced,
+            fallback = plan.fallback.as_ref().map(ToString::to_string),
+            "compacted"
+        );
+    }
+
+    /// Saves the checkpoint; when one for the same history was stored first, that one
+    /// is forwarded instead, so every replica sends the same bytes.
+    async fn save(
+        &self,
+        turn: &Turn<'_, '_>,
+        conversation: Fingerprint,
+        checkpoint: Checkpoint,
+        note: Option<String>,
+    ) -> Built {
+        // This history keeps its deepest checkpoints; siblings keep theirs.
+        let drop = turn.loaded.map_or_else(Vec::new, |l| {
+            l.to_drop(turn.prefixes, &checkpoint, self.max_checkpoints)
+        });
+        let saved = self
+            .store
+            .save_checkpoint(&conversation, &checkpoint, &drop)
+            .await;
+        if let Ok(Saved::AlreadyPresent) = saved
+            && let Ok(loaded) = self.store.load(&conversation).await
+            && let Some(first) = loaded
+                .checkpoints
+                .into_iter()
+                .find(|c| c.through == checkpoint.through && c.prefix == checkpoint.prefix)
+        {
+            return (first, None);
+        }
+        (checkpoint, note)
+    }
+
+    /// Polls the store for the checkpoint a peer is building (deeper than `previous`).
+    async fn wait_for_peer(
+        &self,
+        turn: &Turn<'_, '_>,
+        conversation: Fingerprint,
+        previous: Option<&Checkpoint>,
+    ) -> Peer {
+        let deadline = tokio::time::Instant::now() + self.summary_timeout + Duration::from_secs(1);
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(PEER_POLL).await;
+            let Ok(loaded) = self.store.load(&conversation).await else {
+                return Peer::Slow;
+            };
+            let found = loaded
+                .all_matching(turn.prefixes)
+                .find(|c| {
+                    applicable(c, turn.messages) && previous.is_none_or(|p| c.through > p.through)
+                })
+                .cloned();
+            if let Some(found) = found {
+                self.stats.waited_for_peer();
+                return Peer::Built(found);
+            }
+            if matches!(self.store.lock_held(&conversation).await, Ok(false)) {
+                return Peer::Gone;
+            }
+        }
+        Peer::Slow
+    }
+}
+
+fn checkpoint_of(plan: &Plan, prefixes: &[Fingerprint]) -> Result<Checkpoint, CannotCompact> {
+    let prefix = *prefixes
+        .get(plan.through)
+        .ok_or(CannotCompact::NothingToReplace)?;
+    Ok(Checkpoint {
+        through: u32::try_from(plan.through).unwrap_or(u32::MAX),
+        prefix,
+        head: u32::try_from(plan.head).unwrap_or(u32::MAX),
+        replacement: plan.replacement.clone(),
+        summary: plan.summary.clone(),
+        strategy: plan.strategy,
+        fallback: plan
+            .fallback
+            .as_ref()
+            .map(|f| format!("{} fell back to recency: {f}", plan.requested)),
+        tokens_before: plan.tokens_before,
+        tokens_after: plan.tokens_after,
+        created_ms: now_ms(),
+    })
+}

@@ -1,0 +1,325 @@
+//! The compactor: everything between "this request belongs to that conversation" and
+//! "this is what to forward", and after the response, what to remember.
+//!
+//! - [`decide`] — the decision, pure: forward, apply a prepared checkpoint, or compact
+//!   now to a budget (prediction, target, calibration).
+//! - [`Compactor::plan`] — the short async shell that carries a decision out.
+//! - [`build`] — running a strategy, single-flight, saving the checkpoint.
+//! - [`background`] — recording usage and the background builds.
+//! - [`ring`] — the latest compactions, for the admin API.
+//! - [`summariser`] — the one chat completion a summary is.
+//! - [`overflow`] — recognising a provider's "context length exceeded".
+//!
+//! The strategies themselves are pure and live in [`crate::strategies`].
+//!
+//! Nothing here fails a request: a store that does not answer, a summariser that fails,
+//! a plan that cannot get under the threshold — each leaves the request forwarded as
+//! well as can be, and says so in the report.
+
+mod background;
+mod build;
+pub mod decide;
+pub mod overflow;
+mod ring;
+pub mod summariser;
+mod turn;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{CompactionConfig, CompactionMode, Config};
+use crate::controls::{Compact, Report};
+use crate::models;
+use crate::offload::Offload;
+use crate::outcome::Uncompactable;
+use crate::stats::Stats;
+use crate::store::{Checkpoint, Store};
+use crate::strategies::{CannotCompact, Settings, Strategy};
+use crate::tenants::Tenants;
+
+use background::Background;
+use build::Attempt;
+use decide::{Action, Decided, scaled};
+pub use ring::CompactionEvent;
+use ring::Ring;
+use summariser::Summariser;
+pub use turn::{Decision, Followup, Reason, Turn};
+
+/// The compaction machinery shared by all requests.
+pub struct Compactor {
+    config: CompactionConfig,
+    settings: Settings,
+    summariser: Summariser,
+    summary_timeout: Duration,
+    store: Store,
+    stats: Arc<Stats>,
+    /// Where estimates and strategies run (off the async workers for large requests).
+    cpu: Offload,
+    /// Which tenants may have summaries now.
+    tenants: Arc<Tenants>,
+    /// `store.max_checkpoints`: checkpoints each history keeps.
+    max_checkpoints: usize,
+    background: Background,
+    ring: Ring,
+}
+
+impl Compactor {
+    pub fn new(
+        config: &Config,
+        summariser: Summariser,
+        store: Store,
+        stats: Arc<Stats>,
+        cpu: Offload,
+        tenants: Arc<Tenants>,
+    ) -> Self {
+        Self {
+            cpu,
+            tenants,
+            max_checkpoints: config.store.max_checkpoints.max(1),
+            config: config.compaction.clone(),
+            settings: config.strategies.clone(),
+            summariser,
+            summary_timeout: config.summary.timeout(),
+            store,
+            stats,
+            background: Background::new(config.compaction.background_queue),
+            ring: Ring::default(),
+        }
+    }
+
+    /// The hard threshold for a model.
+    pub fn threshold(&self, model: &str) -> u64 {
+        if self.config.threshold_tokens > 0 {
+            return self.config.threshold_tokens;
+        }
+        let window = models::context_window(
+            model,
+            &self.config.context_windows,
+            self.config.default_context_window,
+        );
+        ((window as f64) * self.config.threshold_ratio) as u64
+    }
+
+    /// The latest compactions, newest first.
+    pub fn recent_compactions(&self) -> Vec<CompactionEvent> {
+        self.ring.latest()
+    }
+
+    /// Background compactions queued or running.
+    pub fn pending_jobs(&self) -> usize {
+        self.background.pending()
+    }
+
+    /// plan: decides (off the async workers for a large request) and carries the
+    /// decision out (see [`decide`]).
+    pub async fn plan(&self, turn: &Turn<'_, '_>, reason: Reason) -> Decision {
+        let threshold = self.threshold(turn.model);
+        let mut decision = self.decision(turn, threshold);
+        if turn.controls.compact == Compact::Off || self.config.mode == CompactionMode::Off {
+            decision.report.note = Some("compaction off".to_owned());
+            return decision;
+        }
+        if turn.loaded.is_none() && turn.conversation.is_some() {
+            decision.report.note = Some("store unavailable: no checkpoints this turn".to_owned());
+        }
+        let permit = self.cpu.permit_for(turn.size).await;
+        let decided = self.cpu.run_with(&permit, || {
+            decide::decide(&self.config, threshold, turn, reason)
+        });
+        drop(permit);
+        decision.estimate = decided.predicted;
+        decision.head_tokens = decided.head_tokens;
+        decision.appended = decided.appended;
+        decision.growth = decided.growth;
+        decision.usage = decided.usage.map(|u| u.prefix);
+        decision.previous = decided.usage.map(|u| (u.tokens, u.ratio_permille, u.applied));
+        let observe = self.config.mode == CompactionMode::Observe;
+        decision.active = !observe;
+        let dry = reason == Reason::Preview;
+        match decided.action {
+            Action::Forward if observe => {}
+            Action::Forward => {
+                self.use_checkpoint(&mut decision, decided.active, decided.predicted, dry)
+            }
+            Action::Apply {
+                checkpoint,
+                estimate,
+            } if observe => self.observe(&mut decision, checkpoint, estimate, dry),
+            Action::Apply {
+                checkpoint,
+                estimate,
+            } => self.use_checkpoint(&mut decision, Some(checkpoint), estimate, dry),
+            Action::Compact { budget, trigger } => {
+                let attempt = Attempt {
+                    // Observe mode: what recency (no LLM, nothing stored) would do.
+                    strategy: if observe { Strategy::Recency } else { decision.strategy },
+                    previous: decided.deepest,
+                    budget,
+                    trigger,
+                    real: !observe && !dry,
+                    wait: true,
+                    focus: decided.scheduled.filter(|f| !f.is_empty()),
+                };
+                self.compact(turn, &decided, reason, attempt, &mut decision)
+                    .await;
+            }
+        }
+        decision
+    }
+
+    /// The decision before anything is decided: forward as sent.
+    fn decision(&self, turn: &Turn<'_, '_>, threshold: u64) -> Decision {
+        let state = turn.loaded.and_then(|l| l.state.as_ref());
+        Decision {
+            apply: None,
+            report: Report {
+                conversation: turn.conversation,
+                ..Report::default()
+            },
+            estimate: 0,
+            threshold,
+            soft: ((threshold as f64) * self.config.soft_ratio) as u64,
+            active: false,
+            strategy: turn.controls.strategy.unwrap_or(self.config.strategy),
+            usage: None,
+            growth: 0,
+            head_tokens: 0,
+            appended: 0,
+            previous: None,
+            last_seen_ms: state.map_or(0, |s| s.last_seen_ms),
+        }
+    }
+
+    /// Compacts now. When not even the minimal plan (head, marker, final turn) fits the
+    /// budget but it fits the threshold (for a retry: is smaller than what was sent), it
+    /// compacts to the minimal plan, as small as the request gets; when it does not fit
+    /// the threshold either (anti-thrash), the request goes as it was — nothing is
+    /// suspended, the next turn is judged afresh.
+    async fn compact(
+        &self,
+        turn: &Turn<'_, '_>,
+        decided: &Decided<'_>,
+        reason: Reason,
+        mut attempt: Attempt<'_>,
+        decision: &mut Decision,
+    ) {
+        let (threshold, ratio, observe) = (
+            decided.threshold,
+            decided.ratio,
+            self.config.mode == CompactionMode::Observe,
+        );
+        let dry = reason == Reason::Preview;
+        let mut result = self.compact_now(turn, attempt).await;
+        if let Err(CannotCompact::TooLarge { estimate, .. }) = result {
+            let fits = match reason {
+                Reason::Overflow { sent } => scaled(estimate, ratio) < sent,
+                _ => scaled(estimate, ratio) <= threshold,
+            };
+            if fits {
+                attempt.budget = estimate;
+                result = self.compact_now(turn, attempt).await;
+            }
+        }
+        let active = if observe { None } else { decided.active };
+        match result {
+            Ok((checkpoint, plan_note)) => {
+                let permit = self.cpu.permit_for(turn.size).await;
+                let estimate = self.cpu.run_with(&permit, || {
+                    scaled(decide::estimate(turn, Some(&checkpoint), threshold), ratio)
+                });
+                drop(permit);
+                if observe {
+                    self.observe(decision, &checkpoint, estimate, dry);
+                } else {
+                    self.use_checkpoint(decision, Some(&checkpoint), estimate, dry);
+                    decision.report.tokens_before =
+                        Some(decided.predicted.max(checkpoint.tokens_before));
+                    if let Some(note) = plan_note {
+                        decision.report.add_note(note);
+                    }
+                }
+                if let (Some(_), Some(conversation), false) =
+                    (decided.scheduled, turn.conversation, observe || dry)
+                {
+                    let _ = self.store.clear_scheduled(&conversation).await;
+                }
+            }
+            Err(CannotCompact::TooLarge { estimate, .. }) => {
+                let case = if scaled(decided.head_tokens, ratio) * 2 > threshold {
+                    Uncompactable::Head
+                } else {
+                    Uncompactable::FinalTurn
+                };
+                if !dry {
+                    self.stats.anti_thrash(case);
+                }
+                self.use_checkpoint(decision, active, decided.predicted, dry);
+                decision.report.add_note(format!(
+                    "not compacted: the leading system messages and the final turn alone are about {} tokens, over the threshold of {threshold} ({}); forwarded as it was",
+                    scaled(estimate, ratio),
+                    case.why()
+                ));
+            }
+            Err(cannot) => {
+                self.use_checkpoint(decision, active, decided.predicted, dry);
+                decision.report.add_note(format!("not compacted: {cannot}"));
+            }
+        }
+    }
+
+    fn use_checkpoint(
+        &self,
+        decision: &mut Decision,
+        checkpoint: Option<&Checkpoint>,
+        estimate: u64,
+        dry: bool,
+    ) {
+        decision.estimate = estimate;
+        let Some(c) = checkpoint else {
+            return;
+        };
+        let saved = c.tokens_before.saturating_sub(c.tokens_after);
+        let report = &mut decision.report;
+        report.compacted = true;
+        report.strategy = Some(c.strategy);
+        report.tokens_after = Some(estimate);
+        report.tokens_before = Some(estimate.saturating_add(saved));
+        report.messages_replaced = Some(c.messages_replaced());
+        if let Some(fallback) = &c.fallback {
+            report.add_note(fallback.clone());
+        }
+        decision.apply = Some(c.clone());
+        if !dry {
+            self.stats.checkpoint_applied();
+        }
+    }
+
+    /// Observe mode: what would be done, said; nothing forwarded differently.
+    fn observe(&self, decision: &mut Decision, checkpoint: &Checkpoint, estimate: u64, dry: bool) {
+        let predicted = decision.estimate;
+        decision.apply = None;
+        let report = &mut decision.report;
+        report.compacted = false;
+        report.strategy = Some(checkpoint.strategy);
+        report.tokens_before = Some(predicted);
+        report.tokens_after = Some(estimate);
+        report.messages_replaced = Some(checkpoint.messages_replaced());
+        report.add_note("observe mode: would compact; forwarded unmodified");
+        if !dry {
+            self.stats.observed();
+        }
+    }
+}
+
+/// The forwarded messages of `messages` with `checkpoint` applied.
+pub fn forwarded<'r>(
+    messages: &'r [crate::chat::Message<'r>],
+    checkpoint: &'r Checkpoint,
+) -> Vec<&'r serde_json::value::RawValue> {
+    crate::strategies::splice(
+        messages,
+        checkpoint.head as usize,
+        checkpoint.through as usize,
+        checkpoint.replacement.iter().map(|r| &**r),
+    )
+}

@@ -1,0 +1,134 @@
+//! What the compactor is given about a request ([`Turn`], [`Reason`]), what it decides
+//! for it ([`Decision`]), and what the record stage hands back after the response
+//! ([`Followup`]).
+
+use bytes::Bytes;
+
+use crate::chat::{self, Message};
+use crate::controls::{Controls, Report};
+use crate::headers::Credentials;
+use crate::identity::{Fingerprint, Identified};
+use crate::ingress::Held;
+use crate::store::{Checkpoint, Loaded};
+use crate::strategies::Strategy;
+
+/// Everything the plan stage needs to know about one request.
+pub struct Turn<'t, 'a> {
+    pub messages: &'t [Message<'a>],
+    /// The request's rolling prefix hashes (`prefixes[i]` = h(i)).
+    pub prefixes: &'t [Fingerprint],
+    /// `None`: not identified (no user message, or no identity key: store down).
+    pub conversation: Option<Fingerprint>,
+    /// `None`: the store did not answer (or nothing to load for an unidentified request).
+    pub loaded: Option<&'t Loaded>,
+    pub controls: &'t Controls,
+    pub model: &'t str,
+    /// The client's credentials (for the summariser on the main upstream).
+    pub credentials: &'t Credentials,
+    /// The tenant's id (`None`: not identified); summaries are asked for only for a
+    /// tenant the provider has accepted (see [`crate::tenants`]).
+    pub tenant: Option<Fingerprint>,
+    /// Bytes of the request body: how heavy its estimates and compaction are.
+    pub size: usize,
+}
+
+impl<'t, 'a> Turn<'t, 'a> {
+    /// The turn of a parsed request, identified (or not) and with what the store had.
+    pub fn new(
+        parsed: &'t chat::Parsed<'a>,
+        identified: Option<&'t Identified>,
+        loaded: Option<&'t Loaded>,
+        controls: &'t Controls,
+        credentials: &'t Credentials,
+        size: usize,
+    ) -> Self {
+        Self {
+            size,
+            messages: &parsed.messages,
+            prefixes: identified.map_or(&[][..], |i| &i.hashes.prefixes),
+            conversation: identified.map(|i| i.conversation),
+            loaded,
+            controls,
+            model: parsed.request.model.as_deref().unwrap_or_default(),
+            credentials,
+            tenant: identified.map(|i| i.tenant),
+        }
+    }
+}
+
+/// Why the plan stage is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// A request arriving.
+    Request,
+    /// `POST /admin/preview`: decide as for a request, store and count nothing.
+    Preview,
+    /// The provider answered "context length exceeded" to a request estimated at
+    /// `sent` tokens: compact harder and retry once.
+    Overflow { sent: u64 },
+}
+
+/// What the plan stage decided, and what the record stage will need of it.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// The checkpoint to apply (`None`: forward the messages as sent).
+    pub apply: Option<Checkpoint>,
+    pub report: Report,
+    /// Predicted prompt tokens of what will be forwarded (the provider's count).
+    pub estimate: u64,
+    /// The hard threshold for this request's model.
+    pub threshold: u64,
+    /// The soft threshold: over it after the response, the next checkpoint is prepared.
+    pub soft: u64,
+    /// Compaction may act on this request (not off, not observe).
+    pub active: bool,
+    /// The strategy this request asked for (or the configured one).
+    pub strategy: Strategy,
+    /// The usage record the prediction came from (its history's prefix hash), which
+    /// this request's report supersedes.
+    pub usage: Option<Fingerprint>,
+    /// Tokens this history grows by per turn, as observed.
+    pub growth: u64,
+    /// abridge's estimate of the request's head (leading system messages).
+    pub head_tokens: u64,
+    /// abridge's estimate of what was appended since the usage record (0: no record).
+    pub appended: u64,
+    /// The record's tokens, ratio and checkpoint, to measure the next ratio.
+    pub previous: Option<(u64, u32, Option<u32>)>,
+    /// When the conversation was last seen (from the store; 0: new).
+    pub last_seen_ms: u64,
+}
+
+/// What the record stage needs about a request, built by the request path.
+pub struct Followup {
+    pub conversation: Fingerprint,
+    /// Messages in the client's request, and the prefix hash through the last of them.
+    pub messages: u32,
+    pub prefix: Fingerprint,
+    /// `through` of the checkpoint applied to the forwarded request.
+    pub applied: Option<u32>,
+    pub threshold: u64,
+    pub soft: u64,
+    /// Compaction may act on this conversation (see [`Decision::active`]).
+    pub active: bool,
+    pub strategy: Strategy,
+    /// The usage record this request's report supersedes, and what goes into the new
+    /// one (see [`Decision`]).
+    pub replaces: Option<Fingerprint>,
+    pub growth: u64,
+    pub head_tokens: u64,
+    pub appended: u64,
+    pub previous: Option<(u64, u32, Option<u32>)>,
+    /// When the conversation was last seen, per the store (0: new).
+    pub last_seen_ms: u64,
+    /// For a background build: the client's body, its prefix hashes, the model and the
+    /// credentials and tenant for the summariser.
+    pub body: Bytes,
+    pub prefixes: Vec<Fingerprint>,
+    pub model: String,
+    pub credentials: Credentials,
+    pub tenant: Fingerprint,
+    /// The body's share of `limits.max_inflight_body_bytes`, kept while a background
+    /// job holds the body.
+    pub held: Option<Held>,
+}

@@ -1,0 +1,64 @@
+//! What a request's compaction came to, as values: the compactor decides them, the
+//! metrics count them, the admin API lists them. Below both, so neither imports the
+//! other for them.
+
+/// What started a compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Trigger {
+    /// A request predicted over the hard threshold.
+    Threshold,
+    /// `x-abridge-compact: force` (or an operator's scheduled compaction).
+    Forced,
+    /// The provider answered "context length exceeded"; compacted and retried.
+    Retry,
+    /// Prepared after a response, ahead of the crossing.
+    Background,
+}
+
+impl Trigger {
+    pub const ALL: [Trigger; 4] = [
+        Trigger::Threshold,
+        Trigger::Forced,
+        Trigger::Retry,
+        Trigger::Background,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Threshold => "threshold",
+            Trigger::Forced => "forced",
+            Trigger::Retry => "retry",
+            Trigger::Background => "background",
+        }
+    }
+}
+
+/// Why even the minimal plan (the head, a marker, the final turn) does not fit the
+/// threshold: the anti-thrash case, for the note and the metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Uncompactable {
+    /// The leading system messages (and tools) take most of the threshold.
+    Head,
+    /// The final turn is too big (an agent's large tool output): usually gone from the
+    /// final turn next time.
+    FinalTurn,
+}
+
+impl Uncompactable {
+    pub const ALL: [Uncompactable; 2] = [Uncompactable::Head, Uncompactable::FinalTurn];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Uncompactable::Head => "head",
+            Uncompactable::FinalTurn => "final_turn",
+        }
+    }
+
+    /// Which part takes the room, for the client's note.
+    pub fn why(self) -> &'static str {
+        match self {
+            Uncompactable::Head => "the system prompt takes most of it",
+            Uncompactable::FinalTurn => "the final turn takes most of it",
+        }
+    }
+}
