@@ -15,9 +15,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-use crate::strategies::Strategy;
 use crate::outcome::{Trigger, Uncompactable};
 use crate::relay::{End, Outcome};
+use crate::strategies::Strategy;
 
 /// Which handler served a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +46,16 @@ impl Class {
             400..=499 => Class::ClientError,
             500..=599 => Class::ServerError,
             _ => Class::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Success => "2xx",
+            Class::Redirect => "3xx",
+            Class::ClientError => "4xx",
+            Class::ServerError => "5xx",
+            Class::Other => "other",
         }
     }
 }
@@ -85,18 +95,6 @@ impl Route {
         match self {
             Route::Chat => "chat",
             Route::Passthrough => "passthrough",
-        }
-    }
-}
-
-impl Class {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Class::Success => "2xx",
-            Class::Redirect => "3xx",
-            Class::ClientError => "4xx",
-            Class::ServerError => "5xx",
-            Class::Other => "other",
         }
     }
 }
@@ -148,152 +146,216 @@ struct PhaseLabel {
     phase: Phase,
 }
 
-/// The metrics. Cloning shares them (every handle is an `Arc` inside).
-#[derive(Debug, Clone)]
-pub struct Stats {
-    requests: Family<RequestLabels, Counter>,
-    inflight_requests: Gauge,
-    inflight_streams: Gauge,
-    added_latency: Family<RouteLabel, Histogram>,
-    unparseable_bodies: Counter,
-    identified: Counter,
-    store_unavailable: Counter,
-    usage_requested: Counter,
-    usage_option_refused: Counter,
-    usage_not_asked: Counter,
-    usage_reports: Counter,
-    prompt_tokens: Family<CompactedLabel, Counter>,
-    completion_tokens: Counter,
-    usage_unreadable: Counter,
-    stripped_events: Counter,
-    upstream_errors: Counter,
-    client_gone: Counter,
-    idle_timeouts: Counter,
-    compactions: Family<CompactionLabels, Counter>,
-    compaction_tokens: Family<PhaseLabel, Counter>,
-    tokens_saved: Counter,
-    checkpoints_applied: Counter,
-    summary_calls: Counter,
-    summary_failures: Counter,
-    summary_refused: Counter,
-    fallbacks: Counter,
-    retries: Counter,
-    anti_thrash: Family<CaseLabel, Counter>,
-    observed: Counter,
-    waited_for_peer: Counter,
-    background_dropped: Counter,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Self {
-            requests: Family::default(),
-            inflight_requests: Gauge::default(),
-            inflight_streams: Gauge::default(),
-            // 10 µs … ~10 s: abridge's own time, from a few microseconds on the plain path
-            // to seconds when a summary is built on the critical path.
-            added_latency: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(1e-5, 2.0, 20))
-            }),
-            unparseable_bodies: Counter::default(),
-            identified: Counter::default(),
-            store_unavailable: Counter::default(),
-            usage_requested: Counter::default(),
-            usage_option_refused: Counter::default(),
-            usage_not_asked: Counter::default(),
-            usage_reports: Counter::default(),
-            prompt_tokens: Family::default(),
-            completion_tokens: Counter::default(),
-            usage_unreadable: Counter::default(),
-            stripped_events: Counter::default(),
-            upstream_errors: Counter::default(),
-            client_gone: Counter::default(),
-            idle_timeouts: Counter::default(),
-            compactions: Family::default(),
-            compaction_tokens: Family::default(),
-            tokens_saved: Counter::default(),
-            checkpoints_applied: Counter::default(),
-            summary_calls: Counter::default(),
-            summary_failures: Counter::default(),
-            summary_refused: Counter::default(),
-            fallbacks: Counter::default(),
-            retries: Counter::default(),
-            anti_thrash: Family::default(),
-            observed: Counter::default(),
-            waited_for_peer: Counter::default(),
-            background_dropped: Counter::default(),
+/// The metric table: every metric declared once, in the order of `/metrics` and of the
+/// `/admin/stats` JSON. It generates [`Stats`] (one field per metric), its `Default`,
+/// [`Stats::register`], [`Snapshot`], [`Stats::snapshot`] and the plain counters' methods.
+///
+/// A plain counter is one entry — the snapshot field's doc, then
+/// `field: "metric_name", "Help text" => fn record;` — and becomes a `Counter` field,
+/// the metric `abridge_<metric_name>`, the snapshot field `field` with its value and, when
+/// named, the method `record(&self)` that counts one (without it, a hand-written method
+/// below adds to it). A hand-built metric (labels, a gauge, a histogram) gives its type
+/// and constructor, then the snapshot fields it feeds, each read by a closure over
+/// `&Stats`: `field: Type = constructor, "metric_name", "Help text" => { name: u64 = |s| .. };`.
+macro_rules! metrics {
+    // A plain counter, rewritten into the hand-built form.
+    (@munch [$($done:tt)*]
+        $(#[$doc:meta])* $field:ident: $metric:literal, $help:literal $(=> fn $inc:ident)?;
+        $($rest:tt)*
+    ) => {
+        metrics!(@munch [$($done)*
+            [$field: Counter = Counter::default(), $metric, $help, [$($inc)?] => {
+                $(#[$doc])* $field: u64 = |s: &Stats| s.$field.get()
+            }]
+        ] $($rest)*);
+    };
+    (@munch [$($done:tt)*]
+        $field:ident: $ty:ty = $init:expr, $metric:literal, $help:literal => { $($snap:tt)* };
+        $($rest:tt)*
+    ) => {
+        metrics!(@munch [$($done)*
+            [$field: $ty = $init, $metric, $help, [] => { $($snap)* }]
+        ] $($rest)*);
+    };
+    (@munch [$(
+        [$field:ident: $ty:ty = $init:expr, $metric:literal, $help:literal, [$($inc:ident)?] => {
+            $($(#[$doc:meta])* $snap:ident: $sty:ty = $read:expr),* $(,)?
+        }]
+    )*]) => {
+        /// The metrics. Cloning shares them (every handle is an `Arc` inside).
+        #[derive(Debug, Clone)]
+        pub struct Stats {
+            $($field: $ty,)*
         }
-    }
+
+        impl Default for Stats {
+            fn default() -> Self {
+                Self {
+                    $($field: $init,)*
+                }
+            }
+        }
+
+        /// A point-in-time copy of the counters, for `/admin/stats` and the tests.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+        pub struct Snapshot {
+            $($($(#[$doc])* pub $snap: $sty,)*)*
+        }
+
+        impl Stats {
+            /// Registers every metric under the `abridge` prefix.
+            pub fn register(&self, registry: &mut Registry) {
+                let r = registry.sub_registry_with_prefix("abridge");
+                $(r.register($metric, $help, self.$field.clone());)*
+            }
+
+            /// The figures as numbers. Reads only series that exist (`get`, not
+            /// `get_or_create`), so asking for a snapshot adds no zero series to `/metrics`.
+            pub fn snapshot(&self) -> Snapshot {
+                Snapshot {
+                    $($($snap: read(self, $read),)*)*
+                }
+            }
+
+            $($(
+                pub fn $inc(&self) {
+                    self.$field.inc();
+                }
+            )?)*
+        }
+    };
+    ($($entries:tt)*) => {
+        metrics!(@munch [] $($entries)*);
+    };
 }
 
-/// A point-in-time copy of the counters, for `/admin/stats` and the tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Snapshot {
-    /// Requests received on `/v1`.
-    pub requests: u64,
-    /// Of which chat completions.
-    pub chat_requests: u64,
-    /// Responses by status class (chat and pass-through together): 2xx, 3xx, 4xx, 5xx.
-    pub responses_2xx: u64,
-    pub responses_4xx: u64,
-    pub responses_5xx: u64,
-    pub inflight_requests: i64,
-    pub inflight_streams: i64,
+metrics! {
+    requests: Family<RequestLabels, Counter> = Family::default(),
+        "requests", "Requests received on /v1, by route and response status class" => {
+        /// Requests received on `/v1`.
+        requests: u64 = |s| s.requests_where(None, None),
+        /// Of which chat completions.
+        chat_requests: u64 = |s| s.requests_where(Some(Route::Chat), None),
+        /// Responses by status class (chat and pass-through together): 2xx, 3xx, 4xx, 5xx.
+        responses_2xx: u64 = |s| s.requests_where(None, Some(Class::Success)),
+        responses_4xx: u64 = |s| s.requests_where(None, Some(Class::ClientError)),
+        responses_5xx: u64 = |s| s.requests_where(None, Some(Class::ServerError)),
+    };
+    inflight_requests: Gauge = Gauge::default(),
+        "inflight_requests", "Requests being served (streams included)" => {
+        inflight_requests: i64 = |s| s.inflight_requests.get(),
+    };
+    inflight_streams: Gauge = Gauge::default(),
+        "inflight_streams", "Streamed (SSE) responses being relayed" => {
+        inflight_streams: i64 = |s| s.inflight_streams.get(),
+    };
+    // 10 µs … ~10 s: abridge's own time, from a few microseconds on the plain path
+    // to seconds when a summary is built on the critical path.
+    added_latency: Family<RouteLabel, Histogram> = Family::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(1e-5, 2.0, 20))
+        }),
+        "added_latency_seconds",
+        "Time abridge itself spent on a request, excluding waiting for the provider" => {};
     /// Chat bodies abridge could not parse and forwarded untouched.
-    pub unparseable_bodies: u64,
+    unparseable_bodies: "unparseable_bodies", "Chat bodies not understood, forwarded untouched"
+        => fn unparseable;
     /// Chat requests recognised as (part of) a conversation.
-    pub identified: u64,
+    identified: "identified_requests", "Chat requests recognised as part of a conversation"
+        => fn identified;
     /// Chat requests that went on without conversation state because the store failed.
-    pub store_unavailable: u64,
+    store_unavailable: "store_unavailable_requests",
+        "Chat requests served without conversation state because the store failed"
+        => fn store_unavailable;
     /// Streaming requests where abridge added `stream_options.include_usage`.
-    pub usage_requested: u64,
+    usage_requested: "usage_requested", "Streaming requests where abridge asked for usage itself"
+        => fn usage_requested;
     /// Requests the provider refused because of the `stream_options` abridge added
     /// (each retried with the client's own fields).
-    pub usage_option_refused: u64,
+    usage_option_refused: "usage_option_refused",
+        "Requests the provider refused for the stream_options abridge added (retried without it)"
+        => fn usage_option_refused;
     /// Streaming requests without usage because the provider refuses `stream_options`.
-    pub usage_not_asked: u64,
+    usage_not_asked: "usage_not_asked",
+        "Streaming requests sent without stream_options because the provider refuses it (usage unread)"
+        => fn usage_not_asked;
     /// Responses whose usage abridge read.
-    pub usage_reports: u64,
-    /// Prompt tokens the provider reported, all requests and compacted ones.
-    pub prompt_tokens_reported: u64,
-    pub prompt_tokens_reported_compacted: u64,
-    pub completion_tokens_reported: u64,
+    usage_reports: "usage_reports", "Responses whose usage abridge read";
+    prompt_tokens: Family<CompactedLabel, Counter> = Family::default(),
+        "prompt_tokens_reported",
+        "Prompt tokens the provider reported, by whether the request was compacted" => {
+        /// Prompt tokens the provider reported, all requests and compacted ones.
+        prompt_tokens_reported: u64 =
+            |s| s.prompt_tokens_where(false) + s.prompt_tokens_where(true),
+        prompt_tokens_reported_compacted: u64 = |s| s.prompt_tokens_where(true),
+    };
+    completion_tokens_reported: "completion_tokens_reported",
+        "Completion tokens the provider reported";
     /// Responses whose encoding abridge could not decode to read usage.
-    pub usage_unreadable: u64,
+    usage_unreadable: "usage_unreadable", "Responses in an encoding abridge cannot decode";
     /// Usage-only SSE events removed because the client had not asked for them.
-    pub stripped_events: u64,
+    stripped_events: "stripped_events", "Usage-only SSE events removed (the client had not asked)";
     /// Upstream unreachable, timed out, or failed mid-body.
-    pub upstream_errors: u64,
+    upstream_errors: "upstream_errors", "Provider unreachable, timed out or failed mid-body"
+        => fn upstream_error;
     /// Responses the client stopped reading before the end (upstream cancelled).
-    pub client_gone: u64,
+    client_gone: "client_gone", "Responses abandoned by the client (upstream cancelled)";
     /// Streams cut after `timeouts.stream_idle_ms` of silence.
-    pub idle_timeouts: u64,
-    /// Compactions run, by strategy then trigger (see [`Snapshot::compactions_by`]).
-    pub compactions: [[u64; 4]; 4],
-    /// Estimated prompt tokens before and after, summed over compactions run.
-    pub estimated_tokens_before: u64,
-    pub estimated_tokens_after: u64,
+    idle_timeouts: "idle_timeouts", "Streams cut after timeouts.stream_idle_ms of silence";
+    compactions: Family<CompactionLabels, Counter> = Family::default(),
+        "compactions", "Compactions run, by strategy and trigger" => {
+        /// Compactions run, by strategy then trigger (see [`Snapshot::compactions_by`]).
+        compactions: [[u64; 4]; 4] = |s| s.compactions_grid(),
+    };
+    compaction_tokens: Family<PhaseLabel, Counter> = Family::default(),
+        "compaction_tokens_estimated",
+        "Estimated prompt tokens before and after each compaction run" => {
+        /// Estimated prompt tokens before and after, summed over compactions run.
+        estimated_tokens_before: u64 = |s| s.estimated_tokens(Phase::Before),
+        estimated_tokens_after: u64 = |s| s.estimated_tokens(Phase::After),
+    };
     /// Estimated prompt tokens not sent, summed over every forwarded compacted request.
-    pub tokens_saved_estimated: u64,
+    tokens_saved_estimated: "tokens_saved_estimated",
+        "Estimated prompt tokens not sent, over every forwarded compacted request";
     /// Requests forwarded with a checkpoint applied.
-    pub checkpoints_applied: u64,
-    pub summary_calls: u64,
-    pub summary_failures: u64,
+    checkpoints_applied: "checkpoints_applied", "Requests forwarded with a checkpoint applied"
+        => fn checkpoint_applied;
+    summary_calls: "summary_calls", "Summariser calls" => fn summary_call;
+    summary_failures: "summary_failures", "Summariser calls that failed or timed out"
+        => fn summary_failure;
     /// Summaries not asked for: the provider had not accepted the tenant's credential
     /// yet, or its summary rate was spent.
-    pub summary_refused: u64,
+    summary_refused: "summary_refused",
+        "Summaries not asked for: credential not yet accepted by the provider, or its rate spent"
+        => fn summary_refused;
     /// Summarising strategies that fell back to recency.
-    pub fallbacks: u64,
+    fallbacks: "fallbacks", "Summarising strategies that fell back to recency" => fn fallback;
     /// Requests compacted and retried after "context length exceeded".
-    pub retries: u64,
-    /// Requests not compacted because even the minimal plan is over the threshold.
-    pub anti_thrash: u64,
+    retries: "retries", "Requests compacted and retried after context length exceeded" => fn retry;
+    anti_thrash: Family<CaseLabel, Counter> = Family::default(),
+        "anti_thrash",
+        "Requests not compacted because even the minimal plan (head, marker, final turn) is over the threshold, by case: head or final_turn"
+        => {
+        /// Requests not compacted because even the minimal plan is over the threshold.
+        anti_thrash: u64 = |s| s.anti_thrash_total(),
+    };
     /// Observe mode: requests that would have been compacted.
-    pub observed: u64,
+    observed: "observed", "Observe mode: requests that would have been compacted" => fn observed;
     /// Requests that waited for another request's (or replica's) summary.
-    pub waited_for_peer: u64,
+    waited_for_peer: "waited_for_peer", "Requests that waited for another request's summary"
+        => fn waited_for_peer;
     /// Background compactions dropped because the queue was full.
-    pub background_dropped: u64,
+    background_dropped: "background_dropped", "Background compactions dropped (queue full)"
+        => fn background_dropped;
+}
+
+/// Applies one snapshot reader of the table above.
+fn read<T>(stats: &Stats, reader: impl FnOnce(&Stats) -> T) -> T {
+    reader(stats)
+}
+
+/// The value of one series of a counter family, 0 when it does not exist yet.
+fn count<L: Clone + std::hash::Hash + Eq>(family: &Family<L, Counter>, labels: &L) -> u64 {
+    family.get(labels).map_or(0, |n| n.get())
 }
 
 impl Snapshot {
@@ -325,166 +387,6 @@ impl Drop for InFlight {
 }
 
 impl Stats {
-    /// Registers every metric under the `abridge` prefix.
-    pub fn register(&self, registry: &mut Registry) {
-        let r = registry.sub_registry_with_prefix("abridge");
-        r.register(
-            "requests",
-            "Requests received on /v1, by route and response status class",
-            self.requests.clone(),
-        );
-        r.register(
-            "inflight_requests",
-            "Requests being served (streams included)",
-            self.inflight_requests.clone(),
-        );
-        r.register(
-            "inflight_streams",
-            "Streamed (SSE) responses being relayed",
-            self.inflight_streams.clone(),
-        );
-        r.register(
-            "added_latency_seconds",
-            "Time abridge itself spent on a request, excluding waiting for the provider",
-            self.added_latency.clone(),
-        );
-        r.register(
-            "unparseable_bodies",
-            "Chat bodies not understood, forwarded untouched",
-            self.unparseable_bodies.clone(),
-        );
-        r.register(
-            "identified_requests",
-            "Chat requests recognised as part of a conversation",
-            self.identified.clone(),
-        );
-        r.register(
-            "store_unavailable_requests",
-            "Chat requests served without conversation state because the store failed",
-            self.store_unavailable.clone(),
-        );
-        r.register(
-            "usage_requested",
-            "Streaming requests where abridge asked for usage itself",
-            self.usage_requested.clone(),
-        );
-        r.register(
-            "usage_option_refused",
-            "Requests the provider refused for the stream_options abridge added (retried without it)",
-            self.usage_option_refused.clone(),
-        );
-        r.register(
-            "usage_not_asked",
-            "Streaming requests sent without stream_options because the provider refuses it (usage unread)",
-            self.usage_not_asked.clone(),
-        );
-        r.register(
-            "usage_reports",
-            "Responses whose usage abridge read",
-            self.usage_reports.clone(),
-        );
-        r.register(
-            "prompt_tokens_reported",
-            "Prompt tokens the provider reported, by whether the request was compacted",
-            self.prompt_tokens.clone(),
-        );
-        r.register(
-            "completion_tokens_reported",
-            "Completion tokens the provider reported",
-            self.completion_tokens.clone(),
-        );
-        r.register(
-            "usage_unreadable",
-            "Responses in an encoding abridge cannot decode",
-            self.usage_unreadable.clone(),
-        );
-        r.register(
-            "stripped_events",
-            "Usage-only SSE events removed (the client had not asked)",
-            self.stripped_events.clone(),
-        );
-        r.register(
-            "upstream_errors",
-            "Provider unreachable, timed out or failed mid-body",
-            self.upstream_errors.clone(),
-        );
-        r.register(
-            "client_gone",
-            "Responses abandoned by the client (upstream cancelled)",
-            self.client_gone.clone(),
-        );
-        r.register(
-            "idle_timeouts",
-            "Streams cut after timeouts.stream_idle_ms of silence",
-            self.idle_timeouts.clone(),
-        );
-        r.register(
-            "compactions",
-            "Compactions run, by strategy and trigger",
-            self.compactions.clone(),
-        );
-        r.register(
-            "compaction_tokens_estimated",
-            "Estimated prompt tokens before and after each compaction run",
-            self.compaction_tokens.clone(),
-        );
-        r.register(
-            "tokens_saved_estimated",
-            "Estimated prompt tokens not sent, over every forwarded compacted request",
-            self.tokens_saved.clone(),
-        );
-        r.register(
-            "checkpoints_applied",
-            "Requests forwarded with a checkpoint applied",
-            self.checkpoints_applied.clone(),
-        );
-        r.register(
-            "summary_calls",
-            "Summariser calls",
-            self.summary_calls.clone(),
-        );
-        r.register(
-            "summary_failures",
-            "Summariser calls that failed or timed out",
-            self.summary_failures.clone(),
-        );
-        r.register(
-            "summary_refused",
-            "Summaries not asked for: credential not yet accepted by the provider, or its rate spent",
-            self.summary_refused.clone(),
-        );
-        r.register(
-            "fallbacks",
-            "Summarising strategies that fell back to recency",
-            self.fallbacks.clone(),
-        );
-        r.register(
-            "retries",
-            "Requests compacted and retried after context length exceeded",
-            self.retries.clone(),
-        );
-        r.register(
-            "anti_thrash",
-            "Requests not compacted because even the minimal plan (head, marker, final turn) is over the threshold, by case: head or final_turn",
-            self.anti_thrash.clone(),
-        );
-        r.register(
-            "observed",
-            "Observe mode: requests that would have been compacted",
-            self.observed.clone(),
-        );
-        r.register(
-            "waited_for_peer",
-            "Requests that waited for another request's summary",
-            self.waited_for_peer.clone(),
-        );
-        r.register(
-            "background_dropped",
-            "Background compactions dropped (queue full)",
-            self.background_dropped.clone(),
-        );
-    }
-
     /// A request arrived; the guard marks it finished when dropped.
     pub fn request_started(&self) -> InFlight {
         self.inflight_requests.inc();
@@ -514,34 +416,6 @@ impl Stats {
             .observe(spent.as_secs_f64());
     }
 
-    pub fn unparseable(&self) {
-        self.unparseable_bodies.inc();
-    }
-
-    pub fn identified(&self) {
-        self.identified.inc();
-    }
-
-    pub fn store_unavailable(&self) {
-        self.store_unavailable.inc();
-    }
-
-    pub fn usage_requested(&self) {
-        self.usage_requested.inc();
-    }
-
-    pub fn usage_option_refused(&self) {
-        self.usage_option_refused.inc();
-    }
-
-    pub fn usage_not_asked(&self) {
-        self.usage_not_asked.inc();
-    }
-
-    pub fn upstream_error(&self) {
-        self.upstream_errors.inc();
-    }
-
     pub fn compaction(&self, strategy: Strategy, trigger: Trigger, before: u64, after: u64) {
         self.compactions
             .get_or_create(&CompactionLabels {
@@ -549,61 +423,20 @@ impl Stats {
                 trigger,
             })
             .inc();
-        self.compaction_tokens
-            .get_or_create(&PhaseLabel {
-                phase: Phase::Before,
-            })
-            .inc_by(before);
-        self.compaction_tokens
-            .get_or_create(&PhaseLabel {
-                phase: Phase::After,
-            })
-            .inc_by(after);
+        for (phase, tokens) in [(Phase::Before, before), (Phase::After, after)] {
+            self.compaction_tokens
+                .get_or_create(&PhaseLabel { phase })
+                .inc_by(tokens);
+        }
     }
 
     /// A compacted request was forwarded: the estimate of the tokens it did not send.
     pub fn tokens_saved(&self, tokens: u64) {
-        self.tokens_saved.inc_by(tokens);
-    }
-
-    pub fn checkpoint_applied(&self) {
-        self.checkpoints_applied.inc();
-    }
-
-    pub fn summary_call(&self) {
-        self.summary_calls.inc();
-    }
-
-    pub fn summary_failure(&self) {
-        self.summary_failures.inc();
-    }
-
-    pub fn summary_refused(&self) {
-        self.summary_refused.inc();
-    }
-
-    pub fn fallback(&self) {
-        self.fallbacks.inc();
-    }
-
-    pub fn retry(&self) {
-        self.retries.inc();
+        self.tokens_saved_estimated.inc_by(tokens);
     }
 
     pub fn anti_thrash(&self, case: Uncompactable) {
         self.anti_thrash.get_or_create(&CaseLabel { case }).inc();
-    }
-
-    pub fn observed(&self) {
-        self.observed.inc();
-    }
-
-    pub fn waited_for_peer(&self) {
-        self.waited_for_peer.inc();
-    }
-
-    pub fn background_dropped(&self) {
-        self.background_dropped.inc();
     }
 
     /// Records how a relayed response ended; `compacted`: a checkpoint was applied.
@@ -613,7 +446,7 @@ impl Stats {
             self.prompt_tokens
                 .get_or_create(&CompactedLabel { compacted })
                 .inc_by(usage.prompt_tokens);
-            self.completion_tokens
+            self.completion_tokens_reported
                 .inc_by(usage.completion_tokens.unwrap_or(0));
         }
         if outcome.usage_unreadable {
@@ -635,144 +468,52 @@ impl Stats {
         }
     }
 
-    /// The figures as numbers. Reads only series that exist (`get`, not
-    /// `get_or_create`), so asking for a snapshot adds no zero series to `/metrics`.
-    pub fn snapshot(&self) -> Snapshot {
-        let requests = |route: Option<Route>, class: Option<Class>| -> u64 {
-            let mut total = 0;
-            for r in [Route::Chat, Route::Passthrough] {
-                for c in [
-                    Class::Success,
-                    Class::Redirect,
-                    Class::ClientError,
-                    Class::ServerError,
-                    Class::Other,
-                ] {
-                    if route.is_none_or(|x| x == r) && class.is_none_or(|x| x == c) {
-                        total += self
-                            .requests
-                            .get(&RequestLabels { route: r, class: c })
-                            .map_or(0, |n| n.get());
-                    }
+    /// Requests counted for `route` and `class` (`None`: all of them).
+    fn requests_where(&self, route: Option<Route>, class: Option<Class>) -> u64 {
+        let mut total = 0;
+        for r in [Route::Chat, Route::Passthrough] {
+            for c in [
+                Class::Success,
+                Class::Redirect,
+                Class::ClientError,
+                Class::ServerError,
+                Class::Other,
+            ] {
+                if route.is_none_or(|x| x == r) && class.is_none_or(|x| x == c) {
+                    total += count(&self.requests, &RequestLabels { route: r, class: c });
                 }
             }
-            total
-        };
-        let compactions = Strategy::ALL.map(|s| {
-            Trigger::ALL.map(|trigger| {
-                self.compactions
-                    .get(&CompactionLabels {
-                        strategy: s.into(),
-                        trigger,
-                    })
-                    .map_or(0, |n| n.get())
-            })
-        });
-        let prompt = |compacted| {
-            self.prompt_tokens
-                .get(&CompactedLabel { compacted })
-                .map_or(0, |n| n.get())
-        };
-        let phase = |phase| {
-            self.compaction_tokens
-                .get(&PhaseLabel { phase })
-                .map_or(0, |n| n.get())
-        };
-        Snapshot {
-            requests: requests(None, None),
-            chat_requests: requests(Some(Route::Chat), None),
-            responses_2xx: requests(None, Some(Class::Success)),
-            responses_4xx: requests(None, Some(Class::ClientError)),
-            responses_5xx: requests(None, Some(Class::ServerError)),
-            inflight_requests: self.inflight_requests.get(),
-            inflight_streams: self.inflight_streams.get(),
-            unparseable_bodies: self.unparseable_bodies.get(),
-            identified: self.identified.get(),
-            store_unavailable: self.store_unavailable.get(),
-            usage_requested: self.usage_requested.get(),
-            usage_option_refused: self.usage_option_refused.get(),
-            usage_not_asked: self.usage_not_asked.get(),
-            usage_reports: self.usage_reports.get(),
-            prompt_tokens_reported: prompt(false) + prompt(true),
-            prompt_tokens_reported_compacted: prompt(true),
-            completion_tokens_reported: self.completion_tokens.get(),
-            usage_unreadable: self.usage_unreadable.get(),
-            stripped_events: self.stripped_events.get(),
-            upstream_errors: self.upstream_errors.get(),
-            client_gone: self.client_gone.get(),
-            idle_timeouts: self.idle_timeouts.get(),
-            compactions,
-            estimated_tokens_before: phase(Phase::Before),
-            estimated_tokens_after: phase(Phase::After),
-            tokens_saved_estimated: self.tokens_saved.get(),
-            checkpoints_applied: self.checkpoints_applied.get(),
-            summary_calls: self.summary_calls.get(),
-            summary_failures: self.summary_failures.get(),
-            summary_refused: self.summary_refused.get(),
-            fallbacks: self.fallbacks.get(),
-            retries: self.retries.get(),
-            anti_thrash: Uncompactable::ALL
-                .iter()
-                .map(|&case| {
-                    self.anti_thrash
-                        .get(&CaseLabel { case })
-                        .map_or(0, |n| n.get())
-                })
-                .sum(),
-            observed: self.observed.get(),
-            waited_for_peer: self.waited_for_peer.get(),
-            background_dropped: self.background_dropped.get(),
         }
+        total
+    }
+
+    fn compactions_grid(&self) -> [[u64; 4]; 4] {
+        Strategy::ALL.map(|s| {
+            Trigger::ALL.map(|trigger| {
+                let labels = CompactionLabels {
+                    strategy: s.into(),
+                    trigger,
+                };
+                count(&self.compactions, &labels)
+            })
+        })
+    }
+
+    fn prompt_tokens_where(&self, compacted: bool) -> u64 {
+        count(&self.prompt_tokens, &CompactedLabel { compacted })
+    }
+
+    fn estimated_tokens(&self, phase: Phase) -> u64 {
+        count(&self.compaction_tokens, &PhaseLabel { phase })
+    }
+
+    fn anti_thrash_total(&self) -> u64 {
+        Uncompactable::ALL
+            .iter()
+            .map(|&case| count(&self.anti_thrash, &CaseLabel { case }))
+            .sum()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn snapshot_reads_what_was_counted_and_the_text_names_it() {
-        let stats = Stats::default();
-        stats.response(Route::Chat, http::StatusCode::OK);
-        stats.response(Route::Passthrough, http::StatusCode::NOT_FOUND);
-        stats.compaction(Strategy::Structured, Trigger::Background, 900, 300);
-        {
-            let _request = stats.request_started();
-            assert_eq!(stats.snapshot().inflight_requests, 1);
-        }
-        let s = stats.snapshot();
-        assert_eq!(
-            (
-                s.requests,
-                s.chat_requests,
-                s.responses_2xx,
-                s.responses_4xx
-            ),
-            (2, 1, 1, 1)
-        );
-        assert_eq!(s.inflight_requests, 0);
-        assert_eq!(
-            s.compactions_by(Strategy::Structured, Trigger::Background),
-            1
-        );
-        assert_eq!(
-            (s.estimated_tokens_before, s.estimated_tokens_after),
-            (900, 300)
-        );
-
-        let mut registry = Registry::default();
-        stats.register(&mut registry);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        assert!(
-            text.contains(
-                r#"abridge_compactions_total{strategy="structured",trigger="background"} 1"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"abridge_requests_total{route="chat",class="2xx"} 1"#),
-            "{text}"
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,110 @@
+//! Unit tests of the metrics: what the snapshot reads, and the names `/metrics` and
+//! `/admin/stats` expose.
+
+use super::*;
+
+#[test]
+fn snapshot_reads_what_was_counted_and_the_text_names_it() {
+    let stats = Stats::default();
+    stats.response(Route::Chat, http::StatusCode::OK);
+    stats.response(Route::Passthrough, http::StatusCode::NOT_FOUND);
+    stats.compaction(Strategy::Structured, Trigger::Background, 900, 300);
+    {
+        let _request = stats.request_started();
+        assert_eq!(stats.snapshot().inflight_requests, 1);
+    }
+    let s = stats.snapshot();
+    assert_eq!(
+        (
+            s.requests,
+            s.chat_requests,
+            s.responses_2xx,
+            s.responses_4xx
+        ),
+        (2, 1, 1, 1)
+    );
+    assert_eq!(s.inflight_requests, 0);
+    assert_eq!(
+        s.compactions_by(Strategy::Structured, Trigger::Background),
+        1
+    );
+    assert_eq!(
+        (s.estimated_tokens_before, s.estimated_tokens_after),
+        (900, 300)
+    );
+
+    let mut registry = Registry::default();
+    stats.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains(r#"abridge_compactions_total{strategy="structured",trigger="background"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"abridge_requests_total{route="chat",class="2xx"} 1"#),
+        "{text}"
+    );
+}
+
+/// The names `/metrics` and `/admin/stats` expose (dashboards and alerts use them).
+#[test]
+fn every_metric_and_snapshot_field_keeps_its_name() {
+    let stats = Stats::default();
+    stats.response(Route::Chat, http::StatusCode::OK);
+    stats.added_latency(Route::Chat, Duration::from_millis(1));
+    stats.compaction(Strategy::Recency, Trigger::Threshold, 2, 1);
+    stats.anti_thrash(Uncompactable::Head);
+    let usage = crate::relay::Usage {
+        prompt_tokens: 1,
+        completion_tokens: None,
+        cached_tokens: None,
+    };
+    let outcome = Outcome {
+        usage: Some(usage),
+        end: End::Complete,
+        usage_unreadable: false,
+        stripped_events: 0,
+    };
+    stats.outcome(&outcome, false);
+    let mut registry = Registry::default();
+    stats.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE abridge_"))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let expected = "\
+        requests inflight_requests inflight_streams added_latency_seconds unparseable_bodies \
+        identified_requests store_unavailable_requests usage_requested usage_option_refused \
+        usage_not_asked usage_reports prompt_tokens_reported completion_tokens_reported \
+        usage_unreadable stripped_events upstream_errors client_gone idle_timeouts \
+        compactions compaction_tokens_estimated tokens_saved_estimated checkpoints_applied \
+        summary_calls summary_failures summary_refused fallbacks retries anti_thrash \
+        observed waited_for_peer background_dropped";
+    assert_eq!(names, expected.split(' ').collect::<Vec<_>>(), "{text}");
+
+    let json = serde_json::to_value(stats.snapshot()).unwrap();
+    let mut fields: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let expected = "\
+        requests chat_requests responses_2xx responses_4xx responses_5xx inflight_requests \
+        inflight_streams unparseable_bodies identified store_unavailable usage_requested \
+        usage_option_refused usage_not_asked usage_reports prompt_tokens_reported \
+        prompt_tokens_reported_compacted completion_tokens_reported usage_unreadable \
+        stripped_events upstream_errors client_gone idle_timeouts compactions \
+        estimated_tokens_before estimated_tokens_after tokens_saved_estimated \
+        checkpoints_applied summary_calls summary_failures summary_refused fallbacks retries \
+        anti_thrash observed waited_for_peer background_dropped";
+    let mut expected: Vec<&str> = expected.split(' ').collect();
+    // A `serde_json::Value` map may be sorted by key: compare as sets.
+    fields.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(fields, expected);
+}
