@@ -27,268 +27,24 @@
 
 pub mod memory;
 pub mod redis;
+mod types;
 
 use std::future::Future;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
-
 use crate::config::StoreConfig;
-use crate::strategies::Strategy;
 use crate::identity::Fingerprint;
 use crate::secret::Secret;
 
+pub(crate) use types::checkpoint_field;
+pub use types::{
+    Checkpoint, INDEX_REFRESH_MS, Loaded, Lock, MAX_USAGE, Recent, Saved, State, Usage,
+};
+
 /// After a failure, the backend is not asked again for this long (but once, as a probe).
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
-
-/// "Messages `head..=through` of the conversation whose prefix hash through `through` is
-/// `prefix` are replaced by `replacement`."
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// Index of the last message the replacement stands for.
-    pub through: u32,
-    /// `h(through)`: the checkpoint applies only to requests with this exact history.
-    pub prefix: Fingerprint,
-    /// Messages `..head` are kept verbatim before the replacement.
-    pub head: u32,
-    /// The replacement messages, each spliced in as is. Parsed once, when loaded (a
-    /// JSON array of raw values: each element is kept byte for byte).
-    pub replacement: Vec<Box<RawValue>>,
-    /// The summary text, for an iterative update at the next compaction.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub summary: Option<String>,
-    /// The strategy that produced it.
-    pub strategy: Strategy,
-    /// Why the requested strategy was not the one that produced it (a fallback).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fallback: Option<String>,
-    pub tokens_before: u64,
-    pub tokens_after: u64,
-    /// Milliseconds since the Unix epoch.
-    pub created_ms: u64,
-}
-
-impl Checkpoint {
-    /// Bytes of the replacement as it is spliced in.
-    pub fn replacement_bytes(&self) -> usize {
-        self.replacement.iter().map(|r| r.get().len() + 1).sum()
-    }
-
-    /// How many of the client's messages the replacement stands for (`head..=through`).
-    pub fn messages_replaced(&self) -> usize {
-        (self.through + 1).saturating_sub(self.head) as usize
-    }
-}
-
-impl PartialEq for Checkpoint {
-    fn eq(&self, other: &Self) -> bool {
-        // `RawValue` has no equality of its own; its text is what is stored and spliced.
-        self.through == other.through
-            && self.prefix == other.prefix
-            && self.head == other.head
-            && self.replacement.len() == other.replacement.len()
-            && self
-                .replacement
-                .iter()
-                .zip(&other.replacement)
-                .all(|(a, b)| a.get() == b.get())
-            && self.summary == other.summary
-            && self.strategy == other.strategy
-            && self.fallback == other.fallback
-            && self.tokens_before == other.tokens_before
-            && self.tokens_after == other.tokens_after
-            && self.created_ms == other.created_ms
-    }
-}
-
-/// A conversation's own state, beside its histories' usage.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct State {
-    /// An operator asked for this conversation to be compacted at its next turn, with
-    /// this focus for a summary (empty: none).
-    pub scheduled: Option<String>,
-    /// Checkpoints saved over the conversation's life.
-    pub compactions: u64,
-    pub last_seen_ms: u64,
-}
-
-/// What the provider reported for one history of a conversation. Conversations that
-/// share an opening (sibling chats of an IDE, one system prompt and first message) share
-/// a conversation key, so usage is kept per exact history prefix: a request uses the
-/// deepest record whose prefix it contains, and no sibling overwrites another's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
-    /// `h(messages - 1)`: the tokens are only meaningful for a request that starts with
-    /// this history.
-    pub prefix: Fingerprint,
-    /// Messages of that request.
-    pub messages: u32,
-    /// Input tokens the provider counted for it.
-    pub tokens: u64,
-    /// `through` of the checkpoint applied to it (`None`: forwarded as sent).
-    pub applied: Option<u32>,
-    /// abridge's estimate of its head (leading system messages), so a head that
-    /// changed since (a timestamp in the system prompt) is accounted for.
-    pub head_tokens: u64,
-    /// How many tokens a turn of this history has added lately (provider's count).
-    pub growth: u64,
-    /// The provider's count of what a turn appended, per thousand of abridge's estimate
-    /// of it (1000 until measured): what appended messages are scaled by.
-    pub ratio_permille: u32,
-    /// When it was reported (ms since the epoch).
-    pub at_ms: u64,
-}
-
-impl Usage {
-    /// The record's value as stored (Redis): numbers separated by `:`, `at_ms` last.
-    pub(crate) fn encode(&self) -> String {
-        let applied = self.applied.map_or(-1, i64::from);
-        format!(
-            "{}:{}:{applied}:{}:{}:{}:{}",
-            self.tokens,
-            self.messages,
-            self.head_tokens,
-            self.growth,
-            self.ratio_permille,
-            self.at_ms
-        )
-    }
-
-    pub(crate) fn decode(prefix: Fingerprint, value: &str) -> Option<Self> {
-        let mut parts = value.split(':');
-        let mut next = || parts.next()?.parse::<i64>().ok();
-        let (tokens, messages, applied, head_tokens, growth, ratio, at_ms) = (
-            next()?,
-            next()?,
-            next()?,
-            next()?,
-            next()?,
-            next()?,
-            next()?,
-        );
-        Some(Self {
-            prefix,
-            tokens: u64::try_from(tokens).ok()?,
-            messages: u32::try_from(messages).ok()?,
-            applied: u32::try_from(applied).ok(),
-            head_tokens: u64::try_from(head_tokens).ok()?,
-            growth: u64::try_from(growth).ok()?,
-            ratio_permille: u32::try_from(ratio).ok()?,
-            at_ms: u64::try_from(at_ms).ok()?,
-        })
-    }
-}
-
-/// Histories whose usage a conversation keeps at most (the least recently reported go).
-pub const MAX_USAGE: usize = 16;
-
-/// How stale a conversation's entry in the recent index may get before it is updated.
-pub const INDEX_REFRESH_MS: u64 = 60_000;
-
-/// Everything a request needs about its conversation, read in one round trip.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Loaded {
-    /// Deepest first.
-    pub checkpoints: Vec<Checkpoint>,
-    /// The histories' usage, newest first.
-    pub usage: Vec<Usage>,
-    pub state: Option<State>,
-}
-
-impl Loaded {
-    /// The deepest checkpoint whose history matches `prefixes` (the request's rolling
-    /// hashes).
-    pub fn matching(&self, prefixes: &[Fingerprint]) -> Option<&Checkpoint> {
-        self.all_matching(prefixes).next()
-    }
-
-    /// Every checkpoint whose history matches `prefixes`, deepest first.
-    pub fn all_matching<'s, 'p>(
-        &'s self,
-        prefixes: &'p [Fingerprint],
-    ) -> impl Iterator<Item = &'s Checkpoint> + use<'s, 'p> {
-        self.checkpoints
-            .iter()
-            .filter(|c| prefixes.get(c.through as usize) == Some(&c.prefix))
-    }
-
-    /// The usage of the deepest history `prefixes` contains.
-    pub fn usage_for(&self, prefixes: &[Fingerprint]) -> Option<&Usage> {
-        self.usage
-            .iter()
-            .filter(|u| u.messages >= 1 && prefixes.get(u.messages as usize - 1) == Some(&u.prefix))
-            .max_by_key(|u| (u.messages, u.at_ms))
-    }
-
-    /// The fields (see [`checkpoint_field`]) to drop when `new` is saved for the
-    /// history `prefixes`: that history keeps its `max` deepest checkpoints, and the
-    /// conversation as a whole `max * 4` (the oldest go), so sibling conversations never
-    /// evict each other's.
-    pub fn to_drop(&self, prefixes: &[Fingerprint], new: &Checkpoint, max: usize) -> Vec<String> {
-        let field = checkpoint_field(new);
-        let mine: Vec<&Checkpoint> = self
-            .all_matching(prefixes)
-            .filter(|c| checkpoint_field(c) != field)
-            .collect();
-        let mut drop: Vec<String> = mine
-            .iter()
-            .skip(max.saturating_sub(1))
-            .map(|c| checkpoint_field(c))
-            .collect();
-        let kept = self.checkpoints.len() + 1 - drop.len();
-        if kept > max * 4 {
-            let mut others: Vec<&Checkpoint> = self
-                .checkpoints
-                .iter()
-                .filter(|c| !mine.iter().any(|m| std::ptr::eq(*m, *c)))
-                .collect();
-            others.sort_by_key(|c| c.created_ms);
-            drop.extend(
-                others
-                    .iter()
-                    .take(kept - max * 4)
-                    .map(|c| checkpoint_field(c)),
-            );
-        }
-        drop
-    }
-}
-
-/// Whether a checkpoint was stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Saved {
-    Stored,
-    /// One for the same history and depth was there first and stays (its replacement
-    /// is what every replica forwards, keeping the provider's prompt cache warm).
-    AlreadyPresent,
-}
-
-/// A held single-flight lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lock {
-    token: String,
-}
-
-impl Lock {
-    fn new() -> Result<Self, StoreError> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes)
-            .map_err(|e| StoreError::Backend(format!("random token: {e}")))?;
-        Ok(Self {
-            token: hex::encode(bytes),
-        })
-    }
-}
-
-/// A conversation in the admin listing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Recent {
-    pub conversation: Fingerprint,
-    pub last_seen_ms: u64,
-}
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -685,9 +441,4 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// The field name of a checkpoint: depth first, zero-padded, so names sort by depth.
-pub(crate) fn checkpoint_field(checkpoint: &Checkpoint) -> String {
-    format!("{:010}:{}", checkpoint.through, checkpoint.prefix)
 }
