@@ -9,22 +9,19 @@
 //! `recent` index is a separate key (another slot), written beside the conversation's
 //! keys off the hot path.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+mod scripts;
+mod sentinel;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
-};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisConnectionInfo, RedisError, RedisFuture,
-    Script, ServerErrorKind, Value,
-};
+use redis::{ErrorKind, RedisError, Script};
 use tokio::sync::OnceCell;
 
+use self::scripts::{RECORD_USAGE, REFRESH, SAVE_CHECKPOINT, SCHEDULE, UNLOCK};
+use self::sentinel::{Conn, Sentinel};
 use super::{
     Checkpoint, Loaded, Lock, MAX_USAGE, Recent, Saved, State, StoreError, Usage, checkpoint_field,
     now_ms,
@@ -32,88 +29,6 @@ use super::{
 use crate::config::StoreConfig;
 use crate::identity::Fingerprint;
 use crate::secret::Secret;
-
-/// Adds a checkpoint unless one for the same depth and history exists; then drops the
-/// fields the caller named (its history's shallowest beyond the limit, the oldest of
-/// others) and, as a safety net, the shallowest beyond four histories' worth; counts
-/// compactions; refreshes TTLs. Atomic in Redis, so concurrent and late writers cannot
-/// interleave. ARGV: field, json, safety cap, ttl, then the fields to drop.
-const SAVE_CHECKPOINT: &str = r#"
-local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-if added == 1 then
-  redis.call('HINCRBY', KEYS[2], 'compactions', 1)
-  for i = 5, #ARGV do
-    redis.call('HDEL', KEYS[1], ARGV[i])
-  end
-  local max = tonumber(ARGV[3])
-  local n = redis.call('HLEN', KEYS[1])
-  if n > max then
-    local fields = redis.call('HKEYS', KEYS[1])
-    table.sort(fields)
-    for i = 1, n - max do
-      redis.call('HDEL', KEYS[1], fields[i])
-    end
-  end
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return added
-"#;
-
-/// Records a history's usage: the record it supersedes goes, the new one is set, and
-/// beyond the limit the least recently reported history goes (its value ends in its
-/// time). Refreshes TTLs and `last_seen`. KEYS: usage, state, ckpt. ARGV: field, value,
-/// superseded field (or ""), limit, now, ttl.
-const RECORD_USAGE: &str = r#"
-if ARGV[3] ~= '' and ARGV[3] ~= ARGV[1] then
-  redis.call('HDEL', KEYS[1], ARGV[3])
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[4]) then
-  local all = redis.call('HGETALL', KEYS[1])
-  local oldest, oldest_at = nil, nil
-  for i = 1, #all, 2 do
-    local at = tonumber(string.match(all[i + 1], '(%d+)$'))
-    if at ~= nil and (oldest_at == nil or at < oldest_at) then
-      oldest, oldest_at = all[i], at
-    end
-  end
-  if oldest ~= nil then
-    redis.call('HDEL', KEYS[1], oldest)
-  end
-end
-redis.call('HSET', KEYS[2], 'last_seen', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
-redis.call('PEXPIRE', KEYS[3], ARGV[6])
-return 1
-"#;
-
-/// Deletes the lock only if it still holds our token.
-const UNLOCK: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"#;
-
-/// Extends the lock only if it still holds our token.
-const REFRESH: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"#;
-
-/// Schedules a compaction of an existing conversation, atomically: a state hash that
-/// expired or was deleted meanwhile is not recreated (without a TTL).
-const SCHEDULE: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HSET', KEYS[1], 'scheduled', ARGV[1])
-  return 1
-end
-return 0
-"#;
 
 #[derive(Clone)]
 pub struct RedisStore {
@@ -140,169 +55,12 @@ enum Target {
     Sentinel(Arc<Sentinel>),
 }
 
-/// Either connection, usable wherever `redis` takes a connection.
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-    Sentinel(MasterConn),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-            Conn::Sentinel(c) => {
-                let failed = c.failed.clone();
-                let reply = c.conn.req_packed_command(cmd);
-                Box::pin(async move {
-                    let reply = reply.await;
-                    if reply.as_ref().is_err_and(wrong_master) {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    reply
-                })
-            }
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Sentinel(c) => {
-                let failed = c.failed.clone();
-                let replies = c.conn.req_packed_commands(cmd, offset, count);
-                Box::pin(async move {
-                    let replies = replies.await;
-                    let wrong = match &replies {
-                        // A pipeline reports each command's error among the values.
-                        Ok(values) => values.iter().any(demoted),
-                        Err(e) => wrong_master(e),
-                    };
-                    if wrong {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    replies
-                })
-            }
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-            Conn::Sentinel(c) => c.conn.get_db(),
-        }
-    }
-}
-
-/// An error after which the master must be asked of the sentinels again: the connection
-/// broke (the master died or moved) or the server is no longer the master (READONLY).
-fn wrong_master(e: &RedisError) -> bool {
-    e.is_io_error()
-        || e.is_unrecoverable_error()
-        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
-}
-
-/// A reply of a server that is no longer the master.
-fn demoted(value: &Value) -> bool {
-    matches!(value, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly))
-}
-
-/// Redis behind Sentinel: the master is asked of the sentinels on first use and again
-/// once its connection has failed (see [`wrong_master`]).
-struct Sentinel {
-    /// Asks the sentinels (and checks the answer with `ROLE`); one caller at a time.
-    client: tokio::sync::Mutex<SentinelClient>,
-    config: AsyncConnectionConfig,
-    /// The master's connection while it works. A std mutex: never held across an await.
-    current: Mutex<Option<MasterConn>>,
-}
-
-/// A connection to the master and whether it failed in a way that means "ask again".
-#[derive(Clone)]
-struct MasterConn {
-    conn: MultiplexedConnection,
-    failed: Arc<AtomicBool>,
-}
-
-impl Sentinel {
-    fn usable(&self) -> Option<MasterConn> {
-        self.current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .filter(|c| !c.failed.load(Ordering::Relaxed))
-            .cloned()
-    }
-
-    async fn conn(self: &Arc<Self>) -> Result<MasterConn, StoreError> {
-        if let Some(conn) = self.usable() {
-            return Ok(conn);
-        }
-        // Spawned: a caller that stops waiting (store.response_timeout_ms) must not
-        // cancel the search halfway, or a slow sentinel would be asked forever.
-        let me = self.clone();
-        tokio::spawn(async move { me.find_master().await })
-            .await
-            .map_err(|e| StoreError::Backend(format!("asking the sentinels: {e}")))?
-    }
-
-    async fn find_master(&self) -> Result<MasterConn, StoreError> {
-        let mut client = self.client.lock().await;
-        // Someone else may have found it while this one waited for the lock.
-        if let Some(conn) = self.usable() {
-            return Ok(conn);
-        }
-        let conn = client
-            .get_async_connection_with_config(&self.config)
-            .await?;
-        let conn = MasterConn {
-            conn,
-            failed: Arc::default(),
-        };
-        *self
-            .current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn.clone());
-        Ok(conn)
-    }
-}
-
 impl RedisStore {
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
         let sentinel = &config.sentinel;
         let target = match &config.redis_url {
             None if !sentinel.nodes.is_empty() => {
-                let mut master = RedisConnectionInfo::default();
-                if let Some(user) = &sentinel.username {
-                    master = master.set_username(user);
-                }
-                if let Some(password) = &sentinel.password {
-                    master = master.set_password(password.expose());
-                }
-                let client = SentinelClient::build(
-                    sentinel.nodes.iter().map(Secret::expose).collect(),
-                    sentinel.master.clone(),
-                    Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(master)),
-                    SentinelServerType::Master,
-                )
-                .map_err(|e| StoreError::Backend(format!("store.sentinel: {e}")))?;
-                Target::Sentinel(Arc::new(Sentinel {
-                    client: tokio::sync::Mutex::new(client),
-                    config: AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(config.connect_timeout()))
-                        .set_response_timeout(Some(config.response_timeout())),
-                    current: Mutex::new(None),
-                }))
+                Target::Sentinel(Arc::new(Sentinel::new(config)?))
             }
             Some(url) => {
                 let client = redis::Client::open(url.expose())

@@ -1,0 +1,84 @@
+//! The Lua scripts of the Redis backend: each one atomic read-modify-write over the keys
+//! of one conversation (one hash tag, so one Cluster slot).
+
+/// Adds a checkpoint unless one for the same depth and history exists; then drops the
+/// fields the caller named (its history's shallowest beyond the limit, the oldest of
+/// others) and, as a safety net, the shallowest beyond four histories' worth; counts
+/// compactions; refreshes TTLs. Atomic in Redis, so concurrent and late writers cannot
+/// interleave. ARGV: field, json, safety cap, ttl, then the fields to drop.
+pub(super) const SAVE_CHECKPOINT: &str = r#"
+local added = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if added == 1 then
+  redis.call('HINCRBY', KEYS[2], 'compactions', 1)
+  for i = 5, #ARGV do
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+  local max = tonumber(ARGV[3])
+  local n = redis.call('HLEN', KEYS[1])
+  if n > max then
+    local fields = redis.call('HKEYS', KEYS[1])
+    table.sort(fields)
+    for i = 1, n - max do
+      redis.call('HDEL', KEYS[1], fields[i])
+    end
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return added
+"#;
+
+/// Records a history's usage: the record it supersedes goes, the new one is set, and
+/// beyond the limit the least recently reported history goes (its value ends in its
+/// time). Refreshes TTLs and `last_seen`. KEYS: usage, state, ckpt. ARGV: field, value,
+/// superseded field (or ""), limit, now, ttl.
+pub(super) const RECORD_USAGE: &str = r#"
+if ARGV[3] ~= '' and ARGV[3] ~= ARGV[1] then
+  redis.call('HDEL', KEYS[1], ARGV[3])
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[4]) then
+  local all = redis.call('HGETALL', KEYS[1])
+  local oldest, oldest_at = nil, nil
+  for i = 1, #all, 2 do
+    local at = tonumber(string.match(all[i + 1], '(%d+)$'))
+    if at ~= nil and (oldest_at == nil or at < oldest_at) then
+      oldest, oldest_at = all[i], at
+    end
+  end
+  if oldest ~= nil then
+    redis.call('HDEL', KEYS[1], oldest)
+  end
+end
+redis.call('HSET', KEYS[2], 'last_seen', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+return 1
+"#;
+
+/// Deletes the lock only if it still holds our token.
+pub(super) const UNLOCK: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// Extends the lock only if it still holds our token.
+pub(super) const REFRESH: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#;
+
+/// Schedules a compaction of an existing conversation, atomically: a state hash that
+/// expired or was deleted meanwhile is not recreated (without a TTL).
+pub(super) const SCHEDULE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'scheduled', ARGV[1])
+  return 1
+end
+return 0
+"#;
