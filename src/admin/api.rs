@@ -1,0 +1,228 @@
+//! The token-guarded admin API: stats, recent compactions, the conversation listing and
+//! one conversation's state and checkpoints, deletion, and scheduling a compaction for
+//! a conversation's next turn.
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::admin_error;
+use crate::AppState;
+use crate::identity::Fingerprint;
+use crate::store::{Checkpoint, now_ms};
+
+/// Conversations used within this window count as active.
+const ACTIVE_WINDOW_MS: u64 = 3600 * 1000;
+
+pub(super) async fn stats(State(state): State<AppState>) -> Response {
+    let store = state.store();
+    let active = store
+        .active_since(now_ms().saturating_sub(ACTIVE_WINDOW_MS))
+        .await
+        .ok();
+    let body = json!({
+        "uptime_secs": state.started().elapsed().as_secs(),
+        "store": {
+            "backend": store.backend_name(),
+            "healthy": store.is_healthy(),
+            "errors": store.errors(),
+            "last_error": store.last_error(),
+        },
+        "active_conversations": active,
+        "background_pending": state.compactor().pending_jobs(),
+        "counters": state.stats().snapshot(),
+        "compaction": {
+            "mode": state.config().compaction.mode,
+            "strategy": state.config().compaction.strategy,
+            "threshold_tokens": state.config().compaction.threshold_tokens,
+            "threshold_ratio": state.config().compaction.threshold_ratio,
+        },
+    });
+    axum::Json(body).into_response()
+}
+
+pub(super) async fn compactions(State(state): State<AppState>) -> Response {
+    axum::Json(json!({"compactions": state.compactor().recent_compactions()})).into_response()
+}
+
+#[derive(Deserialize)]
+pub(super) struct Page {
+    #[serde(default)]
+    offset: usize,
+    #[serde(default = "default_limit")]
+    limit: usize,
+}
+
+fn default_limit() -> usize {
+    50
+}
+
+/// Recent conversations (most recent first), each with its state.
+pub(super) async fn conversations(
+    State(state): State<AppState>,
+    Query(page): Query<Page>,
+) -> Response {
+    let limit = page.limit.min(500);
+    let store = state.store();
+    let recent = match store.recent(page.offset, limit).await {
+        Ok(recent) => recent,
+        Err(e) => return store_error(&e),
+    };
+    let mut items = Vec::with_capacity(recent.len());
+    for r in recent {
+        let loaded = store.load(&r.conversation).await.ok();
+        let state = loaded.as_ref().and_then(|l| l.state.as_ref());
+        // The latest report among its histories.
+        let latest = loaded.as_ref().and_then(|l| l.usage.first());
+        items.push(json!({
+            "id": r.conversation,
+            "last_seen_ms": r.last_seen_ms,
+            "tokens": latest.map(|u| u.tokens),
+            "messages": latest.map(|u| u.messages),
+            "histories": loaded.as_ref().map(|l| l.usage.len()),
+            "compactions": state.map(|s| s.compactions),
+            "checkpoints": loaded.as_ref().map(|l| l.checkpoints.len()),
+        }));
+    }
+    axum::Json(json!({"offset": page.offset, "limit": limit, "conversations": items}))
+        .into_response()
+}
+
+fn no_such_conversation() -> Response {
+    admin_error(
+        StatusCode::NOT_FOUND,
+        "No such conversation (ids are 64 hex digits).",
+        "not_found",
+    )
+}
+
+fn store_error(e: &crate::store::StoreError) -> Response {
+    admin_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("The store did not answer: {e}"),
+        "store_unavailable",
+    )
+}
+
+/// A checkpoint as the admin API shows it: what it covers, how big, and its text.
+fn checkpoint_json(c: &Checkpoint) -> Value {
+    let replacement: Vec<Value> = c
+        .replacement
+        .iter()
+        .map(|r| serde_json::from_str(r.get()).unwrap_or(Value::Null))
+        .collect();
+    json!({
+        "through": c.through,
+        "head": c.head,
+        "messages_replaced": c.messages_replaced(),
+        "strategy": c.strategy,
+        "fallback": c.fallback,
+        "tokens_before": c.tokens_before,
+        "tokens_after": c.tokens_after,
+        "replacement_bytes": c.replacement_bytes(),
+        "created_ms": c.created_ms,
+        "summary": c.summary,
+        "replacement": replacement,
+    })
+}
+
+pub(super) async fn conversation(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Response {
+    let Some(id) = Fingerprint::from_hex(&id) else {
+        return no_such_conversation();
+    };
+    let loaded = match state.store().load(&id).await {
+        Ok(loaded) => loaded,
+        Err(e) => return store_error(&e),
+    };
+    let Some(s) = &loaded.state else {
+        return no_such_conversation();
+    };
+    let body = json!({
+        "id": id,
+        "state": {
+            "scheduled": s.scheduled,
+            "compactions": s.compactions,
+            "last_seen_ms": s.last_seen_ms,
+        },
+        // Each history's last report, newest first.
+        "usage": loaded.usage.iter().map(|u| json!({
+            "prefix": u.prefix,
+            "messages": u.messages,
+            "tokens": u.tokens,
+            "applied": u.applied,
+            "head_tokens": u.head_tokens,
+            "growth": u.growth,
+            "at_ms": u.at_ms,
+        })).collect::<Vec<_>>(),
+        "checkpoints": loaded.checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>(),
+    });
+    axum::Json(body).into_response()
+}
+
+pub(super) async fn delete_conversation(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Response {
+    let Some(id) = Fingerprint::from_hex(&id) else {
+        return no_such_conversation();
+    };
+    match state.store().delete(&id).await {
+        Ok(true) => {
+            tracing::info!(conversation = %id, "conversation deleted by an operator");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Ok(false) => no_such_conversation(),
+        Err(e) => store_error(&e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CompactRequest {
+    /// What a summary should keep in particular detail.
+    #[serde(default)]
+    focus: Option<String>,
+}
+
+/// Recompaction happens at the conversation's next turn: abridge keeps checkpoints, not
+/// the conversation itself, so the next request (which carries the whole history) is
+/// compacted, forced, with the focus for a summarising strategy.
+pub(super) async fn schedule_compaction(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let Some(id) = Fingerprint::from_hex(&id) else {
+        return no_such_conversation();
+    };
+    let request: CompactRequest = if body.is_empty() {
+        CompactRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return admin_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("Invalid body: {e}"),
+                    "invalid_body",
+                );
+            }
+        }
+    };
+    let focus = request.focus.unwrap_or_default();
+    match state.store().schedule_compaction(&id, &focus).await {
+        Ok(true) => (
+            StatusCode::ACCEPTED,
+            axum::Json(json!({"scheduled": true, "at": "next turn", "focus": focus})),
+        )
+            .into_response(),
+        Ok(false) => no_such_conversation(),
+        Err(e) => store_error(&e),
+    }
+}

@@ -1,0 +1,158 @@
+//! `POST /admin/preview`: what abridge would forward for a request, computed by the same
+//! stages a request goes through, without forwarding or storing anything.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::admin_error;
+use crate::AppState;
+use crate::chat;
+use crate::compactor::{self, Reason, Turn};
+use crate::config::Anonymous;
+use crate::controls::Controls;
+use crate::headers::Credentials;
+use crate::identity;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PreviewRequest {
+    /// A chat-completions request body.
+    request: Value,
+    /// The headers it would carry: the tenant header (e.g. `authorization`) and any
+    /// `x-abridge-*` controls.
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+}
+
+#[derive(Serialize)]
+struct PreviewPlan {
+    head: u32,
+    through: u32,
+    strategy: String,
+    fallback: Option<String>,
+    tokens_before: u64,
+    tokens_after: u64,
+}
+
+/// What abridge would forward for a request, without forwarding it or storing anything.
+/// A strategy that needs a summary calls the summariser, as the request would.
+pub(super) async fn preview(State(state): State<AppState>, body: Bytes) -> Response {
+    let preview: PreviewRequest = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => {
+            return admin_error(
+                StatusCode::BAD_REQUEST,
+                &format!("Invalid body: {e}"),
+                "invalid_body",
+            );
+        }
+    };
+    let mut headers = HeaderMap::new();
+    for (name, value) in &preview.headers {
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) else {
+            return admin_error(
+                StatusCode::BAD_REQUEST,
+                &format!("Invalid header {name}"),
+                "invalid_header",
+            );
+        };
+        headers.insert(name, value);
+    }
+    let controls = match Controls::from_headers(&headers, state.config().compaction.allowed()) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let bytes = match serde_json::to_vec(&preview.request) {
+        Ok(b) => Bytes::from(b),
+        Err(e) => {
+            return admin_error(
+                StatusCode::BAD_REQUEST,
+                &format!("Invalid request: {e}"),
+                "invalid_body",
+            );
+        }
+    };
+    let parsed = match chat::parse(&bytes) {
+        Ok(p) => p,
+        Err(e) => {
+            return admin_error(
+                StatusCode::BAD_REQUEST,
+                &format!("Not a chat request abridge understands: {e}"),
+                "unparseable",
+            );
+        }
+    };
+    crate::headers::strip_request(&mut headers);
+    let credentials = Credentials::from_headers(
+        &headers,
+        state.config().identity.tenant_headers.iter().map(|h| &h.0),
+    );
+    let key = state.identity_key().await;
+    let anonymous_refused =
+        credentials.is_empty() && state.config().identity.anonymous == Anonymous::None;
+    let identified = key.filter(|_| !anonymous_refused).and_then(|key| {
+        identity::identify(
+            &key,
+            &credentials.tenant(),
+            controls.conversation.as_deref().map(str::as_bytes),
+            &parsed.messages,
+        )
+    });
+    let loaded = match &identified {
+        Some(i) => state.store().load(&i.conversation).await.ok(),
+        None => None,
+    };
+    let turn = Turn::new(
+        &parsed,
+        identified.as_ref(),
+        loaded.as_ref(),
+        &controls,
+        &credentials,
+        bytes.len(),
+    );
+    let decision = state.compactor().plan(&turn, Reason::Preview).await;
+    let forwarded: Vec<Value> = match &decision.apply {
+        Some(c) => compactor::forwarded(&parsed.messages, c)
+            .into_iter()
+            .map(|raw| serde_json::from_str(raw.get()).unwrap_or(Value::Null))
+            .collect(),
+        None => parsed
+            .messages
+            .iter()
+            .map(|m| serde_json::from_str(m.raw.get()).unwrap_or(Value::Null))
+            .collect(),
+    };
+    let plan = decision.apply.as_ref().map(|c| PreviewPlan {
+        head: c.head,
+        through: c.through,
+        strategy: c.strategy.to_string(),
+        fallback: c.fallback.clone(),
+        tokens_before: c.tokens_before,
+        tokens_after: c.tokens_after,
+    });
+    let mut report_headers = HeaderMap::new();
+    decision.report.write(&mut report_headers);
+    let report: BTreeMap<&str, &str> = report_headers
+        .iter()
+        .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str(), v)))
+        .collect();
+    axum::Json(json!({
+        "compacted": decision.report.compacted,
+        "messages": forwarded,
+        "plan": plan,
+        "estimate": decision.estimate,
+        "threshold": decision.threshold,
+        "conversation": identified.as_ref().map(|i| i.conversation),
+        "headers": report,
+    }))
+    .into_response()
+}
