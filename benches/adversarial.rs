@@ -24,9 +24,11 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use abridge::chat;
-use abridge::strategies::{Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact};
 use abridge::identity::{IdentityKey, hash_conversation};
 use abridge::secret::Secret;
+use abridge::strategies::{
+    Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact,
+};
 use abridge::tokens::Estimator;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::{Value, json};
@@ -122,7 +124,7 @@ fn stages() -> Vec<&'static str> {
 fn run_stage(
     stage: &str,
     body: &str,
-    messages: &[chat::Message<'_>],
+    messages: &[abridge::conversation::Item<'_>],
     runtime: &tokio::runtime::Runtime,
 ) -> u64 {
     match stage {
@@ -147,6 +149,7 @@ fn run_stage(
                 previous: None,
                 focus: None,
                 estimator: &estimator,
+                format: abridge::formats::Format::Chat,
             };
             runtime
                 .block_on(compact(strategy, &input, &settings, summarise, &Inline))

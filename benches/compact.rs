@@ -9,7 +9,9 @@
 use std::hint::black_box;
 
 use abridge::chat;
-use abridge::strategies::{Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact};
+use abridge::strategies::{
+    Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact,
+};
 use abridge::tokens::Estimator;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
@@ -90,6 +92,7 @@ fn strategies(c: &mut Criterion) {
                 previous: None,
                 focus: None,
                 estimator,
+                format: abridge::formats::Format::Chat,
             };
             // Each case must produce what it claims.
             let plan = runtime

@@ -15,6 +15,9 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
+
+use crate::conversation::{Content, Item, Opaque, Part, Role, ToolCall};
+use crate::formats::Author;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -38,20 +41,6 @@ fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
     <&'a RawValue>::deserialize(d).map(Some)
 }
 
-/// One message: its raw JSON, which is what is forwarded when the message is kept, and a
-/// typed view of the fields abridge reads. Content and tool calls stay raw until asked
-/// for ([`Message::content`], [`Message::tool_calls`]).
-#[derive(Debug, Clone)]
-pub struct Message<'a> {
-    pub raw: &'a RawValue,
-    pub role: Role,
-    /// `None` when absent or `null`.
-    pub content: Option<&'a RawValue>,
-    pub name: Option<Cow<'a, str>>,
-    pub tool_calls: Option<&'a RawValue>,
-    pub tool_call_id: Option<Cow<'a, str>>,
-}
-
 #[derive(Deserialize)]
 struct MessageFields<'a> {
     role: Role,
@@ -65,210 +54,150 @@ struct MessageFields<'a> {
     tool_call_id: Option<Cow<'a, str>>,
 }
 
-impl<'a> Message<'a> {
-    pub fn parse(raw: &'a RawValue) -> Result<Self, serde_json::Error> {
-        let f: MessageFields<'a> = serde_json::from_str(raw.get())?;
-        Ok(Self {
-            raw,
-            role: f.role,
-            content: f.content,
-            name: f.name,
-            tool_calls: f.tool_calls,
-            tool_call_id: f.tool_call_id,
-        })
-    }
+/// One chat message as a conversation item: its raw JSON (forwarded when it is kept) and
+/// the neutral view, parsed once.
+pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+    let f: MessageFields<'_> = serde_json::from_str(raw.get())?;
+    let (calls, extra) = match f.tool_calls.map(tool_calls) {
+        None => (Vec::new(), None),
+        Some(Ok(calls)) => (calls, None),
+        // A shape abridge does not know: its exact bytes are part of identity.
+        Some(Err(_)) => (Vec::new(), f.tool_calls),
+    };
+    Ok(Item {
+        raw,
+        role: f.role,
+        content: f.content.map_or(Content::None, content),
+        name: f.name.filter(|n| !n.is_empty()),
+        calls,
+        results: f
+            .tool_call_id
+            .filter(|id| !id.is_empty())
+            .into_iter()
+            .collect(),
+        opaque: Opaque::None,
+        extra,
+    })
+}
 
-    /// The content, parsed. Shapes abridge does not know are [`Content::Other`].
-    pub fn content(&self) -> Content<'a> {
-        let Some(raw) = self.content else {
-            return Content::None;
-        };
-        let text = raw.get();
-        match text.as_bytes().first() {
-            Some(b'"') => match unescaped(text) {
-                Some(s) => Content::Text(Cow::Borrowed(s)),
-                None => match serde_json::from_str::<Cow<'a, str>>(text) {
-                    Ok(s) => Content::Text(s),
-                    Err(_) => Content::Other(raw),
-                },
-            },
-            Some(b'[') => match serde_json::from_str::<Vec<&'a RawValue>>(text) {
-                Ok(parts) => Content::Parts(parts.into_iter().map(Part::parse).collect()),
+/// A message abridge writes: `{"role":…,"content":…}`.
+pub fn authored(role: Author, text: &str) -> Box<RawValue> {
+    #[derive(serde::Serialize)]
+    struct Authored<'a> {
+        role: &'a str,
+        content: &'a str,
+    }
+    let role = match role {
+        Author::User => "user",
+        Author::System => "system",
+    };
+    let json = serde_json::to_string(&Authored {
+        role,
+        content: text,
+    })
+    // Serialising two strings cannot fail; an empty object would fail validation.
+    .unwrap_or_else(|_| "{}".to_owned());
+    RawValue::from_string(json).unwrap_or_else(|_| unreachable!("serde_json wrote valid JSON"))
+}
+
+/// The message `raw` with its `content` replaced by the string `text`, every other
+/// byte kept; `None` when it has no content to replace.
+pub fn with_content(raw: &RawValue, text: &str) -> Option<Box<RawValue>> {
+    let fields: MessageFields<'_> = serde_json::from_str(raw.get()).ok()?;
+    let content = fields.content?;
+    let whole = raw.get();
+    let span = span_of(whole.as_bytes(), content.get())?;
+    let encoded = serde_json::to_string(text).ok()?;
+    let spliced = format!("{}{encoded}{}", &whole[..span.start], &whole[span.end..]);
+    RawValue::from_string(spliced).ok()
+}
+
+/// Whether two messages are the same JSON object apart from `content`.
+pub fn same_but_content(a: &RawValue, b: &RawValue) -> bool {
+    type Object = serde_json::Map<String, serde_json::Value>;
+    let parse = |r: &RawValue| serde_json::from_str::<Object>(r.get()).ok();
+    match (parse(a), parse(b)) {
+        (Some(mut a), Some(mut b)) => {
+            a.remove("content");
+            b.remove("content");
+            a == b
+        }
+        _ => false,
+    }
+}
+
+/// A message's content, parsed. Shapes abridge does not know are [`Content::Other`].
+fn content(raw: &RawValue) -> Content<'_> {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'"') => match crate::json::string_text(text) {
+            Some(s) => Content::Text(s),
+            None => match serde_json::from_str::<Cow<'_, str>>(text) {
+                Ok(s) => Content::Text(s),
                 Err(_) => Content::Other(raw),
             },
-            _ => Content::Other(raw),
-        }
-    }
-
-    /// The assistant's tool calls (empty when there are none).
-    pub fn tool_calls(&self) -> Result<Vec<ToolCall<'a>>, serde_json::Error> {
-        let Some(raw) = self.tool_calls else {
-            return Ok(Vec::new());
-        };
-        #[derive(Deserialize)]
-        struct Call<'a> {
-            #[serde(borrow)]
-            id: Cow<'a, str>,
-            #[serde(borrow)]
-            function: Function<'a>,
-        }
-        #[derive(Deserialize)]
-        struct Function<'a> {
-            #[serde(borrow)]
-            name: Cow<'a, str>,
-            #[serde(borrow, default)]
-            arguments: Cow<'a, str>,
-        }
-        let calls: Option<Vec<Call<'a>>> = serde_json::from_str(raw.get())?;
-        Ok(calls
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| ToolCall {
-                id: c.id,
-                name: c.function.name,
-                arguments: c.function.arguments,
-            })
-            .collect())
+        },
+        Some(b'[') => match serde_json::from_str::<Vec<&RawValue>>(text) {
+            Ok(parts) => Content::Parts(parts.into_iter().map(part).collect()),
+            Err(_) => Content::Other(raw),
+        },
+        Some(b'n') if text == "null" => Content::None,
+        _ => Content::Other(raw),
     }
 }
 
-/// The text of a JSON string (`raw`, quotes included, already validated by the parse it
-/// was borrowed from) when it has no escape: the bytes between the quotes, with no
-/// second pass of the JSON parser. `None` when it must be unescaped.
-fn unescaped(raw: &str) -> Option<&str> {
-    let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
-    memchr::memchr(b'\\', inner.as_bytes())
-        .is_none()
-        .then_some(inner)
-}
-
-/// A message's content.
-#[derive(Debug, Clone)]
-pub enum Content<'a> {
-    /// Absent or `null` (e.g. an assistant message that only calls tools).
-    None,
-    Text(Cow<'a, str>),
-    Parts(Vec<Part<'a>>),
-    /// Any other JSON value; forwarded as is.
-    Other(&'a RawValue),
-}
-
-/// One element of a content array.
-#[derive(Debug, Clone)]
-pub enum Part<'a> {
-    /// `{"type":"text","text":...}`
-    Text(Cow<'a, str>),
-    /// Images, audio, files, refusals...: kept raw.
-    Other(&'a RawValue),
-}
-
-impl PartialEq for Part<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Part::Text(a), Part::Text(b)) => a == b,
-            (Part::Other(a), Part::Other(b)) => a.get() == b.get(),
-            _ => false,
-        }
+/// One element of a content array: `{"type":"text","text":...}` is text, anything else
+/// (images, audio, files, refusals) is kept raw.
+fn part(raw: &RawValue) -> Part<'_> {
+    #[derive(Deserialize)]
+    struct Fields<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Cow<'a, str>,
+        #[serde(borrow, default)]
+        text: Option<Cow<'a, str>>,
+    }
+    match serde_json::from_str::<Fields<'_>>(raw.get()) {
+        Ok(Fields {
+            kind,
+            text: Some(text),
+        }) if kind == "text" => Part::Text(text),
+        _ => Part::Other(raw),
     }
 }
 
-impl PartialEq for Content<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Content::None, Content::None) => true,
-            (Content::Text(a), Content::Text(b)) => a == b,
-            (Content::Parts(a), Content::Parts(b)) => a == b,
-            (Content::Other(a), Content::Other(b)) => a.get() == b.get(),
-            _ => false,
-        }
+/// The assistant's tool calls (`null` is none).
+fn tool_calls(raw: &RawValue) -> Result<Vec<ToolCall<'_>>, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Call<'a> {
+        #[serde(borrow)]
+        id: Cow<'a, str>,
+        #[serde(borrow)]
+        function: Function<'a>,
     }
-}
-
-impl<'a> Part<'a> {
-    fn parse(raw: &'a RawValue) -> Self {
-        #[derive(Deserialize)]
-        struct Fields<'a> {
-            #[serde(borrow, rename = "type")]
-            kind: Cow<'a, str>,
-            #[serde(borrow, default)]
-            text: Option<Cow<'a, str>>,
-        }
-        match serde_json::from_str::<Fields<'a>>(raw.get()) {
-            Ok(Fields {
-                kind,
-                text: Some(text),
-            }) if kind == "text" => Part::Text(text),
-            _ => Part::Other(raw),
-        }
+    #[derive(Deserialize)]
+    struct Function<'a> {
+        #[serde(borrow)]
+        name: Cow<'a, str>,
+        #[serde(borrow, default)]
+        arguments: Cow<'a, str>,
     }
+    let calls: Option<Vec<Call<'_>>> = serde_json::from_str(raw.get())?;
+    Ok(calls
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| ToolCall {
+            id: c.id,
+            name: c.function.name,
+            arguments: c.function.arguments,
+        })
+        .collect())
 }
 
-impl<'a> Content<'a> {
-    /// The text when the content is only text: a string, or an array whose parts are all
-    /// text (concatenated, as providers read them). `None` for anything else.
-    pub fn as_text(&self) -> Option<Cow<'a, str>> {
-        match self {
-            Content::Text(s) => Some(s.clone()),
-            Content::Parts(parts) => {
-                let mut out = String::new();
-                for part in parts {
-                    match part {
-                        Part::Text(t) => out.push_str(t),
-                        Part::Other(_) => return None,
-                    }
-                }
-                Some(Cow::Owned(out))
-            }
-            Content::None | Content::Other(_) => None,
-        }
-    }
-
-    /// All the text, non-text parts left out, parts separated by newlines: for
-    /// summaries and token estimates.
-    pub fn text_lossy(&self) -> Cow<'a, str> {
-        match self {
-            Content::Text(s) => s.clone(),
-            Content::Parts(parts) => {
-                let texts: Vec<&str> = parts
-                    .iter()
-                    .filter_map(|p| match p {
-                        Part::Text(t) => Some(t.as_ref()),
-                        Part::Other(_) => None,
-                    })
-                    .collect();
-                Cow::Owned(texts.join("\n"))
-            }
-            Content::None | Content::Other(_) => Cow::Borrowed(""),
-        }
-    }
-}
-
-/// One tool call of an assistant message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolCall<'a> {
-    pub id: Cow<'a, str>,
-    pub name: Cow<'a, str>,
-    /// The arguments as the model wrote them (a JSON document in a string).
-    pub arguments: Cow<'a, str>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    System,
-    Developer,
-    User,
-    Assistant,
-    Tool,
-    /// The deprecated predecessor of `tool`.
-    Function,
-}
-
-/// A parsed request: the top level and every message.
+/// A parsed request: the top level and every message, as conversation items.
 #[derive(Debug)]
 pub struct Parsed<'a> {
     pub request: ChatRequest<'a>,
-    pub messages: Vec<Message<'a>>,
+    pub messages: Vec<Item<'a>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -288,11 +217,39 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
         .messages
         .iter()
         .enumerate()
-        .map(|(index, raw)| {
-            Message::parse(raw).map_err(|error| Unparseable::Message { index, error })
-        })
+        .map(|(index, raw)| item(raw).map_err(|error| Unparseable::Message { index, error }))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Parsed { request, messages })
+}
+
+self_cell::self_cell!(
+    /// A chat request's body and its parse, together: parsed once at ingress and carried
+    /// — through the request path, the record stage and a background job — without ever
+    /// being parsed again.
+    pub struct Request {
+        owner: Bytes,
+        #[covariant]
+        dependent: Parsed,
+    }
+
+    impl {Debug}
+);
+
+impl Request {
+    /// Parses `body`; a body abridge does not understand is handed back with the reason.
+    pub fn parse(body: Bytes) -> Result<Self, (Bytes, Unparseable)> {
+        Request::try_new_or_recover(body, |b| parse(b))
+    }
+
+    /// The bytes as received.
+    pub fn body(&self) -> &Bytes {
+        self.borrow_owner()
+    }
+
+    /// The parse of them.
+    pub fn parsed(&self) -> &Parsed<'_> {
+        self.borrow_dependent()
+    }
 }
 
 /// One change to a body: the bytes at `span` (of the original body) become `bytes`.
@@ -432,12 +389,12 @@ mod tests {
         assert_eq!(parsed.messages.len(), 4);
         assert_eq!(parsed.messages[1].role, Role::User);
         assert!(parsed.request.messages[1].get().contains("x_vendor"));
-        assert_eq!(parsed.messages[3].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(parsed.messages[3].results, ["c1"]);
         assert_eq!(
             parsed.messages[1].raw.get(),
             parsed.request.messages[1].get()
         );
-        let calls = parsed.messages[2].tool_calls().unwrap();
+        let calls = &parsed.messages[2].calls;
         assert_eq!(calls.len(), 1);
         assert_eq!(
             (
@@ -447,8 +404,12 @@ mod tests {
             ),
             ("c1", "f", "{}")
         );
-        assert_eq!(parsed.messages[2].content(), Content::None);
-        assert!(parsed.messages[3].tool_calls().unwrap().is_empty());
+        assert_eq!(parsed.messages[2].content, Content::None);
+        assert!(parsed.messages[3].calls.is_empty());
+        // A tool_calls shape abridge does not know is kept for identity, not dropped.
+        let odd = parse(br#"{"messages":[{"role":"assistant","tool_calls":{"x":1}}]}"#).unwrap();
+        assert!(odd.messages[0].calls.is_empty());
+        assert_eq!(odd.messages[0].extra.map(|r| r.get()), Some(r#"{"x":1}"#));
     }
 
     #[test]
@@ -459,7 +420,7 @@ mod tests {
             {"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"data:x"}}]},
             {"role":"user","content":42}]}"#;
         let parsed = parse(body).unwrap();
-        let c: Vec<Content<'_>> = parsed.messages.iter().map(Message::content).collect();
+        let c: Vec<Content<'_>> = parsed.messages.iter().map(|m| m.content.clone()).collect();
         assert_eq!(c[0].as_text().as_deref(), Some("a\nb"));
         assert_eq!(
             c[1].as_text(),
@@ -478,10 +439,11 @@ mod tests {
         fn string_content_reads_as_the_parser_reads_it(text in "(?s).{0,40}") {
             let body = serde_json::json!({"messages": [{"role": "user", "content": text}]}).to_string();
             let parsed = parse(body.as_bytes()).unwrap();
-            let read = parsed.messages[0].content().as_text();
+            let read = parsed.messages[0].content.as_text();
             proptest::prop_assert_eq!(read.as_deref(), Some(text.as_str()));
-            let raw = parsed.messages[0].content.unwrap().get();
-            proptest::prop_assert_eq!(unescaped(raw).is_some(), !raw.contains('\\'));
+            // Borrowed from the body exactly when there was no escape to decode.
+            let borrowed = matches!(parsed.messages[0].content, Content::Text(Cow::Borrowed(_)));
+            proptest::prop_assert_eq!(borrowed, !body.contains("\\"));
         }
     }
 

@@ -21,9 +21,9 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::strategies::Strategy;
 use crate::error::Error;
 use crate::identity::Fingerprint;
+use crate::strategies::Strategy;
 
 pub const COMPACT: &str = "x-abridge-compact";
 pub const STRATEGY: &str = "x-abridge-strategy";

@@ -34,12 +34,15 @@
 //!   content are the same (nothing);
 //! - name → `N`+name, unless empty;
 //! - each tool call → `C`+id+name+arguments (no calls and `[]` are the same);
-//! - tool_call_id → `I`+id, unless empty.
+//! - bytes the format does not model ([`Item::extra`]) → `X`+raw JSON;
+//! - each id of a call it answers → `I`+id, unless empty;
+//! - an opaque item: `w` (travels with the next) or `b` (a provider's compaction item).
 //!
-//! Everything else in a message (`refusal: null`, `annotations`, vendor fields, key order,
-//! whitespace) is volatile for identity and does not change the hash. The message is
-//! destructured in [`hash_message`], so adding a field to [`Message`] does not compile
-//! until someone decides whether it is part of identity.
+//! Everything else in an item (`refusal: null`, `annotations`, vendor fields, key order,
+//! whitespace) is volatile for identity and does not change the hash. The item is
+//! destructured in [`hash_message`], so adding a field to [`Item`] does not compile until
+//! someone decides whether it is part of identity. Identity sees only the format-neutral
+//! items, so it is the same for every wire format.
 //!
 //! The secret makes namespaces unguessable: knowing a tenant's credential does not let
 //! anyone compute (or probe for) another deployment's keys, and the credential itself is
@@ -50,7 +53,7 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use crate::chat::{Content, Message, Part, Role};
+use crate::conversation::{Content, Item, Opaque, Part, Role};
 use crate::secret::Secret;
 
 /// A SHA-256 digest naming a message, a prefix of a conversation, or a namespace.
@@ -220,7 +223,7 @@ pub fn identify(
     key: &IdentityKey,
     tenant: &[u8],
     conversation_id: Option<&[u8]>,
-    messages: &[Message<'_>],
+    messages: &[Item<'_>],
 ) -> Option<Identified> {
     let namespace = key.namespace(tenant, conversation_id);
     let hashes = hash_conversation(&namespace, messages);
@@ -232,13 +235,13 @@ pub fn identify(
 }
 
 /// Hashes every prefix of `messages` within `namespace` (see the module docs).
-pub fn hash_conversation(namespace: &Fingerprint, messages: &[Message<'_>]) -> Hashes {
+pub fn hash_conversation(namespace: &Fingerprint, messages: &[Item<'_>]) -> Hashes {
     let seed = Fingerprint::of(Sha256::new_with_prefix(namespace.as_bytes()));
     let head_len = messages
         .iter()
         .take_while(|m| matches!(m.role, Role::System | Role::Developer))
         .count();
-    let chain = |previous: Fingerprint, message: &Message<'_>| {
+    let chain = |previous: Fingerprint, message: &Item<'_>| {
         let mut h = Sha256::new();
         h.update(previous.as_bytes());
         h.update(hash_message(message).as_bytes());
@@ -265,46 +268,42 @@ pub fn hash_conversation(namespace: &Fingerprint, messages: &[Message<'_>]) -> H
 }
 
 /// `H(canon(m))`: see the module docs for the canonical form.
-pub fn hash_message(message: &Message<'_>) -> Fingerprint {
+pub fn hash_message(message: &Item<'_>) -> Fingerprint {
     // Destructured on purpose: a new field must be classified here (hashed or volatile)
     // before this compiles.
-    let Message {
+    let Item {
         raw: _,
         role,
         content,
         name,
-        tool_calls: _,
-        tool_call_id,
+        calls,
+        results,
+        opaque,
+        extra,
     } = message;
     let mut h = Sha256::new();
     h.update([role_tag(*role)]);
-    // A string (the common case) is hashed straight from its JSON bytes; anything else,
-    // or a string with an escape this does not take, goes through the parsed view.
-    let streamed = content.is_some_and(|raw| frame_json_string(&mut h, b'T', raw.get()));
-    if !streamed {
-        hash_content(&mut h, &message.content());
-    }
+    hash_content(&mut h, content);
     if let Some(name) = name.as_deref().filter(|n| !n.is_empty()) {
         frame(&mut h, b'N', name.as_bytes());
     }
-    match message.tool_calls() {
-        Ok(calls) => {
-            for call in &calls {
-                h.update([b'C']);
-                frame(&mut h, b'i', call.id.as_bytes());
-                frame(&mut h, b'n', call.name.as_bytes());
-                frame(&mut h, b'a', call.arguments.as_bytes());
-            }
-        }
-        // A shape abridge does not know: its exact bytes are its identity.
-        Err(_) => {
-            if let Some(raw) = message.tool_calls {
-                frame(&mut h, b'X', raw.get().as_bytes());
-            }
-        }
+    for call in calls {
+        h.update([b'C']);
+        frame(&mut h, b'i', call.id.as_bytes());
+        frame(&mut h, b'n', call.name.as_bytes());
+        frame(&mut h, b'a', call.arguments.as_bytes());
     }
-    if let Some(id) = tool_call_id.as_deref().filter(|i| !i.is_empty()) {
+    // A shape abridge does not know: its exact bytes are its identity.
+    if let Some(raw) = extra {
+        frame(&mut h, b'X', raw.get().as_bytes());
+    }
+    for id in results.iter().filter(|i| !i.is_empty()) {
         frame(&mut h, b'I', id.as_bytes());
+    }
+    match opaque {
+        Opaque::None => {}
+        Opaque::WithNext => h.update([b'w']),
+        Opaque::Barrier => h.update([b'b']),
     }
     Fingerprint::of(h)
 }
@@ -346,93 +345,6 @@ fn hash_content(h: &mut Sha256, content: &Content<'_>) {
         }
         Content::Other(raw) => frame(h, b'O', raw.get().as_bytes()),
     }
-}
-
-/// For a JSON string literal `raw` (quotes included, validated by the parse it was
-/// borrowed from): frames its unescaped text as [`frame`] would — nothing for an empty
-/// text. Without escapes the text is hashed where it lies; with them it is decoded in one
-/// pass into one buffer and hashed in one go. `false` (and nothing hashed) when `raw` is
-/// not a string or holds an escape left to the parser (a lone surrogate).
-fn frame_json_string(h: &mut Sha256, tag: u8, raw: &str) -> bool {
-    let Some(inner) = raw
-        .strip_prefix('"')
-        .and_then(|r| r.strip_suffix('"'))
-        .map(str::as_bytes)
-    else {
-        return false;
-    };
-    let Some(first) = memchr::memchr(b'\\', inner) else {
-        if !inner.is_empty() {
-            frame(h, tag, inner);
-        }
-        return true;
-    };
-    let mut text = Vec::with_capacity(inner.len());
-    text.extend_from_slice(&inner[..first]);
-    if unescape(&inner[first..], |piece| text.extend_from_slice(piece)).is_none() {
-        return false;
-    }
-    if !text.is_empty() {
-        frame(h, tag, &text);
-    }
-    true
-}
-
-/// The unescaped bytes of a JSON string's inner text, handed to `visit` piece by piece
-/// (runs between escapes, and each escape decoded). `None` for an escape the JSON parser
-/// would be needed for: anything malformed, or a `\u` surrogate not in a valid pair.
-fn unescape(inner: &[u8], mut visit: impl FnMut(&[u8])) -> Option<()> {
-    let mut rest = inner;
-    while let Some(at) = memchr::memchr(b'\\', rest) {
-        visit(&rest[..at]);
-        let mut utf8 = [0u8; 4];
-        let (piece, used): (&[u8], usize) = match *rest.get(at + 1)? {
-            b'"' => (b"\"", 2),
-            b'\\' => (b"\\", 2),
-            b'/' => (b"/", 2),
-            b'b' => (b"\x08", 2),
-            b'f' => (b"\x0c", 2),
-            b'n' => (b"\n", 2),
-            b'r' => (b"\r", 2),
-            b't' => (b"\t", 2),
-            b'u' => {
-                let high = hex4(rest.get(at + 2..at + 6)?)?;
-                let (code, used) = if (0xD800..0xDC00).contains(&high) {
-                    if rest.get(at + 6..at + 8)? != b"\\u" {
-                        return None;
-                    }
-                    let low = hex4(rest.get(at + 8..at + 12)?)?;
-                    if !(0xDC00..0xE000).contains(&low) {
-                        return None;
-                    }
-                    (0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00), 12)
-                } else {
-                    (high, 6)
-                };
-                // A lone low surrogate is not a char: left to the parser.
-                let c = char::from_u32(code)?;
-                (c.encode_utf8(&mut utf8).as_bytes(), used)
-            }
-            _ => return None,
-        };
-        visit(piece);
-        rest = &rest[at + used..];
-    }
-    visit(rest);
-    Some(())
-}
-
-/// Four hex digits, as a `\u` escape has them.
-fn hex4(digits: &[u8]) -> Option<u32> {
-    digits.iter().try_fold(0u32, |n, &d| {
-        let v = match d {
-            b'0'..=b'9' => d - b'0',
-            b'a'..=b'f' => d - b'a' + 10,
-            b'A'..=b'F' => d - b'A' + 10,
-            _ => return None,
-        };
-        Some(n << 4 | u32::from(v))
-    })
 }
 
 fn role_tag(role: Role) -> u8 {
@@ -687,70 +599,7 @@ mod tests {
         hashes(ns, &format!("[{}]", messages.join(",")))
     }
 
-    /// `hash_message` as it is defined: through the parsed content.
-    fn hash_parsed(message_json: &str) -> Fingerprint {
-        let body = format!(r#"{{"messages":[{message_json}]}}"#);
-        let parsed = parse(body.as_bytes()).unwrap();
-        let m = &parsed.messages[0];
-        let mut h = Sha256::new();
-        h.update([role_tag(m.role)]);
-        match m.content().as_text() {
-            Some(text) if !text.is_empty() => frame(&mut h, b'T', text.as_bytes()),
-            Some(_) => {}
-            None => match m.content() {
-                Content::Other(raw) => frame(&mut h, b'O', raw.get().as_bytes()),
-                _ => unreachable!("only strings in these tests"),
-            },
-        }
-        Fingerprint::of(h)
-    }
-
-    /// A JSON string literal of `text` with some characters escaped as `\uXXXX`
-    /// (surrogate pairs above U+FFFF), chosen by `mask`.
-    fn escaped(text: &str, mask: u64) -> String {
-        let mut out = String::from("\"");
-        for (i, c) in text.chars().enumerate() {
-            let forced = mask >> (i % 64) & 1 == 1;
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                c if (c as u32) < 0x20 || forced => {
-                    let mut units = [0u16; 2];
-                    for u in c.encode_utf16(&mut units) {
-                        out.push_str(&format!("\\u{u:04X}"));
-                    }
-                }
-                c => out.push(c),
-            }
-        }
-        out.push('"');
-        out
-    }
-
-    #[test]
-    fn escapes_the_streamed_path_leaves_to_the_parser() {
-        // Lone surrogates: whatever the parser makes of them, both paths agree.
-        for raw in [
-            r#""a\ud800b""#,
-            r#""\udc00""#,
-            r#""x\ud800\u0041""#,
-            r#""\/\b\f""#,
-        ] {
-            let m = format!(r#"{{"role":"user","content":{raw}}}"#);
-            assert_eq!(one(&m), hash_parsed(&m), "{raw}");
-        }
-    }
-
     proptest! {
-        #[test]
-        fn streamed_strings_hash_as_parsed_ones(
-            text in "(?s)[a-z \n\t\"\\\\/é🌍\u{0}-\u{1f}\u{7f}-\u{ff}]{0,40}",
-            mask in any::<u64>(),
-        ) {
-            let m = format!(r#"{{"role":"assistant","content":{}}}"#, escaped(&text, mask));
-            prop_assert_eq!(one(&m), hash_parsed(&m));
-        }
-
         #[test]
         fn equal_canonical_forms_hash_equal(messages in conversation()) {
             let ns = key().namespace(b"t", None);

@@ -62,28 +62,34 @@
 
 pub mod admin;
 pub mod chat;
-pub mod strategies;
 pub mod compactor;
 pub mod config;
 pub mod controls;
+pub mod conversation;
 pub mod error;
+pub mod formats;
 pub mod headers;
 pub mod identity;
 pub mod ingress;
+pub mod json;
 pub mod models;
 pub mod offload;
 pub mod outcome;
+pub mod prepare;
 pub mod proxy;
 pub mod relay;
 pub mod secret;
 pub mod serve;
 pub mod server;
+pub mod state;
 pub mod stats;
 pub mod store;
+pub mod strategies;
 pub mod tenants;
 pub mod tokens;
 pub mod upstream;
 
 pub use config::Config;
 pub use error::Error;
-pub use server::{AppState, Listeners, router, run};
+pub use server::{Listeners, router, run};
+pub use state::AppState;

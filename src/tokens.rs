@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tiktoken_rs::CoreBPE;
 
-use crate::chat::{Content, Message, Part};
+use crate::conversation::{Content, Item, Part};
 
 /// Tokens OpenAI adds per message (role and separators).
 const PER_MESSAGE: u64 = 3;
@@ -199,31 +199,29 @@ impl Estimator {
 
     /// Tokens one message adds to a request: content, name, tool calls, tool call id and
     /// OpenAI's per-message overhead.
-    pub fn message(&self, message: &Message<'_>) -> u64 {
-        let mut n = PER_MESSAGE + self.content(&message.content());
+    pub fn message(&self, message: &Item<'_>) -> u64 {
+        let mut n = PER_MESSAGE + self.content(&message.content);
         if let Some(name) = &message.name {
             n += PER_NAME + self.text(name);
         }
-        if let Some(id) = &message.tool_call_id {
+        for id in &message.results {
             n += self.text(id);
         }
-        match message.tool_calls() {
-            Ok(calls) => {
-                for call in calls {
-                    n += PER_TOOL_CALL
-                        + self.text(&call.id)
-                        + self.text(&call.name)
-                        + self.text(&call.arguments);
-                }
-            }
-            // A shape abridge does not read: count its bytes.
-            Err(_) => n += message.tool_calls.map_or(0, |raw| approx_text(raw.get())),
+        for call in &message.calls {
+            n += PER_TOOL_CALL
+                + self.text(&call.id)
+                + self.text(&call.name)
+                + self.text(&call.arguments);
+        }
+        // What abridge does not model (an unknown shape): counted by its bytes.
+        if let Some(raw) = message.extra {
+            n += approx_text(raw.get());
         }
         n
     }
 
     /// Tokens of a whole `messages` array, reply priming included.
-    pub fn messages(&self, messages: &[Message<'_>]) -> u64 {
+    pub fn messages(&self, messages: &[Item<'_>]) -> u64 {
         PER_REQUEST + messages.iter().map(|m| self.message(m)).sum::<u64>()
     }
 

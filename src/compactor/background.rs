@@ -7,43 +7,24 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::chat;
 use crate::controls::Controls;
-use crate::headers::Credentials;
 use crate::identity::Fingerprint;
-use crate::ingress::Held;
 use crate::outcome::Trigger;
 use crate::store::{INDEX_REFRESH_MS, Usage, now_ms};
-use crate::strategies::{CannotCompact, Strategy};
+use crate::strategies::CannotCompact;
 
 use super::Compactor;
 use super::build::Attempt;
 use super::decide::{self, applicable, next_ratio, scaled, unscaled};
 use super::turn::{Followup, Turn};
 
-/// A background compaction: the request's body (its share of the byte budget held with
-/// it) and what its view is rebuilt with.
-struct Job {
-    conversation: Fingerprint,
-    body: Bytes,
-    prefixes: Vec<Fingerprint>,
-    model: String,
-    credentials: Credentials,
-    tenant: Fingerprint,
-    strategy: Strategy,
-    growth: u64,
-    /// Given back when the job is done or dropped.
-    _held: Option<Held>,
-}
-
 /// The queue and who is in it.
 pub(super) struct Background {
-    jobs: mpsc::Sender<Job>,
-    queue: Mutex<Option<mpsc::Receiver<Job>>>,
+    jobs: mpsc::Sender<Followup>,
+    queue: Mutex<Option<mpsc::Receiver<Followup>>>,
     /// Conversations with a job queued or running (std mutex: no `.await` under it).
     pending: Mutex<HashSet<Fingerprint>>,
 }
@@ -109,18 +90,9 @@ impl Compactor {
         if !self.store.is_healthy() || !lock(&self.background.pending).insert(conversation) {
             return;
         }
-        let job = Job {
-            conversation,
-            body: followup.body,
-            prefixes: followup.prefixes,
-            model: followup.model,
-            credentials: followup.credentials,
-            tenant: followup.tenant,
-            strategy: followup.strategy,
-            growth: followup.growth,
-            _held: followup.held,
-        };
-        if self.background.jobs.try_send(job).is_err() {
+        // The follow-up is the job: it holds the parsed request and the body's share of
+        // the byte budget until the job is done or dropped.
+        if self.background.jobs.try_send(followup).is_err() {
             lock(&self.background.pending).remove(&conversation);
             self.stats.background_dropped();
         }
@@ -152,22 +124,22 @@ impl Compactor {
         set
     }
 
-    async fn run_job(&self, job: Job) {
-        let Ok(parsed) = chat::parse(&job.body) else {
-            return;
-        };
+    async fn run_job(&self, job: Followup) {
         let Ok(loaded) = self.store.load(&job.conversation).await else {
             return;
         };
+        let parsed = job.request.parsed();
+        let model = parsed.request.model.as_deref().unwrap_or_default();
         let controls = Controls::default();
         let turn = Turn {
-            size: job.body.len(),
+            size: job.request.body().len(),
+            format: crate::formats::Format::Chat,
             messages: &parsed.messages,
             prefixes: &job.prefixes,
             conversation: Some(job.conversation),
             loaded: Some(&loaded),
             controls: &controls,
-            model: &job.model,
+            model,
             credentials: &job.credentials,
             tenant: Some(job.tenant),
         };
@@ -179,7 +151,7 @@ impl Compactor {
         // Not even the minimal plan fits the target: the minimal plan, if it fits the
         // threshold.
         if let Err(CannotCompact::TooLarge { estimate, .. }) = result
-            && scaled(estimate, ratio) <= self.threshold(&job.model)
+            && scaled(estimate, ratio) <= self.threshold(model)
         {
             attempt.budget = estimate;
             result = self.compact_now(&turn, attempt).await;
@@ -197,9 +169,9 @@ impl Compactor {
     async fn job_attempt<'t>(
         &self,
         turn: &Turn<'t, '_>,
-        job: &Job,
+        job: &Followup,
     ) -> Option<(Attempt<'t>, f64)> {
-        let threshold = self.threshold(&job.model);
+        let threshold = self.threshold(turn.model);
         let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
         let target = decide::target(&self.config, threshold, soft, job.growth);
         let loaded = turn.loaded?;
@@ -216,7 +188,10 @@ impl Compactor {
         let permit = self.cpu.permit_for(turn.size).await;
         let (ratio, estimate) = self.cpu.run_with(&permit, || {
             let ratio = decide::calibration(turn, usage.as_ref(), active);
-            (ratio, scaled(decide::estimate(turn, deepest, threshold), ratio))
+            (
+                ratio,
+                scaled(decide::estimate(turn, deepest, threshold), ratio),
+            )
         });
         drop(permit);
         let prepared = deepest.is_some_and(|d| in_use.is_none_or(|a| d.through > a));

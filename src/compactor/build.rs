@@ -5,17 +5,17 @@
 
 use std::time::Duration;
 
+use crate::identity::Fingerprint;
 use crate::outcome::Trigger;
 use crate::store::{Checkpoint, Lock, Saved, Store, now_ms};
 use crate::strategies::{self, CannotCompact, Input, Plan, Previous, Strategy, SummaryError};
 use crate::tokens::Estimator;
-use crate::identity::Fingerprint;
 
+use super::Compactor;
 use super::decide::applicable;
 use super::ring::CompactionEvent;
 use super::summariser::SummaryFailure;
 use super::turn::Turn;
-use super::Compactor;
 
 /// Poll interval while another request or replica builds the checkpoint we need.
 const PEER_POLL: Duration = Duration::from_millis(50);
@@ -214,9 +214,17 @@ impl Compactor {
             }),
             focus: attempt.focus,
             estimator: &estimator,
+            format: turn.format,
         };
         let summarise = |request| self.summarise(turn, request);
-        strategies::compact(attempt.strategy, &input, &self.settings, summarise, &self.cpu).await
+        strategies::compact(
+            attempt.strategy,
+            &input,
+            &self.settings,
+            summarise,
+            &self.cpu,
+        )
+        .await
     }
 
     /// One summary for `turn`: only for a tenant the provider accepted, and within its
@@ -255,8 +263,12 @@ impl Compactor {
         if plan.fallback.is_some() {
             self.stats.fallback();
         }
-        self.stats
-            .compaction(plan.strategy, trigger, plan.tokens_before, plan.tokens_after);
+        self.stats.compaction(
+            plan.strategy,
+            trigger,
+            plan.tokens_before,
+            plan.tokens_after,
+        );
         if let Some(conversation) = turn.conversation {
             self.ring.push(CompactionEvent {
                 at_ms: checkpoint.created_ms,

@@ -16,9 +16,9 @@
 //! view is estimated whole. The target leaves room for `room_turns` turns of the
 //! history's growth (see [`target`]); budgets are calibrated to the provider's count.
 
-use crate::chat::{Message, Role};
 use crate::config::CompactionConfig;
 use crate::controls::Compact;
+use crate::conversation::{Item, Role};
 use crate::outcome::Trigger;
 use crate::store::{Checkpoint, Usage};
 use crate::tokens::Estimator;
@@ -74,7 +74,10 @@ pub fn decide<'c>(
     reason: Reason,
 ) -> Decided<'c> {
     let soft = ((threshold as f64) * config.soft_ratio) as u64;
-    let usage = turn.loaded.and_then(|l| l.usage_for(turn.prefixes)).copied();
+    let usage = turn
+        .loaded
+        .and_then(|l| l.usage_for(turn.prefixes))
+        .copied();
     let matching: Vec<&'c Checkpoint> = turn
         .loaded
         .map(|l| {
@@ -150,8 +153,8 @@ pub fn decide<'c>(
 /// headroom, so compactions come in steps and the forwarded prefix stays put between
 /// them. It may be 0: the strategies then go as low as the minimal plan.
 pub fn target(config: &CompactionConfig, threshold: u64, soft: u64, growth: u64) -> u64 {
-    let room = (threshold - soft.min(threshold))
-        .max(growth.saturating_mul(u64::from(config.room_turns)));
+    let room =
+        (threshold - soft.min(threshold)).max(growth.saturating_mul(u64::from(config.room_turns)));
     threshold.saturating_sub(room)
 }
 
@@ -222,7 +225,7 @@ pub fn estimate(turn: &Turn<'_, '_>, applied: Option<&Checkpoint>, threshold: u6
 /// Estimated prompt tokens of `messages` with `applied` applied.
 pub fn forwarded_estimate(
     estimator: &Estimator,
-    messages: &[Message<'_>],
+    messages: &[Item<'_>],
     applied: Option<&Checkpoint>,
 ) -> u64 {
     let Some(c) = applied else {
@@ -232,7 +235,7 @@ pub fn forwarded_estimate(
     let replaced: u64 = c
         .replacement
         .iter()
-        .filter_map(|raw| Message::parse(raw).ok())
+        .filter_map(|raw| crate::chat::item(raw).ok())
         .map(|m| estimator.message(&m))
         .sum();
     let kept: u64 = messages
@@ -305,7 +308,7 @@ pub fn unscaled(tokens: u64, ratio: f64) -> u64 {
 /// A stored checkpoint fits this request: its cuts lie before the final turn and after
 /// it comes no tool result (a later turn cannot change what was checked when it was
 /// built, since the prefix hash matches; this guards against a corrupt store).
-pub fn applicable(c: &Checkpoint, messages: &[Message<'_>]) -> bool {
+pub fn applicable(c: &Checkpoint, messages: &[Item<'_>]) -> bool {
     let (head, through) = (c.head as usize, c.through as usize);
     let last_user = messages.iter().rposition(|m| m.role == Role::User);
     head <= through + 1
@@ -352,9 +355,15 @@ mod tests {
     fn the_ratio_follows_what_the_provider_counts_for_appended_turns() {
         assert_eq!(next_ratio(None, None, 100, 1_000), 1000);
         // The provider counted 130 for an estimate of 100: half way from 1000 to 1300.
-        assert_eq!(next_ratio(Some((1_000, 1000, None)), None, 100, 1_130), 1150);
+        assert_eq!(
+            next_ratio(Some((1_000, 1000, None)), None, 100, 1_130),
+            1150
+        );
         // Another checkpoint applied: not comparable, the old ratio stands.
-        assert_eq!(next_ratio(Some((1_000, 1200, None)), Some(3), 100, 1_500), 1200);
+        assert_eq!(
+            next_ratio(Some((1_000, 1200, None)), Some(3), 100, 1_500),
+            1200
+        );
         // Clamped.
         assert_eq!(next_ratio(Some((0, 4000, None)), None, 100, 100_000), 4000);
     }

@@ -132,7 +132,9 @@ impl Compactor {
         decision.appended = decided.appended;
         decision.growth = decided.growth;
         decision.usage = decided.usage.map(|u| u.prefix);
-        decision.previous = decided.usage.map(|u| (u.tokens, u.ratio_permille, u.applied));
+        decision.previous = decided
+            .usage
+            .map(|u| (u.tokens, u.ratio_permille, u.applied));
         let observe = self.config.mode == CompactionMode::Observe;
         decision.active = !observe;
         let dry = reason == Reason::Preview;
@@ -152,7 +154,11 @@ impl Compactor {
             Action::Compact { budget, trigger } => {
                 let attempt = Attempt {
                     // Observe mode: what recency (no LLM, nothing stored) would do.
-                    strategy: if observe { Strategy::Recency } else { decision.strategy },
+                    strategy: if observe {
+                        Strategy::Recency
+                    } else {
+                        decision.strategy
+                    },
                     previous: decided.deepest,
                     budget,
                     trigger,
@@ -313,7 +319,7 @@ impl Compactor {
 
 /// The forwarded messages of `messages` with `checkpoint` applied.
 pub fn forwarded<'r>(
-    messages: &'r [crate::chat::Message<'r>],
+    messages: &'r [crate::conversation::Item<'r>],
     checkpoint: &'r Checkpoint,
 ) -> Vec<&'r serde_json::value::RawValue> {
     crate::strategies::splice(

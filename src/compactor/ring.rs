@@ -30,7 +30,10 @@ pub struct Ring(Mutex<VecDeque<CompactionEvent>>);
 
 impl Ring {
     pub fn push(&self, event: CompactionEvent) {
-        let mut ring = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut ring = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if ring.len() == CAPACITY {
             ring.pop_front();
         }
@@ -39,7 +42,10 @@ impl Ring {
 
     /// Newest first.
     pub fn latest(&self) -> Vec<CompactionEvent> {
-        let ring = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ring = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         ring.iter().rev().cloned().collect()
     }
 }

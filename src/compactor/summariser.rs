@@ -15,10 +15,10 @@ use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
-use crate::strategies::{SummaryError, SummaryRequest};
 use crate::config::SummaryConfig;
 use crate::headers::Credentials;
 use crate::secret::Secret;
+use crate::strategies::{SummaryError, SummaryRequest};
 use crate::upstream::Upstream;
 
 /// Largest summary response read.

@@ -2,10 +2,12 @@
 //! for it ([`Decision`]), and what the record stage hands back after the response
 //! ([`Followup`]).
 
-use bytes::Bytes;
+use std::sync::Arc;
 
-use crate::chat::{self, Message};
+use crate::chat;
 use crate::controls::{Controls, Report};
+use crate::conversation::Item;
+use crate::formats::Format;
 use crate::headers::Credentials;
 use crate::identity::{Fingerprint, Identified};
 use crate::ingress::Held;
@@ -14,7 +16,7 @@ use crate::strategies::Strategy;
 
 /// Everything the plan stage needs to know about one request.
 pub struct Turn<'t, 'a> {
-    pub messages: &'t [Message<'a>],
+    pub messages: &'t [Item<'a>],
     /// The request's rolling prefix hashes (`prefixes[i]` = h(i)).
     pub prefixes: &'t [Fingerprint],
     /// `None`: not identified (no user message, or no identity key: store down).
@@ -30,6 +32,8 @@ pub struct Turn<'t, 'a> {
     pub tenant: Option<Fingerprint>,
     /// Bytes of the request body: how heavy its estimates and compaction are.
     pub size: usize,
+    /// The wire format the request came in.
+    pub format: Format,
 }
 
 impl<'t, 'a> Turn<'t, 'a> {
@@ -44,6 +48,7 @@ impl<'t, 'a> Turn<'t, 'a> {
     ) -> Self {
         Self {
             size,
+            format: Format::Chat,
             messages: &parsed.messages,
             prefixes: identified.map_or(&[][..], |i| &i.hashes.prefixes),
             conversation: identified.map(|i| i.conversation),
@@ -121,11 +126,10 @@ pub struct Followup {
     pub previous: Option<(u64, u32, Option<u32>)>,
     /// When the conversation was last seen, per the store (0: new).
     pub last_seen_ms: u64,
-    /// For a background build: the client's body, its prefix hashes, the model and the
-    /// credentials and tenant for the summariser.
-    pub body: Bytes,
+    /// For a background build: the request as parsed at ingress (never parsed again),
+    /// its prefix hashes, and the credentials and tenant for the summariser.
+    pub request: Arc<chat::Request>,
     pub prefixes: Vec<Fingerprint>,
-    pub model: String,
     pub credentials: Credentials,
     pub tenant: Fingerprint,
     /// The body's share of `limits.max_inflight_body_bytes`, kept while a background

@@ -11,7 +11,7 @@ use regex::Regex;
 
 use super::text::{first_line, paths, thousands, truncate_chars};
 use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
-use crate::chat::{Message, Role};
+use crate::conversation::{Item, Role};
 
 /// Tokens set aside for the summary while choosing the edges; the real size is checked
 /// afterwards.
@@ -32,7 +32,7 @@ pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
     loop {
         let Edges { head, start } = ctx.edges(reserve, Tail::Budgeted, &|k| ctx.cost(k..k + 1));
         let body = summary(&ctx.messages()[head..start]);
-        let raw = authored(ctx.settings.summary_role, &body);
+        let raw = authored(ctx.input.format, ctx.settings.summary_role, &body);
         let plan = ctx.plan(
             Strategy::Deterministic,
             Strategy::Deterministic,
@@ -82,7 +82,7 @@ fn cue_pattern() -> &'static Regex {
 }
 
 /// The summary body of `range` (the replaced messages).
-fn summary(range: &[Message<'_>]) -> String {
+fn summary(range: &[Item<'_>]) -> String {
     let mut users = 0;
     let mut assistants = 0;
     let mut results = 0;
@@ -102,8 +102,8 @@ fn summary(range: &[Message<'_>]) -> String {
             Role::Tool | Role::Function => results += 1,
             Role::System | Role::Developer => {}
         }
-        let calls = m.tool_calls().unwrap_or_default();
-        for call in &calls {
+        let calls = &m.calls;
+        for call in calls {
             match tool_index.get(call.name.as_ref()) {
                 Some(&at) => tools[at].1 += 1,
                 None => {
@@ -112,7 +112,7 @@ fn summary(range: &[Message<'_>]) -> String {
                 }
             }
         }
-        let text = m.content().text_lossy();
+        let text = m.content.text_lossy();
         let (a, b) = scanned(&text);
         let argument_paths = calls.iter().flat_map(|c| paths(&c.arguments));
         for p in paths(a).into_iter().chain(paths(b)).chain(argument_paths) {
@@ -190,7 +190,7 @@ fn section(out: &mut String, heading: &str, items: &[String], max: usize) {
     }
 }
 
-fn timeline_entry(m: &Message<'_>) -> String {
+fn timeline_entry(m: &Item<'_>) -> String {
     let role = match m.role {
         Role::System => "system",
         Role::Developer => "developer",
@@ -198,14 +198,9 @@ fn timeline_entry(m: &Message<'_>) -> String {
         Role::Assistant => "assistant",
         Role::Tool | Role::Function => "tool result",
     };
-    let text = m.content().text_lossy();
+    let text = m.content.text_lossy();
     let line = first_line(&text, 120);
-    let calls: Vec<String> = m
-        .tool_calls()
-        .unwrap_or_default()
-        .iter()
-        .map(|c| c.name.to_string())
-        .collect();
+    let calls: Vec<String> = m.calls.iter().map(|c| c.name.to_string()).collect();
     match (calls.is_empty(), line.is_empty()) {
         (false, true) => format!("[{role}] called {}", calls.join(", ")),
         (false, false) => format!("[{role}] {line} (called {})", calls.join(", ")),

@@ -76,7 +76,8 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::chat::{Message, Role, ToolCall};
+use crate::conversation::{Item, Opaque, Role, ToolCall};
+use crate::formats::{Author, Format};
 use crate::tokens::Estimator;
 
 use validate::validate_with;
@@ -154,15 +155,6 @@ pub enum SummaryRole {
     #[default]
     User,
     System,
-}
-
-impl SummaryRole {
-    fn as_str(self) -> &'static str {
-        match self {
-            SummaryRole::User => "user",
-            SummaryRole::System => "system",
-        }
-    }
 }
 
 /// Compaction settings; a self-contained configuration section. Every field has a
@@ -262,7 +254,7 @@ impl Settings {
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'x> {
     /// The full conversation as the client sent it.
-    pub messages: &'x [Message<'x>],
+    pub messages: &'x [Item<'x>],
     /// Tokens the forwarded request should estimate at most (the compaction threshold).
     pub budget: u64,
     /// The checkpoint in force for this conversation, if any.
@@ -270,6 +262,9 @@ pub struct Input<'x> {
     /// An optional focus for the summary (e.g. from a header): what to keep in detail.
     pub focus: Option<&'x str>,
     pub estimator: &'x Estimator,
+    /// The wire format the conversation came in: what abridge's own messages and
+    /// digests are written in.
+    pub format: Format,
 }
 
 /// The checkpoint in force: the plan of an earlier compaction of this conversation.
@@ -380,6 +375,8 @@ pub struct Plan {
     pub requested: Strategy,
     /// The strategy that produced this plan (recency after a fallback).
     pub strategy: Strategy,
+    /// The conversation's wire format (what the replacement is written in).
+    pub format: Format,
     /// Why the requested strategy was not used, if it was not.
     pub fallback: Option<Fallback>,
     /// `messages[..head]` are kept verbatim.
@@ -403,7 +400,7 @@ pub struct Plan {
 
 impl Plan {
     /// What to forward: the head, the replacement, then `messages[through + 1..]`.
-    pub fn forwarded<'r>(&'r self, messages: &[Message<'r>]) -> Vec<&'r RawValue> {
+    pub fn forwarded<'r>(&'r self, messages: &[Item<'r>]) -> Vec<&'r RawValue> {
         splice(
             messages,
             self.head,
@@ -416,7 +413,7 @@ impl Plan {
 /// `messages[..head]`, then `replacement`, then `messages[through + 1..]`: what is
 /// forwarded for a plan or a stored checkpoint, as the raw messages spliced in.
 pub fn splice<'r>(
-    messages: &[Message<'r>],
+    messages: &[Item<'r>],
     head: usize,
     through: usize,
     replacement: impl Iterator<Item = &'r RawValue>,
@@ -516,20 +513,22 @@ pub(crate) enum Tail {
 }
 
 /// Which side of the user/assistant alternation a message is on.
-fn is_user(message: &Message<'_>) -> bool {
+fn is_user(message: &Item<'_>) -> bool {
     message.role == Role::User
 }
 
-fn is_result(message: &Message<'_>) -> bool {
-    matches!(message.role, Role::Tool | Role::Function)
+fn is_result(message: &Item<'_>) -> bool {
+    message.is_result()
 }
 
 /// The structure of a conversation that every strategy builds on.
 pub(crate) struct Layout<'m, 'a> {
-    pub messages: &'m [Message<'a>],
-    /// Leading system/developer messages.
+    pub messages: &'m [Item<'a>],
+    /// Items that never move: the leading system/developer items, and everything up
+    /// to the last of the provider's own compaction items (only what follows it may be
+    /// compacted).
     pub sys: usize,
-    /// Index of the last user message: the final turn starts here.
+    /// Index of the last ask (a user's own words): the final turn starts here.
     pub last_user: usize,
     /// `cut_ok[k]`: a cut before message `k` is at a turn boundary (`k` in `0..=n`).
     pub cut_ok: Vec<bool>,
@@ -538,56 +537,44 @@ pub(crate) struct Layout<'m, 'a> {
     pub call_of: Vec<Option<(usize, usize)>>,
     /// Tool call/result pairs as (call message, result message).
     pub pairs: Vec<(usize, usize)>,
-    /// Each message's tool calls, parsed once (empty for all but assistant messages):
-    /// every strategy reads a result's call from here instead of parsing its assistant
-    /// message again, which would be quadratic in parallel calls.
-    pub calls: Vec<Vec<ToolCall<'a>>>,
 }
 
 impl<'m, 'a> Layout<'m, 'a> {
-    pub fn new(messages: &'m [Message<'a>]) -> Result<Self, CannotCompact> {
+    pub fn new(messages: &'m [Item<'a>]) -> Result<Self, CannotCompact> {
         let n = messages.len();
-        let sys = messages
+        let instructions = messages.iter().take_while(|m| m.is_instruction()).count();
+        let barrier = messages
             .iter()
-            .take_while(|m| matches!(m.role, Role::System | Role::Developer))
-            .count();
+            .rposition(|m| m.opaque == Opaque::Barrier)
+            .map_or(0, |b| b + 1);
+        let sys = instructions.max(barrier);
         let last_user = messages
             .iter()
-            .rposition(is_user)
+            .rposition(Item::is_ask)
             .ok_or(CannotCompact::NoFinalTurn)?;
-        let mut open: std::collections::HashMap<String, (usize, usize)> = Default::default();
+        let mut open: std::collections::HashMap<&str, (usize, usize)> = Default::default();
         let mut last_assistant = None;
         let mut call_of = vec![None; n];
         let mut pairs = Vec::new();
-        let mut calls = Vec::with_capacity(n);
         for (i, m) in messages.iter().enumerate() {
-            let mine = match m.role {
-                Role::Assistant => m.tool_calls().unwrap_or_default(),
-                _ => Vec::new(),
-            };
-            match m.role {
-                Role::Assistant => {
-                    last_assistant = Some(i);
-                    for (pos, call) in mine.iter().enumerate() {
-                        open.insert(call.id.to_string(), (i, pos));
-                    }
-                }
-                Role::Tool => {
-                    let found = m.tool_call_id.as_deref().and_then(|id| open.get(id));
-                    if let Some(&(a, pos)) = found {
-                        call_of[i] = Some((a, pos));
-                        pairs.push((a, i));
-                    }
-                }
-                Role::Function => {
-                    if let Some(a) = last_assistant {
-                        call_of[i] = Some((a, 0));
-                        pairs.push((a, i));
-                    }
-                }
-                Role::System | Role::Developer | Role::User => {}
+            if m.role == Role::Assistant {
+                last_assistant = Some(i);
             }
-            calls.push(mine);
+            for (pos, call) in m.calls.iter().enumerate() {
+                open.insert(call.id.as_ref(), (i, pos));
+            }
+            for id in &m.results {
+                if let Some(&(a, pos)) = open.get(id.as_ref()) {
+                    call_of[i].get_or_insert((a, pos));
+                    pairs.push((a, i));
+                }
+            }
+            if m.role == Role::Function
+                && let Some(a) = last_assistant
+            {
+                call_of[i] = Some((a, 0));
+                pairs.push((a, i));
+            }
         }
         // A pair (a, b) forbids cuts before a+1 ..= b.
         let mut diff = vec![0i64; n + 2];
@@ -599,7 +586,9 @@ impl<'m, 'a> Layout<'m, 'a> {
         let mut cut_ok = Vec::with_capacity(n + 1);
         for k in 0..=n {
             open_spans += diff[k];
-            cut_ok.push(k == n || (open_spans == 0 && !is_result(&messages[k])));
+            // An item that travels with the next one is never cut from it.
+            let glued = k > 0 && messages[k - 1].opaque == Opaque::WithNext;
+            cut_ok.push(k == n || (open_spans == 0 && !glued && !is_result(&messages[k])));
         }
         Ok(Self {
             messages,
@@ -608,18 +597,17 @@ impl<'m, 'a> Layout<'m, 'a> {
             cut_ok,
             call_of,
             pairs,
-            calls,
         })
-    }
-
-    pub fn len(&self) -> usize {
-        self.messages.len()
     }
 
     /// The call a tool/function result answers, if it was found.
     pub fn call_for(&self, result: usize) -> Option<&ToolCall<'a>> {
         let (a, pos) = self.call_of[result]?;
-        self.calls[a].get(pos)
+        self.messages[a].calls.get(pos)
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages.len()
     }
 }
 
@@ -677,7 +665,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
         Ok(ctx)
     }
 
-    pub fn messages(&self) -> &'i [Message<'a>] {
+    pub fn messages(&self) -> &'i [Item<'a>] {
         self.input.messages
     }
 
@@ -704,6 +692,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
     pub fn marker_reserve(&self) -> u64 {
         let n = self.layout.len();
         let marker = authored(
+            self.input.format,
             self.settings.summary_role,
             &recency::marker_text(n, n, n, n),
         );
@@ -859,6 +848,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
         Plan {
             requested,
             strategy,
+            format: self.input.format,
             fallback: None,
             head,
             through,
@@ -872,7 +862,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
     }
 
     fn raw_tokens(&self, raw: &RawValue) -> u64 {
-        match Message::parse(raw) {
+        match self.input.format.item(raw).ok_or(()) {
             Ok(m) => self.estimator().message(&m),
             Err(_) => crate::tokens::approx_text(raw.get()),
         }
@@ -939,25 +929,12 @@ pub(crate) struct Edges {
     pub start: usize,
 }
 
-/// A message abridge writes: `{"role":…,"content":…}` with `content` starting with
-/// [`FRAME`].
-pub(crate) fn authored(role: SummaryRole, body: &str) -> Box<RawValue> {
-    #[derive(Serialize)]
-    struct Authored<'a> {
-        role: &'a str,
-        content: &'a str,
-    }
-    let content = format!("{FRAME}\n{body}");
-    let json = serde_json::to_string(&Authored {
-        role: role.as_str(),
-        content: &content,
-    })
-    // Serialising two strings cannot fail; an empty object would fail validation.
-    .unwrap_or_else(|_| "{}".to_owned());
-    RawValue::from_string(json).unwrap_or_else(|_| empty_object())
-}
-
-fn empty_object() -> Box<RawValue> {
-    // `{}` is valid JSON; this branch is unreachable in practice.
-    RawValue::from_string("{}".to_owned()).unwrap_or_else(|_| unreachable!("`{{}}` is valid JSON"))
+/// A message abridge writes, in the conversation's format: of the configured role, its
+/// content starting with [`FRAME`].
+pub(crate) fn authored(format: Format, role: SummaryRole, body: &str) -> Box<RawValue> {
+    let author = match role {
+        SummaryRole::User => Author::User,
+        SummaryRole::System => Author::System,
+    };
+    format.authored(author, &format!("{FRAME}\n{body}"))
 }

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 
 use super::text::{first_line, thousands, truncate_chars};
 use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
-use crate::chat::{Content, Message, Role, span_of};
+use crate::conversation::{Content, Item, Role};
 
 /// The marker's text for `elided` messages, of which `users` user messages, `assistants`
 /// assistant messages and `results` tool results.
@@ -71,7 +71,7 @@ pub(super) fn plan(
         elided.iter().filter(|m| is_result(m)).count(),
     );
     let mut replacement = vec![(
-        authored(ctx.settings.summary_role, &marker),
+        authored(ctx.input.format, ctx.settings.summary_role, &marker),
         Origin::Authored,
     )];
     let mut digests = digests.into_iter().peekable();
@@ -93,7 +93,7 @@ pub(super) fn plan(
 }
 
 /// A byte-identical copy of a message.
-fn copy(m: &Message<'_>) -> Box<RawValue> {
+fn copy(m: &Item<'_>) -> Box<RawValue> {
     m.raw.to_owned()
 }
 
@@ -105,15 +105,13 @@ fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)> {
         return None;
     }
     let limit = ctx.settings.tool_prune_chars;
-    let content_raw = m.content?;
-    // Cheap test first: a JSON string is at least as many bytes as it has characters.
-    if content_raw.get().len() <= limit {
+    // Cheap test first: the item's bytes are at least as many as its text's characters.
+    if m.raw.get().len() <= limit {
         return None;
     }
-    let content = m.content();
-    let text = match &content {
+    let text = match &m.content {
         Content::Text(t) => t.clone(),
-        Content::Parts(_) => content.text_lossy(),
+        Content::Parts(_) => m.content.text_lossy(),
         Content::None | Content::Other(_) => return None,
     };
     let chars = text.chars().count();
@@ -142,14 +140,12 @@ fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)> {
     if !first.is_empty() {
         line.push_str(&format!("; first line: {}", quoted(&first)));
     }
-    let raw = m.raw.get();
-    let span = span_of(raw.as_bytes(), content_raw.get())?;
-    let encoded = serde_json::to_string(&line).ok()?;
-    let spliced = format!("{}{encoded}{}", &raw[..span.start], &raw[span.end..]);
-    let raw = RawValue::from_string(spliced).ok()?;
-    let tokens = Message::parse(&raw)
-        .map(|d| ctx.estimator().message(&d))
-        .ok()?;
+    let raw = ctx.input.format.digest(m, &line)?;
+    let tokens = ctx
+        .input
+        .format
+        .item(&raw)
+        .map(|d| ctx.estimator().message(&d))?;
     Some((raw, tokens))
 }
 

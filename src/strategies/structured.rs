@@ -28,7 +28,7 @@ use super::{
     Cpu, Ctx, Edges, Fallback, Fidelity, Origin, Plan, Strategy, SummaryError, SummaryRequest,
     Tail, authored,
 };
-use crate::chat::{Content, Message, Part, Role};
+use crate::conversation::{Content, Item, Part, Role};
 
 /// The sections every summary has, as (heading, what the check looks for at the start
 /// of a heading line, lower-cased).
@@ -135,7 +135,7 @@ where
              below.\n\n{body}",
             through + 1 - head
         );
-        let raw = authored(ctx.settings.summary_role, &framed);
+        let raw = authored(ctx.input.format, ctx.settings.summary_role, &framed);
         let plan = ctx.plan(
             strategy,
             strategy,
@@ -254,11 +254,11 @@ impl Transcript {
 }
 
 /// One message as a labelled block, and its bodies (redacted, truncated) for the check.
-fn render(ctx: &Ctx<'_, '_>, i: usize, m: &Message<'_>) -> (String, Vec<String>) {
+fn render(ctx: &Ctx<'_, '_>, i: usize, m: &Item<'_>) -> (String, Vec<String>) {
     let s = ctx.settings;
     let mut block = String::new();
     let mut bodies = Vec::new();
-    let text = content_text(&m.content());
+    let text = content_text(&m.content);
     let (label, head, tail) = match m.role {
         Role::System => (
             "[SYSTEM]".to_owned(),
@@ -281,7 +281,7 @@ fn render(ctx: &Ctx<'_, '_>, i: usize, m: &Message<'_>) -> (String, Vec<String>)
             s.message_tail_chars,
         ),
         Role::Tool | Role::Function => {
-            let id = m.tool_call_id.as_deref().unwrap_or("");
+            let id = m.results.first().map_or("", |id| id.as_ref());
             let name = ctx
                 .layout
                 .call_for(i)
@@ -302,7 +302,7 @@ fn render(ctx: &Ctx<'_, '_>, i: usize, m: &Message<'_>) -> (String, Vec<String>)
         block.push('\n');
         bodies.push(body);
     }
-    for call in &ctx.layout.calls[i] {
+    for call in &m.calls {
         let arguments = redact(&call.arguments);
         let arguments = truncate_chars(&arguments, s.arguments_chars);
         let _ = writeln!(block, "[TOOL CALL {} {}]\n{arguments}", call.name, call.id);

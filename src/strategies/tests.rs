@@ -18,7 +18,7 @@ fn body(messages: &[Value]) -> String {
     json!({ "model": "m", "messages": messages }).to_string()
 }
 
-fn parse(body: &str) -> Vec<Message<'_>> {
+fn parse(body: &str) -> Vec<Item<'_>> {
     chat::parse(body.as_bytes()).unwrap().messages
 }
 
@@ -46,25 +46,26 @@ async fn echo(request: SummaryRequest) -> Result<String, SummaryError> {
     Ok(echo_summary(&request))
 }
 
-fn input<'x>(messages: &'x [Message<'x>], budget: u64, estimator: &'x Estimator) -> Input<'x> {
+fn input<'x>(messages: &'x [Item<'x>], budget: u64, estimator: &'x Estimator) -> Input<'x> {
     Input {
         messages,
         budget,
         previous: None,
         focus: None,
         estimator,
+        format: crate::formats::Format::Chat,
     }
 }
 
 /// The forwarded messages, parsed back.
-fn forwarded_json(messages: &[Message<'_>], plan: &Plan) -> Vec<Value> {
+fn forwarded_json(messages: &[Item<'_>], plan: &Plan) -> Vec<Value> {
     plan.forwarded(messages)
         .into_iter()
         .map(|r| serde_json::from_str(r.get()).unwrap())
         .collect()
 }
 
-fn forwarded_tokens(messages: &[Message<'_>], plan: &Plan, estimator: &Estimator) -> u64 {
+fn forwarded_tokens(messages: &[Item<'_>], plan: &Plan, estimator: &Estimator) -> u64 {
     let joined: Vec<String> = plan
         .forwarded(messages)
         .into_iter()
@@ -74,7 +75,7 @@ fn forwarded_tokens(messages: &[Message<'_>], plan: &Plan, estimator: &Estimator
     estimator.messages(&parse(&body))
 }
 
-fn frames(messages: &[Message<'_>], plan: &Plan) -> usize {
+fn frames(messages: &[Item<'_>], plan: &Plan) -> usize {
     plan.forwarded(messages)
         .iter()
         .filter(|r| r.get().contains(&FRAME.replace('"', "\\\"")))
@@ -613,7 +614,7 @@ fn the_validator_rejects_broken_plans() {
             let call = p
                 .origin
                 .iter()
-                .position(|o| matches!(o, Origin::Verbatim(i) if messages[*i].tool_calls.is_some()))
+                .position(|o| matches!(o, Origin::Verbatim(i) if !messages[*i].calls.is_empty()))
                 .unwrap();
             p.replacement.remove(call);
             p.origin.remove(call);
@@ -856,7 +857,7 @@ fn answer(fake: Fake, request: &SummaryRequest) -> Result<String, SummaryError> 
 /// Every property of one compaction; returns the plan when there was one.
 fn check(
     strategy: Strategy,
-    messages: &[Message<'_>],
+    messages: &[Item<'_>],
     inp: &Input<'_>,
     settings: &Settings,
     fake: Fake,
@@ -881,6 +882,7 @@ fn check(
                 previous: inp.previous,
                 focus: inp.focus,
                 estimator: inp.estimator,
+                format: crate::formats::Format::Chat,
             };
             match run(Strategy::Recency, &at_estimate, settings, |r| {
                 let a = answer(fake, &r);

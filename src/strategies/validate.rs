@@ -4,10 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::value::RawValue;
-
 use super::{FRAME, Layout, Origin, Plan, is_result};
-use crate::chat::{Content, Message, Role};
+use crate::conversation::{Item, Role};
 
 /// What is wrong with a plan.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,7 +51,7 @@ pub enum Violation {
 
 /// Checks `plan` against the conversation it was made for (see the module docs of
 /// [`super`] for the rules).
-pub fn validate(messages: &[Message<'_>], plan: &Plan) -> Result<(), Violation> {
+pub fn validate(messages: &[Item<'_>], plan: &Plan) -> Result<(), Violation> {
     let layout = Layout::new(messages).map_err(|_| Violation::NoFinalTurn)?;
     validate_with(&layout, messages, plan)
 }
@@ -62,11 +60,11 @@ pub fn validate(messages: &[Message<'_>], plan: &Plan) -> Result<(), Violation> 
 /// `messages`; compaction has it).
 pub(crate) fn validate_with(
     layout: &Layout<'_, '_>,
-    messages: &[Message<'_>],
+    messages: &[Item<'_>],
     plan: &Plan,
 ) -> Result<(), Violation> {
     let n = messages.len();
-    let (head, through) = (plan.head, plan.through);
+    let (head, through, format) = (plan.head, plan.through, plan.format);
     if head > through || through >= n {
         return Err(Violation::Range {
             head,
@@ -102,14 +100,17 @@ pub(crate) fn validate_with(
     let mut copied_at: BTreeMap<usize, usize> = BTreeMap::new();
     let mut last: Option<usize> = None;
     for (position, (raw, origin)) in plan.replacement.iter().zip(&plan.origin).enumerate() {
-        let parsed = Message::parse(raw).map_err(|e| Violation::Unreadable {
+        let parsed = format.item(raw).ok_or_else(|| Violation::Unreadable {
             position,
-            reason: e.to_string(),
+            reason: "not an item of the conversation's format".to_owned(),
         })?;
         let index = match *origin {
             Origin::Authored => {
-                let framed = matches!(parsed.content(), Content::Text(t) if t.starts_with(FRAME));
-                let plain = parsed.tool_calls.is_none() && parsed.tool_call_id.is_none();
+                let framed = parsed
+                    .content
+                    .as_text()
+                    .is_some_and(|t| t.starts_with(FRAME));
+                let plain = parsed.calls.is_empty() && parsed.results.is_empty();
                 if !framed || !plain || !matches!(parsed.role, Role::User | Role::System) {
                     return Err(Violation::Unframed { position });
                 }
@@ -126,7 +127,9 @@ pub(crate) fn validate_with(
             Origin::Verbatim(_) if raw.get() != original.raw.get() => {
                 return Err(Violation::NotVerbatim { position, index });
             }
-            Origin::Digest(_) if !is_result(original) || !same_but_content(raw, original.raw) => {
+            Origin::Digest(_)
+                if !is_result(original) || !format.is_digest_of(raw, original.raw) =>
+            {
                 return Err(Violation::Digest { position, index });
             }
             _ => {}
@@ -158,18 +161,4 @@ pub(crate) fn validate_with(
         }
     }
     Ok(())
-}
-
-/// Whether two messages are the same JSON object apart from `content`.
-fn same_but_content(a: &RawValue, b: &RawValue) -> bool {
-    type Object = serde_json::Map<String, serde_json::Value>;
-    let parse = |r: &RawValue| serde_json::from_str::<Object>(r.get()).ok();
-    match (parse(a), parse(b)) {
-        (Some(mut a), Some(mut b)) => {
-            a.remove("content");
-            b.remove("content");
-            a == b
-        }
-        _ => false,
-    }
 }

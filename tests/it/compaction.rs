@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use abridge::strategies::Strategy;
 use abridge::config::{CompactionMode, Config};
 use abridge::secret::Secret;
+use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider, SummaryMode, count_tokens};
 use serde_json::{Value, json};
 

@@ -37,10 +37,8 @@ fn expected_conversation(port: u16, tenant: &str, explicit: Option<&str>) -> Fin
     let mut headers = http::HeaderMap::new();
     headers.insert("authorization", tenant.parse().unwrap());
     let tenant_headers = abridge::Config::default().identity.tenant_headers;
-    let credentials = abridge::headers::Credentials::from_headers(
-        &headers,
-        tenant_headers.iter().map(|h| &h.0),
-    );
+    let credentials =
+        abridge::headers::Credentials::from_headers(&headers, tenant_headers.iter().map(|h| &h.0));
     abridge::identity::identify(
         &key,
         &credentials.tenant(),

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use abridge::strategies::Strategy;
 use abridge::config::{Anonymous, Config};
+use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider, is_summary_request};
 use serde_json::{Value, json};
 

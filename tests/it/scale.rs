@@ -605,7 +605,9 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
         let llm = s
             .checkpoints
             .iter()
-            .filter(|c| c.strategy == abridge::strategies::Strategy::Structured && c.fallback.is_none())
+            .filter(|c| {
+                c.strategy == abridge::strategies::Strategy::Structured && c.fallback.is_none()
+            })
             .count();
         let other = s.checkpoints.len() - llm;
         assert_eq!(

@@ -4,9 +4,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use abridge::strategies::Strategy;
 use abridge::secret::Secret;
 use abridge::store::Checkpoint;
+use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};

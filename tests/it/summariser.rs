@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use abridge::strategies::SummaryRequest;
+use abridge::compactor::summariser::{Summariser, SummaryFailure};
 use abridge::config::SummaryConfig;
 use abridge::headers::Credentials;
 use abridge::secret::Secret;
-use abridge::compactor::summariser::{Summariser, SummaryFailure};
+use abridge::strategies::SummaryRequest;
 use abridge::upstream::Upstream;
 use fake_provider::{Behavior, FakeProvider, SummaryMode};
 use http::HeaderMap;

@@ -3,8 +3,8 @@
 //! system prompts that change every turn, fast-growing conversations, sibling chats
 //! that share an opening, an oversized final turn.
 
-use abridge::strategies::Strategy;
 use abridge::config::Config;
+use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider};
 use serde_json::{Value, json};
 

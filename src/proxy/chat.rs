@@ -1,0 +1,323 @@
+//! `POST /v1/chat/completions`, the conversation route: ingress → prepare (parse,
+//! identify, load) → plan → rewrite → forward (→ retry without what abridge added, if
+//! the provider refused it → compact-and-retry, if it said the prompt is too long) →
+//! relay → record.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Uri, Version, header};
+
+use crate::chat::{self, Parsed};
+use crate::compactor::overflow;
+use crate::compactor::{Decision, Followup, Reason, Turn};
+use crate::config::CompactionMode;
+use crate::controls::{Compact, Controls, Report};
+use crate::error::Error;
+use crate::headers::{self, Credentials};
+use crate::ingress;
+use crate::prepare::{Prepared, prepare};
+use crate::relay::Watch;
+use crate::state::AppState;
+use crate::stats::Route;
+use crate::store::Checkpoint;
+
+use super::{Exchange, Upstream, first_answer, respond, send};
+
+/// The handler: see the module docs.
+pub async fn chat(State(state): State<AppState>, request: Request) -> Response {
+    let mut exchange = Exchange::start(&state);
+    let response = stages(&state, request, &mut exchange)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    exchange.finish(&state, Route::Chat, &response);
+    response
+}
+
+async fn stages(
+    state: &AppState,
+    request: Request,
+    exchange: &mut Exchange,
+) -> Result<Response, Error> {
+    let (mut parts, body) = request.into_parts();
+    let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
+    let controls = Controls::from_headers(&parts.headers, state.config().compaction.allowed())?;
+
+    // ingress: the one body abridge reads whole, bounded.
+    let (body, held) = ingress::read_body(
+        body,
+        &parts.headers,
+        state.config().limits.max_body_bytes,
+        state.config().timeouts.client_body(),
+        state.body_budget(),
+    )
+    .await?;
+    exchange.held = Some(held);
+    prepare_headers(&mut parts);
+    // The credentials as the provider will see them (hop-by-hop headers gone).
+    let credentials = Credentials::from_headers(
+        &parts.headers,
+        state.config().identity.tenant_headers.iter().map(|h| &h.0),
+    );
+
+    // prepare: a body abridge does not understand goes untouched.
+    let prepared = match prepare(state, controls, credentials, body).await {
+        Ok(prepared) => prepared,
+        Err((body, reason)) => {
+            return untouched(state, &parts, &target, body, reason, exchange).await;
+        }
+    };
+    let turn = prepared.turn();
+
+    // plan → rewrite → forward, with its retries.
+    let mut decision = state.compactor().plan(&turn, Reason::Request).await;
+    let (upstream, watch) = forward(
+        state,
+        &turn,
+        &prepared,
+        (&parts, &target),
+        &mut decision,
+        exchange,
+    )
+    .await?;
+
+    // relay → record.
+    for note in prepared
+        .controls
+        .ignored
+        .iter()
+        .copied()
+        .chain(prepared.note)
+    {
+        decision.report.add_note(note);
+    }
+    exchange.tenant = prepared.identified.as_ref().map(|i| i.tenant);
+    let followup = followup(&prepared, &decision);
+    Ok(respond(
+        state,
+        upstream,
+        watch,
+        &decision.report,
+        followup,
+        exchange,
+    ))
+}
+
+/// A body abridge does not understand: forwarded untouched, the provider's own answer
+/// relayed (and said so).
+async fn untouched(
+    state: &AppState,
+    parts: &Parts,
+    target: &Uri,
+    body: Bytes,
+    reason: chat::Unparseable,
+    exchange: &mut Exchange,
+) -> Result<Response, Error> {
+    tracing::debug!(%reason, "forwarding a chat body abridge does not understand untouched");
+    let report = Report {
+        note: Some("request body not understood: forwarded untouched".to_owned()),
+        ..Report::default()
+    };
+    let response = send(state, parts, target, body, exchange).await?;
+    Ok(respond(
+        state,
+        Upstream::Streaming(response),
+        Watch::Usage { strip: false },
+        &report,
+        None,
+        exchange,
+    ))
+}
+
+/// forward: the rewritten body; when the provider refuses what abridge added, once more
+/// with the client's own fields; when it says the prompt is too long, compacted harder
+/// and once more.
+async fn forward(
+    state: &AppState,
+    turn: &Turn<'_, '_>,
+    prepared: &Prepared,
+    (parts, target): (&Parts, &Uri),
+    decision: &mut Decision,
+    exchange: &mut Exchange,
+) -> Result<(Upstream, Watch), Error> {
+    let (body, parsed) = (prepared.request.body(), prepared.request.parsed());
+    let (outgoing, mut watch) = rewrite(state, body, parsed, decision.apply.as_ref());
+    // An error body is read before it is passed on only when a retry could follow:
+    // compaction may act, or abridge added a field the provider may refuse.
+    let may_compact = prepared.controls.compact != Compact::Off
+        && state.config().compaction.mode == CompactionMode::On;
+    let added = watch == Watch::Usage { strip: true };
+    let mut upstream = first_answer(
+        state,
+        parts,
+        target,
+        outgoing,
+        may_compact || added,
+        exchange,
+    )
+    .await?;
+    if added && refused_addition(&upstream) {
+        state.refuse_usage_option();
+        let (outgoing, plain) = rewrite(state, body, parsed, decision.apply.as_ref());
+        upstream = first_answer(state, parts, target, outgoing, may_compact, exchange).await?;
+        watch = plain;
+        decision.report.add_note(
+            "the provider refused stream_options, which abridge adds to read usage: retried with the client's own fields; streaming usage is not read from this provider",
+        );
+    }
+    if may_compact {
+        upstream = overflow_retry(
+            state,
+            turn,
+            (parts, target, body, parsed),
+            upstream,
+            (decision, &mut watch),
+            exchange,
+        )
+        .await;
+    }
+    Ok((upstream, watch))
+}
+
+/// The chat request's headers for the upstream: hop-by-hop and `x-abridge-*` removed,
+/// an uncompressed response asked for (so usage can be read, see `relay`), and no
+/// `Expect` (the body is already here, whole).
+fn prepare_headers(parts: &mut Parts) {
+    headers::strip_request(&mut parts.headers);
+    parts.headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    parts.headers.remove(header::EXPECT);
+    parts.version = Version::HTTP_11;
+}
+
+/// rewrite: the body to send — the original bytes unless a checkpoint is applied or
+/// usage must be asked for — and what the relay must watch for.
+fn rewrite(
+    state: &AppState,
+    body: &Bytes,
+    parsed: &Parsed<'_>,
+    apply: Option<&Checkpoint>,
+) -> (Bytes, Watch) {
+    let mut edits = Vec::with_capacity(2);
+    // Not where the provider is known to refuse it (then usage is not read, counted).
+    let usage = chat::usage_edit(body, &parsed.request);
+    let usage = match usage {
+        Some(_) if state.refuses_usage_option() => {
+            state.stats().usage_not_asked();
+            None
+        }
+        usage => usage,
+    };
+    let strip = usage.is_some();
+    edits.extend(usage);
+    if let Some(checkpoint) = apply {
+        let messages = crate::compactor::forwarded(&parsed.messages, checkpoint);
+        edits.extend(chat::messages_edit(body, &parsed.request, &messages));
+    }
+    if strip {
+        state.stats().usage_requested();
+    }
+    let outgoing = chat::apply(body, edits).unwrap_or_else(|| body.clone());
+    (outgoing, Watch::Usage { strip })
+}
+
+/// compact-and-retry: the provider said the prompt is too long, and nothing has reached
+/// the client yet. Compacts harder and sends once more; when that cannot be sent, the
+/// provider's own answer is passed on.
+async fn overflow_retry(
+    state: &AppState,
+    turn: &Turn<'_, '_>,
+    (parts, target, body, parsed): (&Parts, &Uri, &Bytes, &Parsed<'_>),
+    upstream: Upstream,
+    (decision, watch): (&mut Decision, &mut Watch),
+    exchange: &mut Exchange,
+) -> Upstream {
+    let Upstream::Buffered(head, error) = &upstream else {
+        return upstream;
+    };
+    if !overflow::is_context_overflow(head.status, error) {
+        return upstream;
+    }
+    let sent = decision.estimate;
+    let retry = state
+        .compactor()
+        .plan(turn, Reason::Overflow { sent })
+        .await;
+    let deeper = retry.apply.is_some()
+        && retry.apply.as_ref().map(|c| c.through) != decision.apply.as_ref().map(|c| c.through);
+    if !deeper {
+        return upstream;
+    }
+    let (outgoing, retry_watch) = rewrite(state, body, parsed, retry.apply.as_ref());
+    match send(state, parts, target, outgoing, exchange).await {
+        Ok(response) => {
+            state.stats().retry();
+            tracing::info!(conversation = ?turn.conversation, "context length exceeded: compacted and retried once");
+            *watch = retry_watch;
+            *decision = retry;
+            decision
+                .report
+                .add_note("provider reported context length exceeded: compacted and retried");
+            Upstream::Streaming(response)
+        }
+        // The provider's own answer is better than an error of abridge's.
+        Err(e) => {
+            tracing::warn!(conversation = ?turn.conversation, error = %e, "context length exceeded; the compacted retry could not be sent, the provider's error is passed on");
+            decision
+                .report
+                .add_note("provider reported context length exceeded; the retry could not be sent");
+            upstream
+        }
+    }
+}
+
+/// Whether the provider refused what abridge added to the request (`stream_options`):
+/// a 400 or 422 that names it. Azure OpenAI's older API versions and some compatible
+/// servers answer `Unrecognized request argument supplied: stream_options`.
+fn refused_addition(upstream: &Upstream) -> bool {
+    let Upstream::Buffered(head, error) = upstream else {
+        return false;
+    };
+    if !matches!(head.status.as_u16(), 400 | 422) {
+        return false;
+    }
+    let text = String::from_utf8_lossy(&error[..error.len().min(64 * 1024)]).to_ascii_lowercase();
+    text.contains("stream_options") || text.contains("include_usage")
+}
+
+/// What the record stage needs to know about this request (`None`: not identified).
+fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
+    let identified = prepared.identified.as_ref()?;
+    let parsed = prepared.request.parsed();
+    Some(Followup {
+        held: None,
+        tenant: identified.tenant,
+        conversation: identified.conversation,
+        messages: u32::try_from(parsed.messages.len()).unwrap_or(u32::MAX),
+        prefix: identified
+            .hashes
+            .prefixes
+            .last()
+            .copied()
+            .unwrap_or(identified.conversation),
+        applied: decision.apply.as_ref().map(|c| c.through),
+        threshold: decision.threshold,
+        soft: decision.soft,
+        active: decision.active,
+        strategy: decision.strategy,
+        replaces: decision.usage,
+        growth: decision.growth,
+        head_tokens: decision.head_tokens,
+        appended: decision.appended,
+        previous: decision.previous,
+        last_seen_ms: decision.last_seen_ms,
+        request: Arc::clone(&prepared.request),
+        prefixes: identified.hashes.prefixes.clone(),
+        credentials: prepared.credentials.clone(),
+    })
+}
