@@ -1,17 +1,15 @@
 //! Chat completions (JSON and SSE), summaries and embeddings of the fake provider.
 
-use std::time::Duration;
-
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
-use flate2::Compression;
-use flate2::write::GzEncoder;
-use http::{StatusCode, header};
+use http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::{Behavior, Completion, Stall, SummaryMode, channel_body, error};
+use crate::transport::{Answer, frame};
+use crate::{Behavior, SummaryMode, error};
 
-const CREATED: u64 = 1_700_000_000;
+/// The `created` time of every answer (a fixed instant, so answers compare equal).
+pub(crate) const CREATED: u64 = 1_700_000_000;
 const ROLES: [&str; 6] = [
     "system",
     "developer",
@@ -41,8 +39,13 @@ pub fn count_tokens(messages: &[Value]) -> u64 {
 }
 
 /// The text of a message: a string content, or its text parts joined by newlines.
-fn text_of(message: &Value) -> String {
-    match &message["content"] {
+pub(crate) fn text_of(message: &Value) -> String {
+    text_of_content(&message["content"])
+}
+
+/// The text of a content: a string, or its parts' `text` joined by newlines.
+pub(crate) fn text_of_content(content: &Value) -> String {
+    match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts
             .iter()
@@ -82,48 +85,6 @@ impl Reply {
                 name, arguments, ..
             } => ((name.len() + arguments.len()) as u64).div_ceil(4),
         }
-    }
-}
-
-/// What the fake answers to one chat-completions body, worked out before anything is
-/// sent: the same body and behaviour always give the same answer, so the bench mode can
-/// keep it (see `Shared::bench`).
-pub(crate) enum Answer {
-    /// A complete response: an error in OpenAI's shape or a completion as JSON.
-    Whole(StatusCode, Bytes),
-    /// The SSE events of a streamed completion, framed, `[DONE]` included.
-    Events(Vec<Bytes>),
-}
-
-/// Sends an answer: a JSON body (gzipped when told), or its events one write each.
-pub(crate) fn send(b: &Behavior, answer: &Answer, completion: Completion) -> Response {
-    match answer {
-        Answer::Whole(status, bytes) => {
-            completion.complete();
-            if b.gzip && status.is_success() {
-                let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
-                let compressed = std::io::Write::write_all(&mut gz, bytes)
-                    .and_then(|()| gz.finish())
-                    .unwrap_or_default();
-                (
-                    *status,
-                    [
-                        (header::CONTENT_TYPE, "application/json"),
-                        (header::CONTENT_ENCODING, "gzip"),
-                    ],
-                    compressed,
-                )
-                    .into_response()
-            } else {
-                (
-                    *status,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    bytes.clone(),
-                )
-                    .into_response()
-            }
-        }
-        Answer::Events(events) => stream(b, events.clone(), completion),
     }
 }
 
@@ -292,6 +253,17 @@ fn text_reply(messages: &[Value], words: usize, max_tokens: Option<u64>) -> Repl
         .find(|m| m["role"] == "user")
         .map(text_of)
         .unwrap_or_default();
+    let (text, truncated) = reply_text(&asked, words, max_tokens);
+    Reply::Text {
+        text,
+        finish: if truncated { "length" } else { "stop" },
+    }
+}
+
+/// A normal reply to the user text `asked`: "Fake reply to:", its first six words, then
+/// filler up to `words` words; cut to `max_tokens` words (one token a word), and then
+/// whether it was cut.
+pub(crate) fn reply_text(asked: &str, words: usize, max_tokens: Option<u64>) -> (String, bool) {
     let mut out: Vec<String> = ["Fake", "reply", "to:"].map(str::to_owned).to_vec();
     out.extend(asked.split_whitespace().take(6).map(str::to_owned));
     let filler = ["lorem", "ipsum", "dolor", "sit", "amet"];
@@ -301,17 +273,14 @@ fn text_reply(messages: &[Value], words: usize, max_tokens: Option<u64>) -> Repl
         i += 1;
     }
     out.truncate(words.max(1));
-    let mut finish = "stop";
+    let mut truncated = false;
     if let Some(max) = max_tokens
         && (out.len() as u64) > max
     {
         out.truncate(max.max(1) as usize);
-        finish = "length";
+        truncated = true;
     }
-    Reply::Text {
-        text: out.join(" "),
-        finish,
-    }
+    (out.join(" "), truncated)
 }
 
 fn usage(prompt: u64, completion: u64, input_naming: bool) -> Value {
@@ -417,87 +386,6 @@ impl Chunks {
         }
         out
     }
-}
-
-fn frame(payload: &str, multiline: bool) -> String {
-    match (multiline, payload.find(',')) {
-        (true, Some(i)) => format!("data: {}\ndata: {}\n\n", &payload[..=i], &payload[i + 1..]),
-        _ => format!("data: {payload}\n\n"),
-    }
-}
-
-fn stream(b: &Behavior, events: Vec<Bytes>, completion: Completion) -> Response {
-    let (tx, body) = channel_body();
-    let b = b.clone();
-    tokio::spawn(async move {
-        let mut gz = b
-            .gzip
-            .then(|| GzEncoder::new(Vec::new(), Compression::fast()));
-        for (i, event) in events.iter().enumerate() {
-            if i > 0 && !b.chunk_delay.is_zero() {
-                tokio::select! {
-                    () = tx.closed() => return,
-                    () = tokio::time::sleep(b.chunk_delay) => {}
-                }
-            }
-            let pieces: Vec<Bytes> = if b.split_events {
-                let half = event.len() / 2;
-                vec![event.slice(..half), event.slice(half..)]
-            } else {
-                vec![event.clone()]
-            };
-            for piece in pieces {
-                let bytes = match &mut gz {
-                    None => piece,
-                    Some(gz) => {
-                        use std::io::Write;
-                        if gz.write_all(&piece).and_then(|()| gz.flush()).is_err() {
-                            return;
-                        }
-                        Bytes::from(std::mem::take(gz.get_mut()))
-                    }
-                };
-                // An empty chunk would reset the stream (see `ChannelBody`).
-                if !bytes.is_empty() && tx.send(bytes).await.is_err() {
-                    return;
-                }
-                if b.split_events {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-            if i == 0 && b.faults.reset {
-                let _ = tx.send(Bytes::new()).await;
-                return;
-            }
-            if i == 0 && b.stall == Some(Stall::AfterFirstEvent) {
-                tx.closed().await;
-                return;
-            }
-        }
-        let rest = gz.and_then(|gz| gz.finish().ok()).filter(|r| !r.is_empty());
-        if let Some(rest) = rest
-            && tx.send(Bytes::from(rest)).await.is_err()
-        {
-            return;
-        }
-        completion.complete();
-    });
-    let mut response = (
-        StatusCode::OK,
-        [
-            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        body,
-    )
-        .into_response();
-    if b.gzip {
-        response.headers_mut().insert(
-            header::CONTENT_ENCODING,
-            header::HeaderValue::from_static("gzip"),
-        );
-    }
-    response
 }
 
 /// The bodies of the `[USER]` blocks of a transcript: a label line (`[USER]`,
@@ -618,10 +506,15 @@ pub(crate) fn embeddings(body: &Bytes) -> Response {
 }
 
 /// FNV-1a: a stable id for identical requests, so two streams can be compared byte for byte.
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+pub(crate) fn fnv(bytes: &[u8]) -> u64 {
+    fnv_extend(0xcbf2_9ce4_8422_2325, bytes)
+}
+
+/// FNV-1a of `bytes` continued from the hash `h` (of the bytes before them).
+pub(crate) fn fnv_extend(h: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 #[cfg(test)]

@@ -12,7 +12,9 @@
 //!   request argument supplied: stream_options` for a body that has `stream_options`, as
 //!   Azure OpenAI's older API versions and some compatible servers answer.
 //! - `api_keys` — when not empty, a request whose `Authorization: Bearer <key>` or
-//!   `x-api-key: <key>` is not in the list gets OpenAI's `401 invalid_api_key`.
+//!   `x-api-key: <key>` is not in the list gets OpenAI's `401 invalid_api_key` (on the
+//!   Messages routes Anthropic's `401 authentication_error`: `x-api-key header is
+//!   required` without a key, `invalid x-api-key` with a wrong one).
 
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -48,15 +50,10 @@ pub(crate) fn respond(
     headers: &HeaderMap,
     path: &str,
     body: &Bytes,
+    request_id: &str,
 ) -> Option<Response> {
-    if !faults.api_keys.is_empty() && !authorized(&faults.api_keys, headers) {
-        return Some(crate::error(
-            StatusCode::UNAUTHORIZED,
-            "Incorrect API key provided: sk-fake-***. You can find your API key at https://platform.openai.com/account/api-keys.",
-            "invalid_request_error",
-            None,
-            Some("invalid_api_key"),
-        ));
+    if let Some(response) = unauthorized(&faults.api_keys, headers, path, request_id) {
+        return Some(response);
     }
     if faults.reject_stream_options
         && serde_json::from_slice::<serde_json::Value>(body)
@@ -116,12 +113,47 @@ pub(crate) fn respond(
     None
 }
 
-fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
-    let presented = headers
+/// The 401 of a key list that does not have the request's key, in the route's API shape.
+fn unauthorized(
+    keys: &[String],
+    headers: &HeaderMap,
+    path: &str,
+    request_id: &str,
+) -> Option<Response> {
+    if keys.is_empty() {
+        return None;
+    }
+    let presented = presented(headers);
+    if presented.is_some_and(|p| keys.iter().any(|k| k == p)) {
+        return None;
+    }
+    if crate::messages::is_route(path) {
+        let message = if presented.is_none() {
+            "x-api-key header is required"
+        } else {
+            "invalid x-api-key"
+        };
+        return Some(crate::messages::error(
+            StatusCode::UNAUTHORIZED,
+            message,
+            request_id,
+        ));
+    }
+    Some(crate::error(
+        StatusCode::UNAUTHORIZED,
+        "Incorrect API key provided: sk-fake-***. You can find your API key at https://platform.openai.com/account/api-keys.",
+        "invalid_request_error",
+        None,
+        Some("invalid_api_key"),
+    ))
+}
+
+/// The key a request presents: `Authorization: Bearer`, `x-api-key` or `api-key`.
+fn presented(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
-        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()));
-    presented.is_some_and(|p| keys.iter().any(|k| k == p))
+        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
 }

@@ -1,13 +1,23 @@
-//! A fake OpenAI-compatible provider: abridge's test apparatus and an offline demo
-//! upstream.
+//! A fake LLM provider — OpenAI chat completions, OpenAI Responses, Anthropic Messages:
+//! abridge's test apparatus and an offline demo upstream.
 //!
-//! It behaves like the real API where abridge cares: it counts prompt tokens, enforces a
-//! context window with OpenAI's `context_length_exceeded` error, answers chat completions
-//! as JSON or as SSE framed exactly like OpenAI (role chunk, content chunks, finish chunk,
-//! a usage chunk and `"usage":null` members only when `stream_options.include_usage` is
-//! set, `data: [DONE]`), makes tool calls when given tools, answers summarisation
-//! prompts with a sectioned summary, serves `/models` and `/embeddings`, and records every
-//! request it receives (method, URI, headers, raw body) for assertions.
+//! It behaves like the real APIs where abridge cares: it counts prompt tokens, enforces a
+//! context window with each API's own error, answers chat completions as JSON or as SSE
+//! framed exactly like OpenAI (role chunk, content chunks, finish chunk, a usage chunk and
+//! `"usage":null` members only when `stream_options.include_usage` is set, `data:
+//! [DONE]`), makes tool calls when given tools, answers summarisation prompts with a
+//! sectioned summary (chat only), serves `/models` and `/embeddings`, and records every
+//! request it receives (method, URI, headers, raw body) for assertions, whatever its
+//! route. The path prefix before an API's own path is free (`/v1/…`, `/api/v1/…`).
+//!
+//! - `POST …/chat/completions`: see the rest of this page and the token counting below.
+//! - `POST …/responses`: OpenAI's Responses API ([`responses`]): input items, the pairing
+//!   checks of function calls, their outputs and reasoning items, typed SSE
+//!   (`event: response.…` with `sequence_number`s, no `[DONE]`).
+//! - `POST …/messages` and `…/messages/count_tokens`: Anthropic's Messages API
+//!   ([`messages`]): `anthropic-version` required, errors in Anthropic's shape (the
+//!   `x-fake-status` failure and the 401 of the key list too), tool_use/tool_result and
+//!   thinking-signature checks, simulated prompt caching ([`prompt_cache`]), typed SSE.
 //!
 //! It can be told to misbehave, for the whole instance ([`Behavior`]) or per request with
 //! `x-fake-*` headers: `x-fake-status: 503` (fail), `x-fake-stall: headers|body` (hang
@@ -20,14 +30,25 @@
 //! `x-fake-usage: input` (`input_tokens` naming), `x-fake-prompt-tokens: N` (report N
 //! prompt tokens), the faults of [`faults`] (`x-fake-gzip-bomb`, `x-fake-garbage`,
 //! `x-fake-reset`, `x-fake-reject-stream-options`; a key list that answers 401), `x-fake-leak-headers: 1` (hop-by-hop and
-//! `x-abridge-*` response headers a proxy must not pass on).
+//! `x-abridge-*` response headers a proxy must not pass on), `x-fake-thinking: 1`
+//! (Responses: a reasoning item first; Messages: a thinking block first),
+//! `x-fake-strict-alternation: 1` (Messages: reject consecutive same-role turns).
+//! The status, stall, delay, latency, words, window, split, multiline, gzip, reset,
+//! prompt-tokens and token-scale knobs apply to all three APIs; `x-fake-usage` and the
+//! summaries are chat's only. Bench mode keeps answers for chat only.
 //!
-//! Token counting (documented so tests can predict it): 3 per request + for each message
-//! 4 + ⌈bytes/4⌉ of its text content, name, and tool-call names and arguments; times
-//! `token_scale` (`x-fake-token-scale`), 1 by default.
+//! Token counting (documented so tests can predict it), chat completions: 3 per request +
+//! for each message 4 + ⌈bytes/4⌉ of its text content, name, and tool-call names and
+//! arguments; times `token_scale` (`x-fake-token-scale`), 1 by default, rounded up. The
+//! Responses and Messages counts follow the same scheme ([`count_response_tokens`],
+//! [`count_message_tokens`]; their modules say exactly how).
 
 mod chat;
 pub mod faults;
+pub mod messages;
+pub mod prompt_cache;
+pub mod responses;
+mod transport;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -36,7 +57,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::serve::ListenerExt;
@@ -47,7 +67,11 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use transport::Answer;
+
 pub use chat::{count_tokens, is_summary_request};
+pub use messages::{count_tokens as count_message_tokens, thinking_signature};
+pub use responses::count_tokens as count_response_tokens;
 
 /// Where the fake stalls when told to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +127,12 @@ pub struct Behavior {
     /// Prompt tokens are counted as documented, times this (a provider whose
     /// tokenizer counts more, or fewer, than abridge's estimate).
     pub token_scale: f64,
+    /// Messages API: reject consecutive user (or assistant) turns, as many
+    /// Anthropic-compatible servers do (Anthropic merges them).
+    pub strict_alternation: bool,
+    /// Think before answering: a reasoning item (Responses) or a thinking block (Messages)
+    /// first.
+    pub thinking: bool,
 }
 
 impl Default for Behavior {
@@ -124,6 +154,8 @@ impl Default for Behavior {
             reported_prompt_tokens: None,
             faults: faults::Faults::default(),
             token_scale: 1.0,
+            strict_alternation: false,
+            thinking: false,
         }
     }
 }
@@ -174,6 +206,12 @@ impl Behavior {
         if let Some(v) = flag("x-fake-leak-headers") {
             b.leak_headers = v;
         }
+        if let Some(v) = flag("x-fake-strict-alternation") {
+            b.strict_alternation = v;
+        }
+        if let Some(v) = flag("x-fake-thinking") {
+            b.thinking = v;
+        }
         if get("x-fake-usage") == Some("input") {
             b.input_tokens_naming = true;
         }
@@ -218,7 +256,9 @@ pub struct Shared {
     /// Load-benchmark mode ([`Shared::for_bench`]).
     bench: bool,
     /// Bench mode: the answers to the last few distinct chat bodies.
-    answers: Mutex<VecDeque<(Bytes, Arc<chat::Answer>)>>,
+    answers: Mutex<VecDeque<(Bytes, Arc<Answer>)>>,
+    /// Messages API: the prompt prefixes cached so far.
+    prompt_cache: prompt_cache::PromptCache,
 }
 
 /// Distinct chat bodies whose answers bench mode keeps.
@@ -251,7 +291,7 @@ impl Shared {
     }
 
     /// The answer to a chat-completions body: from the cache in bench mode.
-    fn answer(&self, behavior: &Behavior, headers: &HeaderMap, body: &Bytes) -> Arc<chat::Answer> {
+    fn answer(&self, behavior: &Behavior, headers: &HeaderMap, body: &Bytes) -> Arc<Answer> {
         let cacheable = self.bench && !headers.keys().any(|k| k.as_str().starts_with("x-fake-"));
         if !cacheable {
             return Arc::new(chat::answer(behavior, body));
@@ -427,47 +467,15 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         std::future::pending::<()>().await;
     }
 
-    let path = parts.uri.path();
-    let mut response = if let Some(response) =
-        faults::respond(&behavior.faults, &parts.headers, path, &body)
-    {
-        completion.complete();
-        response
-    } else if let Some(status) = behavior.fail_status {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        completion.complete();
-        let message = format!(
-            "The fake provider was told to fail this request.{}",
-            " ".repeat(behavior.error_padding)
-        );
-        error(status, &message, "server_error", None, None)
-    } else if parts.method == Method::POST && path.ends_with("/chat/completions") {
-        let answer = shared.answer(&behavior, &parts.headers, &body);
-        chat::send(&behavior, &answer, completion)
-    } else if parts.method == Method::GET && path.ends_with("/models") {
-        completion.complete();
-        json(
-            StatusCode::OK,
-            &serde_json::json!({"object": "list", "data": [
-                {"id": "fake-model", "object": "model", "created": 1_700_000_000, "owned_by": "fake-provider"}
-            ]}),
-        )
-    } else if parts.method == Method::POST && path.ends_with("/embeddings") {
-        completion.complete();
-        chat::embeddings(&body)
-    } else {
-        completion.complete();
-        error(
-            StatusCode::NOT_FOUND,
-            &format!("Invalid URL ({} {})", parts.method, path),
-            "invalid_request_error",
-            None,
-            None,
-        )
-    };
+    let id = shared.next_id();
+    let anthropic = messages::is_route(parts.uri.path());
+    let mut response = route(&shared, &behavior, &parts, &body, completion, id);
 
     let headers = response.headers_mut();
-    headers.insert("x-request-id", header::HeaderValue::from(shared.next_id()));
+    headers.insert("x-request-id", header::HeaderValue::from(id));
+    if anthropic && let Ok(v) = header::HeaderValue::from_str(&anthropic_request_id(id)) {
+        headers.insert("request-id", v);
+    }
     if behavior.leak_headers {
         for (name, value) in [
             ("connection", "x-fake-hop"),
@@ -480,6 +488,80 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
     }
     response
+}
+
+/// Anthropic's `request_id` of the request numbered `id`.
+fn anthropic_request_id(id: u64) -> String {
+    format!("req_fake{id:016}")
+}
+
+/// The response to a request, by route, once latency and stalls are done with.
+fn route(
+    shared: &Shared,
+    behavior: &Behavior,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    completion: Completion,
+    id: u64,
+) -> Response {
+    let path = parts.uri.path();
+    let post = parts.method == Method::POST;
+    let anthropic = messages::is_route(path);
+    let request_id = anthropic_request_id(id);
+    if let Some(response) =
+        faults::respond(&behavior.faults, &parts.headers, path, body, &request_id)
+    {
+        completion.complete();
+        response
+    } else if let Some(status) = behavior.fail_status {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        completion.complete();
+        let message = format!(
+            "The fake provider was told to fail this request.{}",
+            " ".repeat(behavior.error_padding)
+        );
+        if anthropic {
+            messages::error(status, &message, &request_id)
+        } else {
+            error(status, &message, "server_error", None, None)
+        }
+    } else if post && path.ends_with("/chat/completions") {
+        let answer = shared.answer(behavior, &parts.headers, body);
+        transport::send(behavior, &answer, completion)
+    } else if post && path.ends_with("/responses") {
+        transport::send(behavior, &responses::answer(behavior, body), completion)
+    } else if post && anthropic {
+        let count_only = path.ends_with("/count_tokens");
+        let answer = messages::answer(
+            behavior,
+            &shared.prompt_cache,
+            &parts.headers,
+            body,
+            &request_id,
+            count_only,
+        );
+        transport::send(behavior, &answer, completion)
+    } else if parts.method == Method::GET && path.ends_with("/models") {
+        completion.complete();
+        json(
+            StatusCode::OK,
+            &serde_json::json!({"object": "list", "data": [
+                {"id": "fake-model", "object": "model", "created": 1_700_000_000, "owned_by": "fake-provider"}
+            ]}),
+        )
+    } else if post && path.ends_with("/embeddings") {
+        completion.complete();
+        chat::embeddings(body)
+    } else {
+        completion.complete();
+        error(
+            StatusCode::NOT_FOUND,
+            &format!("Invalid URL ({} {})", parts.method, path),
+            "invalid_request_error",
+            None,
+            None,
+        )
+    }
 }
 
 fn json(status: StatusCode, value: &serde_json::Value) -> Response {
@@ -509,34 +591,5 @@ fn error_body(message: &str, kind: &str, param: Option<&str>, code: Option<&str>
     Bytes::from(serde_json::to_vec(&value).unwrap_or_default())
 }
 
-/// A response body fed by a channel, so the producer learns when the client is gone.
-/// An empty chunk is the producer's way to fail the body (the connection is reset, as a
-/// provider that crashed mid-stream would).
-struct ChannelBody {
-    rx: tokio::sync::mpsc::Receiver<Bytes>,
-}
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        self.rx.poll_recv(cx).map(|o| {
-            o.map(|b| {
-                if b.is_empty() {
-                    Err(std::io::Error::other("the fake provider reset the stream"))
-                } else {
-                    Ok(http_body::Frame::data(b))
-                }
-            })
-        })
-    }
-}
-
-fn channel_body() -> (tokio::sync::mpsc::Sender<Bytes>, Body) {
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    (tx, Body::new(ChannelBody { rx }))
-}
+#[cfg(test)]
+mod tests;

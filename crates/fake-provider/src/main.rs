@@ -1,5 +1,6 @@
-//! `fake-provider`: the fake OpenAI-compatible provider as a standalone server, for
-//! trying abridge offline: `cargo run -p fake-provider -- --listen 127.0.0.1:8000`, then
+//! `fake-provider`: the fake LLM provider (OpenAI chat completions and Responses,
+//! Anthropic Messages) as a standalone server, for trying abridge offline:
+//! `cargo run -p fake-provider -- --listen 127.0.0.1:8000`, then
 //! `ABRIDGE_UPSTREAM=http://127.0.0.1:8000/v1 cargo run --release`.
 
 use std::net::SocketAddr;
@@ -10,7 +11,8 @@ use axum::serve::ListenerExt;
 use fake_provider::{Behavior, Shared, nodelay, router};
 
 const USAGE: &str = "\
-fake-provider — an offline OpenAI-compatible provider for trying and testing abridge
+fake-provider — an offline LLM provider (OpenAI chat completions and Responses,
+Anthropic Messages) for trying and testing abridge
 
 USAGE:
     fake-provider [--listen ADDR] [--window TOKENS] [--delay-ms MS] [--words N] [--bench]

@@ -1,0 +1,411 @@
+//! OpenAI's Responses API (`POST /v1/responses`), as a stateless client sends it: the
+//! whole conversation in `input` every turn (`store: false`), the system prompt in
+//! `instructions` or in leading `developer`/`system` items.
+//!
+//! Items and their neutral view:
+//! - `message` (also an item without `type` but with a `role`): its role; content a
+//!   string or parts, `input_text`/`output_text` read as text, everything else
+//!   (`input_image`, `input_file`, `refusal`) kept raw;
+//! - `function_call` {`call_id`, `name`, `arguments`}, `custom_tool_call` {`call_id`,
+//!   `name`, `input`}, `local_shell_call` {`call_id`, `action`}: an assistant's call;
+//! - `function_call_output` / `custom_tool_call_output` / `local_shell_call_output`
+//!   {`call_id`, `output`}: the result of that call (paired by `call_id`);
+//! - `reasoning` {`id`, `summary`, `encrypted_content`}: travels with the item after it,
+//!   never edited;
+//! - `compaction` (the provider's own, encrypted): nothing before it is moved;
+//! - anything else (`web_search_call`, `image_generation_call`, …): kept verbatim,
+//!   its bytes part of identity.
+//!
+//! Requests that keep state on the provider (`previous_response_id`, `conversation`,
+//! `item_reference` items) or ask for its own compaction (`context_management`, a
+//! `compaction_trigger` item) are forwarded untouched: see [`Request::untouchable`].
+//!
+//! What abridge writes: a `message` item of role `user` (or `developer` for the system
+//! role) with one `input_text` part; a digest replaces a result's `output`.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::chat::{Edit, apply, span_of};
+use crate::conversation::{Content, Item, Opaque, Part, Role, ToolCall};
+use crate::formats::Author;
+
+/// The top level of a Responses request, of which abridge reads only this.
+#[derive(Debug, Deserialize)]
+pub struct Fields<'a> {
+    #[serde(borrow, default)]
+    pub model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub input: Option<&'a RawValue>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(borrow, default)]
+    pub previous_response_id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub conversation: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub context_management: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub prompt_cache_key: Option<Cow<'a, str>>,
+}
+
+/// A parsed request: the top level and the `input` items (empty when `input` is a
+/// string or absent: nothing to compact).
+#[derive(Debug)]
+pub struct Parsed<'a> {
+    pub fields: Fields<'a>,
+    pub raw_items: Vec<&'a RawValue>,
+    pub items: Vec<Item<'a>>,
+    /// Why the request is forwarded untouched, if it is (see [`Request::untouchable`]).
+    pub untouchable: Option<&'static str>,
+}
+
+/// Why a body is not a Responses request abridge understands.
+#[derive(Debug, thiserror::Error)]
+pub enum Unparseable {
+    #[error("request body is not a Responses request: {0}")]
+    Body(serde_json::Error),
+    #[error("input item {index} is not understood: {error}")]
+    Item {
+        index: usize,
+        error: serde_json::Error,
+    },
+}
+
+pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
+    let fields: Fields<'_> = serde_json::from_slice(body).map_err(Unparseable::Body)?;
+    let present = |v: Option<&RawValue>| v.is_some_and(|v| v.get() != "null");
+    let mut untouchable = if present(fields.previous_response_id) {
+        Some("previous_response_id: the conversation's state lives on the provider; forwarded untouched")
+    } else if present(fields.conversation) {
+        Some("conversation: the conversation's state lives on the provider; forwarded untouched")
+    } else if present(fields.context_management) {
+        Some("context_management: the provider compacts this conversation itself; forwarded untouched")
+    } else {
+        None
+    };
+    let raw_items: Vec<&RawValue> = match fields.input {
+        Some(input) if input.get().trim_start().starts_with('[') => {
+            serde_json::from_str(input.get()).map_err(Unparseable::Body)?
+        }
+        _ => Vec::new(),
+    };
+    let mut items = Vec::with_capacity(raw_items.len());
+    for (index, raw) in raw_items.iter().enumerate() {
+        let (item, kind) = item_of(raw).map_err(|error| Unparseable::Item { index, error })?;
+        match kind {
+            Kind::Reference if untouchable.is_none() => {
+                untouchable = Some("item_reference: items stored on the provider; forwarded untouched");
+            }
+            Kind::Trigger if untouchable.is_none() => {
+                untouchable = Some("compaction_trigger: the provider compacts this conversation itself; forwarded untouched");
+            }
+            _ => {}
+        }
+        items.push(item);
+    }
+    Ok(Parsed {
+        fields,
+        raw_items,
+        items,
+        untouchable,
+    })
+}
+
+/// What kind of item, where it matters beyond the neutral view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Plain,
+    Reference,
+    Trigger,
+}
+
+#[derive(Deserialize)]
+struct ItemFields<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    call_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    output: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    action: Option<&'a RawValue>,
+}
+
+/// One input item as a conversation item (see the module docs).
+pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+    item_of(raw).map(|(item, _)| item)
+}
+
+fn item_of(raw: &RawValue) -> Result<(Item<'_>, Kind), serde_json::Error> {
+    let f: ItemFields<'_> = serde_json::from_str(raw.get())?;
+    let mut item = Item {
+        raw,
+        role: Role::Assistant,
+        content: Content::None,
+        name: None,
+        calls: Vec::new(),
+        results: Vec::new(),
+        opaque: Opaque::None,
+        extra: None,
+    };
+    let kind = f.kind.as_deref().unwrap_or("message");
+    let mut what = Kind::Plain;
+    match kind {
+        "message" => {
+            let role = f.role.as_deref().unwrap_or("user");
+            item.role = match role {
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                "system" => Role::System,
+                "developer" => Role::Developer,
+                _ => {
+                    item.extra = Some(raw);
+                    Role::User
+                }
+            };
+            item.content = f.content.map_or(Content::None, content);
+        }
+        "function_call" | "custom_tool_call" | "local_shell_call" => {
+            let arguments = match kind {
+                "custom_tool_call" => f.input.unwrap_or_default(),
+                "local_shell_call" => Cow::Borrowed(f.action.map_or("", RawValue::get)),
+                _ => f.arguments.unwrap_or_default(),
+            };
+            item.calls.push(ToolCall {
+                id: f.call_id.unwrap_or_default(),
+                name: f.name.unwrap_or(Cow::Borrowed(kind)),
+                arguments,
+            });
+        }
+        "function_call_output" | "custom_tool_call_output" | "local_shell_call_output" => {
+            item.role = Role::Tool;
+            item.results.extend(f.call_id);
+            item.content = f.output.map_or(Content::None, content);
+        }
+        "reasoning" => {
+            item.opaque = Opaque::WithNext;
+            item.extra = Some(raw);
+        }
+        "compaction" => {
+            item.opaque = Opaque::Barrier;
+            item.extra = Some(raw);
+        }
+        other => {
+            what = match other {
+                "item_reference" => Kind::Reference,
+                "compaction_trigger" => Kind::Trigger,
+                _ => Kind::Plain,
+            };
+            item.extra = Some(raw);
+        }
+    }
+    Ok((item, what))
+}
+
+/// A content (or output): a string, or parts of which the text ones are read.
+fn content(raw: &RawValue) -> Content<'_> {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'"') => match crate::json::string_text(text) {
+            Some(s) => Content::Text(s),
+            None => serde_json::from_str::<Cow<'_, str>>(text)
+                .map(Content::Text)
+                .unwrap_or(Content::Other(raw)),
+        },
+        Some(b'[') => match serde_json::from_str::<Vec<&RawValue>>(text) {
+            Ok(parts) => Content::Parts(parts.into_iter().map(part).collect()),
+            Err(_) => Content::Other(raw),
+        },
+        Some(b'n') if text == "null" => Content::None,
+        _ => Content::Other(raw),
+    }
+}
+
+fn part(raw: &RawValue) -> Part<'_> {
+    #[derive(Deserialize)]
+    struct Fields<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Cow<'a, str>,
+        #[serde(borrow, default)]
+        text: Option<Cow<'a, str>>,
+    }
+    match serde_json::from_str::<Fields<'_>>(raw.get()) {
+        Ok(Fields {
+            kind,
+            text: Some(text),
+        }) if matches!(kind.as_ref(), "input_text" | "output_text" | "text") => Part::Text(text),
+        _ => Part::Other(raw),
+    }
+}
+
+/// A message item abridge writes: one `input_text` part (the system role is
+/// `developer`, as the Responses API names the operator's voice).
+pub fn authored(role: Author, text: &str) -> Box<RawValue> {
+    let role = match role {
+        Author::User => "user",
+        Author::System => "developer",
+    };
+    let json = serde_json::json!({
+        "type": "message",
+        "role": role,
+        "content": [{"type": "input_text", "text": text}],
+    });
+    RawValue::from_string(json.to_string())
+        .unwrap_or_else(|_| unreachable!("serde_json wrote valid JSON"))
+}
+
+/// The result item `raw` with its `output` replaced by the string `text`.
+pub fn with_output(raw: &RawValue, text: &str) -> Option<Box<RawValue>> {
+    let f: ItemFields<'_> = serde_json::from_str(raw.get()).ok()?;
+    let output = f.output?;
+    let whole = raw.get();
+    let span = span_of(whole.as_bytes(), output.get())?;
+    let encoded = serde_json::to_string(text).ok()?;
+    RawValue::from_string(format!("{}{encoded}{}", &whole[..span.start], &whole[span.end..])).ok()
+}
+
+/// Whether two items are the same JSON object apart from `output`.
+pub fn same_but_output(a: &RawValue, b: &RawValue) -> bool {
+    type Object = serde_json::Map<String, serde_json::Value>;
+    let parse = |r: &RawValue| serde_json::from_str::<Object>(r.get()).ok();
+    match (parse(a), parse(b)) {
+        (Some(mut a), Some(mut b)) => {
+            a.remove("output");
+            b.remove("output");
+            a == b
+        }
+        _ => false,
+    }
+}
+
+/// The body with its `input` array replaced by `items`, every other byte kept.
+pub fn with_input(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Bytes> {
+    let input = parsed.fields.input?;
+    let span = span_of(body, input.get())?;
+    let mut array = Vec::with_capacity(2 + items.iter().map(|m| m.get().len() + 1).sum::<usize>());
+    array.push(b'[');
+    for (i, m) in items.iter().enumerate() {
+        if i > 0 {
+            array.push(b',');
+        }
+        array.extend_from_slice(m.get().as_bytes());
+    }
+    array.push(b']');
+    apply(body, vec![Edit { span, bytes: array }])
+}
+
+self_cell::self_cell!(
+    /// A Responses request's body and its parse, together (see `crate::chat::Request`).
+    pub struct Request {
+        owner: Bytes,
+        #[covariant]
+        dependent: Parsed,
+    }
+
+    impl {Debug}
+);
+
+impl Request {
+    /// Parses `body`; a body abridge does not understand is handed back with the reason.
+    pub fn parse(body: Bytes) -> Result<Self, (Bytes, Unparseable)> {
+        Request::try_new_or_recover(body, |b| parse(b))
+    }
+
+    pub fn body(&self) -> &Bytes {
+        self.borrow_owner()
+    }
+
+    pub fn parsed(&self) -> &Parsed<'_> {
+        self.borrow_dependent()
+    }
+
+    /// Why this request keeps its state on the provider (or asks for the provider's own
+    /// compaction), and so is forwarded untouched.
+    pub fn untouchable(&self) -> Option<&'static str> {
+        self.parsed().untouchable
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODY: &str = r#"{"model":"gpt-5","store":false,"stream":true,"instructions":"Be brief.",
+        "input":[
+        {"type":"message","role":"developer","content":[{"type":"input_text","text":"You are a coding agent."}]},
+        {"type":"message","role":"user","content":[{"type":"input_text","text":"Run echo"}]},
+        {"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAA"},
+        {"type":"function_call","id":"fc_1","call_id":"call_1","name":"exec","arguments":"{\"cmd\":\"echo hi\"}"},
+        {"type":"function_call_output","call_id":"call_1","output":"hi"},
+        {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Done."}]},
+        {"role":"user","content":"Thanks"}],
+        "tools":[{"type":"function","name":"exec"}],"prompt_cache_key":"thread-1"}"#;
+
+    #[test]
+    fn items_have_their_neutral_view() {
+        let parsed = parse(BODY.as_bytes()).unwrap();
+        let items = &parsed.items;
+        assert_eq!(items.len(), 7);
+        assert_eq!(items[0].role, Role::Developer);
+        assert!(items[0].is_instruction());
+        assert_eq!(items[1].content.as_text().as_deref(), Some("Run echo"));
+        assert!(items[1].is_ask());
+        assert_eq!(items[2].opaque, Opaque::WithNext);
+        assert_eq!(items[3].calls[0].id, "call_1");
+        assert_eq!(items[3].calls[0].name, "exec");
+        assert_eq!(items[4].results, ["call_1"]);
+        assert!(items[4].is_result());
+        assert_eq!(items[5].content.as_text().as_deref(), Some("Done."));
+        assert!(items[6].is_ask(), "an item without type is a message");
+        assert_eq!(parsed.fields.prompt_cache_key.as_deref(), Some("thread-1"));
+        assert!(parsed.untouchable.is_none());
+    }
+
+    #[test]
+    fn state_on_the_provider_is_left_alone() {
+        for (body, why) in [
+            (r#"{"previous_response_id":"resp_1","input":[{"role":"user","content":"hi"}]}"#, "previous_response_id"),
+            (r#"{"conversation":"conv_1","input":"hi"}"#, "conversation"),
+            (r#"{"context_management":[{"type":"compaction"}],"input":[]}"#, "context_management"),
+            (r#"{"input":[{"type":"item_reference","id":"msg_1"},{"role":"user","content":"x"}]}"#, "item_reference"),
+            (r#"{"input":[{"role":"user","content":"x"},{"type":"compaction_trigger"}]}"#, "compaction_trigger"),
+        ] {
+            let parsed = parse(body.as_bytes()).unwrap();
+            assert!(parsed.untouchable.is_some_and(|u| u.contains(why)), "{body}");
+        }
+        assert!(parse(br#"{"previous_response_id":null,"input":"hi"}"#).unwrap().untouchable.is_none());
+    }
+
+    #[test]
+    fn the_input_is_replaced_and_everything_else_kept() {
+        let body = Bytes::from_static(BODY.as_bytes());
+        let parsed = parse(&body).unwrap();
+        let keep = [parsed.raw_items[0], parsed.raw_items[6]];
+        let out = with_input(&body, &parsed, &keep).unwrap();
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(text.starts_with(r#"{"model":"gpt-5","store":false,"stream":true,"instructions":"Be brief.","#));
+        assert!(text.ends_with(r#""tools":[{"type":"function","name":"exec"}],"prompt_cache_key":"thread-1"}"#));
+        let again = parse(&out).unwrap();
+        assert_eq!(again.items.len(), 2);
+        // Digests replace the output only.
+        let digest = with_output(parsed.raw_items[4], "[elided]").unwrap();
+        assert!(same_but_output(&digest, parsed.raw_items[4]));
+        assert_eq!(item(&digest).unwrap().content.as_text().as_deref(), Some("[elided]"));
+        let authored = authored(Author::User, "summary");
+        assert!(item(&authored).unwrap().is_ask());
+    }
+}
