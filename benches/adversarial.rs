@@ -23,7 +23,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use abridge::chat;
+use abridge::formats::chat;
 use abridge::identity::{IdentityKey, hash_conversation};
 use abridge::secret::Secret;
 use abridge::strategies::{

@@ -8,7 +8,7 @@
 
 use std::hint::black_box;
 
-use abridge::chat;
+use abridge::formats::chat;
 use abridge::strategies::{
     Inline, Input, Settings, Strategy, SummaryError, SummaryRequest, compact,
 };

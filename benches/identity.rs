@@ -7,7 +7,7 @@
     reason = "bench setup: a failure is a broken bench"
 )]
 
-use abridge::chat::parse;
+use abridge::formats::chat::parse;
 use abridge::identity::{IdentityKey, hash_conversation};
 use abridge::secret::Secret;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};

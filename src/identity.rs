@@ -157,16 +157,42 @@ impl IdentityKey {
     }
 
     /// The namespace of a tenant (its credential, or whatever the tenant header carries)
-    /// and an optional explicit conversation id.
+    /// and an optional explicit conversation id, for chat conversations.
     pub fn namespace(&self, tenant: &[u8], conversation: Option<&[u8]>) -> Fingerprint {
+        self.namespace_in(
+            tenant,
+            Scope {
+                format: None,
+                conversation,
+            },
+        )
+    }
+
+    /// The namespace of a tenant within `scope`: a wire format's domain (so no state
+    /// of one format is ever matched by a request in another) and the conversation id.
+    pub fn namespace_in(&self, tenant: &[u8], scope: Scope<'_>) -> Fingerprint {
         let mut mac = self.keyed.clone();
         frame(&mut mac, b't', tenant);
-        match conversation {
+        // Chat has no domain frame: its namespaces are those of before the other
+        // formats, so stored state stays reachable across the upgrade. After the tenant
+        // frame comes `f`, `c` or `-`: still prefix-free.
+        if let Some(format) = scope.format {
+            frame(&mut mac, b'f', format);
+        }
+        match scope.conversation {
             Some(id) => frame(&mut mac, b'c', id),
             None => mac.update(b"-"),
         }
         Fingerprint(mac.finalize().into_bytes().into())
     }
+}
+
+/// What narrows a tenant's namespace: the wire format's domain (`None` for chat) and
+/// the conversation id (the client's `x-abridge-conversation`, or the format's hint).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scope<'a> {
+    pub format: Option<&'a [u8]>,
+    pub conversation: Option<&'a [u8]>,
 }
 
 impl IdentityKey {
@@ -216,16 +242,16 @@ pub struct Identified {
     pub hashes: Hashes,
 }
 
-/// identify: the tenant (the value of the tenant header, e.g. the credential), an
-/// optional explicit conversation id, and the messages → the conversation, or `None` when
-/// the request has no user message to recognise it by.
+/// identify: the tenant (the value of the tenant header, e.g. the credential), the
+/// scope (format, optional explicit conversation id), and the messages → the
+/// conversation, or `None` when the request has no user message to recognise it by.
 pub fn identify(
     key: &IdentityKey,
     tenant: &[u8],
-    conversation_id: Option<&[u8]>,
+    scope: Scope<'_>,
     messages: &[Item<'_>],
 ) -> Option<Identified> {
-    let namespace = key.namespace(tenant, conversation_id);
+    let namespace = key.namespace_in(tenant, scope);
     let hashes = hash_conversation(&namespace, messages);
     Some(Identified {
         tenant: key.tenant_id(tenant),
@@ -385,7 +411,7 @@ impl Update for Hmac<Sha256> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::parse;
+    use crate::formats::chat::parse;
     use proptest::prelude::*;
 
     fn key() -> IdentityKey {
@@ -547,6 +573,23 @@ mod tests {
         assert_ne!(k.namespace(b"", Some(b"")), k.namespace(b"", None));
         let other = IdentityKey::new(Secret::new("other-secret"));
         assert_ne!(a, other.namespace(b"Bearer sk-a", None));
+        // A format's domain separates its conversations from chat's, and from an id
+        // that happens to spell the domain.
+        let scoped = |format, conversation| {
+            k.namespace_in(
+                b"Bearer sk-a",
+                Scope {
+                    format,
+                    conversation,
+                },
+            )
+        };
+        assert_ne!(a, scoped(Some(&b"responses"[..]), None));
+        assert_ne!(
+            scoped(Some(&b"responses"[..]), None),
+            scoped(None, Some(&b"responses"[..]))
+        );
+        assert_eq!(a, scoped(None, None));
         // The namespace does not contain the credential in any readable form.
         assert!(!a.to_hex().contains(&hex::encode(b"sk-a")));
     }

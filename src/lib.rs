@@ -3,39 +3,47 @@
 //!
 //! # Layout
 //!
+//! Listed from the top down: a module uses only those below it.
+//!
 //! - `main.rs`     — thin binary: arguments, config, logging, bind, [`run`] until a signal.
-//! - [`config`]    — the configuration: TOML file + `ABRIDGE_*` environment, checked once.
-//! - [`server`]    — [`AppState`] (one `Arc`), the proxy [`router`], and [`run`].
+//! - [`server`]    — wiring: the proxy [`router`] (which routes are read) and [`run`].
+//! - [`admin`]     — the admin listener: health, readiness, metrics, the token-guarded
+//!   `/admin` API (stats, conversations, preview) and the dashboard page.
+//! - [`proxy`]     — request handlers: the conversation routes (chat completions,
+//!   Responses: one handler whatever the format) and pass-through (everything else).
+//! - [`prepare`]   — the stages shared by the handler and the admin preview: parse,
+//!   identify, load.
+//! - [`state`]     — [`AppState`] (one `Arc`): configuration, store, compactor, stats.
+//! - [`compactor`] — the plan stage: a pure decision per request, the single-flight
+//!   build, persistence, background pre-compaction, the summariser, overflow recognition.
+//! - [`strategies`] — the compaction strategies (pure, no I/O) and the validator every
+//!   plan passes.
+//! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
+//!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads every naming.
 //! - [`serve`]     — one listener: connection and in-flight caps, client deadlines,
 //!   drain on shutdown.
-//! - [`proxy`]     — request handlers: chat completions (read) and pass-through (rest).
-//! - [`proxy::headers`] — hop-by-hop and `x-abridge-*` header hygiene, both directions.
-//! - [`ingress`]   — request bodies within bounds: size, deadline, bytes held at once.
-//! - [`chat`]      — the chat request parsed by borrowing; edits are splices of the bytes.
-//! - [`identity`]  — canonical message form, rolling prefix hashes, tenant namespaces.
+//! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
 //! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (single,
 //!   Cluster or Sentinel), fail-open behind a timeout and a probe gate.
-//! - [`controls`]  — `x-abridge-*` request controls and the response report.
-//! - [`compaction`] — the plan stage: predict, decide, apply or build checkpoints,
-//!   single-flight, compact-and-retry, anti-thrash, background pre-compaction.
-//! - [`compact`]   — the compaction strategies (pure, no I/O): which messages to replace
-//!   and with what, as a [`compact::Plan`], and the validator every plan passes.
+//! - [`identity`]  — canonical item form, rolling prefix hashes, tenant namespaces.
 //! - [`tokens`]    — token estimates: the model's own tokenizer for OpenAI families, a
 //!   calibrated byte-class estimate for the rest.
-//! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
-//! - [`summariser`] — one chat completion that turns a transcript into a summary.
+//! - [`formats`]   — the wire formats ([`formats::chat`], [`formats::responses`]):
+//!   parsed by borrowing into the neutral view; edits are splices of the bytes.
+//! - [`conversation`] — the format-neutral view of a conversation: items, roles,
+//!   content, tool calls, opaque items.
+//! - [`controls`]  — `x-abridge-*` request controls and the response report.
+//! - [`headers`]   — hop-by-hop and `x-abridge-*` header hygiene, both directions, and
+//!   the credentials a tenant is known by.
+//! - [`ingress`]   — request bodies within bounds: size, deadline, bytes held at once.
+//! - [`stats`], [`outcome`] — the metrics (prometheus-client) and what they count.
 //! - [`tenants`]   — what abridge knows of a credential: accepted by the provider yet,
 //!   and its summary budget.
 //! - [`models`]    — context windows of known models (for ratio thresholds).
 //! - [`offload`]   — CPU-heavy work off the async workers, bounded in concurrency.
-//! - [`overflow`]  — recognising a provider's "context length exceeded" answer.
-//! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
-//!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads both namings.
-//! - [`stats`]     — the metrics (prometheus-client): counters, gauges, latency.
-//! - [`admin`]     — the admin listener: health, readiness, metrics, the token-guarded
-//!   `/admin` API (stats, conversations, preview) and the dashboard page.
-//! - [`error`]     — abridge's own errors, answered in OpenAI's error shape.
-//! - [`secret`]    — a string type whose `Debug`/`Display` print `*****`.
+//! - [`config`]    — the configuration: TOML file + `ABRIDGE_*` environment, checked once.
+//! - [`json`], [`error`], [`secret`] — JSON string helpers; abridge's own errors, in
+//!   OpenAI's error shape; a string type whose `Debug`/`Display` print `*****`.
 //!
 //! The fake OpenAI-compatible provider used by the tests (and as an offline demo
 //! upstream) is the workspace crate `crates/fake-provider`.
@@ -45,9 +53,9 @@
 //! ```text
 //! client ─► ingress ─► parse ─► identify ─► plan ─► rewrite ─► forward ─► relay ─► client
 //!            │          │          │          │        │           │         │
-//!       limits, route, ChatRequest rolling   predict, splice     hyper,     bytes out as
-//!       x-abridge-*    borrowed,   prefix    apply a  head +     timeouts,  they arrive;
-//!       controls       unknown     hashes +  stored   replacement cancel on usage tee from
+//!       limits, route, borrowed, rolling   predict, splice     hyper,     bytes out as
+//!       x-abridge-*    neutral     prefix    apply a  head +     timeouts,  they arrive;
+//!       controls       items,      hashes +  stored   replacement cancel on usage tee from
 //!                      fields kept one store checkpoint + rest   drop;      JSON / SSE
 //!                                  round     or       into the   retry once     │
 //!                                  trip      compact  original   on context     ▼
@@ -56,12 +64,13 @@
 //!                                                                           background build
 //! ```
 //!
-//! Every other route under `/v1` is forward → relay with nothing read. Nothing that can
+//! The parse stage is the format's (chat completions or Responses); every stage after
+//! it sees the format-neutral items. Every other route under `/v1` is forward → relay
+//! with nothing read. Nothing that can
 //! fail in abridge's own machinery fails the user's request: a body abridge does not
 //! understand is forwarded untouched.
 
 pub mod admin;
-pub mod chat;
 pub mod compactor;
 pub mod config;
 pub mod controls;

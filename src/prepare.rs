@@ -7,11 +7,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::chat::{self, Unparseable};
-use crate::compactor::Turn;
+use crate::compactor::{Reason, Turn};
 use crate::config::Anonymous;
 use crate::controls::Controls;
-use crate::formats::Format;
+use crate::formats::{Format, Request, Unparseable};
 use crate::headers::Credentials;
 use crate::identity::{self, Identified, IdentityKey};
 use crate::state::AppState;
@@ -19,7 +18,7 @@ use crate::store::Loaded;
 
 /// A request parsed, identified and loaded.
 pub struct Prepared {
-    pub request: Arc<chat::Request>,
+    pub request: Arc<Request>,
     pub controls: Controls,
     pub credentials: Credentials,
     /// `None`: no user message, no identity key (store down), or no credential while
@@ -34,9 +33,8 @@ pub struct Prepared {
 impl Prepared {
     /// The view the compactor decides on.
     pub fn turn(&self) -> Turn<'_, '_> {
-        let parsed = self.request.parsed();
         Turn {
-            messages: &parsed.messages,
+            messages: self.request.items(),
             prefixes: self
                 .identified
                 .as_ref()
@@ -44,48 +42,61 @@ impl Prepared {
             conversation: self.identified.as_ref().map(|i| i.conversation),
             loaded: self.loaded.as_ref(),
             controls: &self.controls,
-            model: parsed.request.model.as_deref().unwrap_or_default(),
+            model: self.request.model(),
             credentials: &self.credentials,
             tenant: self.identified.as_ref().map(|i| i.tenant),
             size: self.request.body().len(),
-            format: Format::Chat,
+            format: self.request.format(),
         }
     }
 }
 
 /// Parses, identifies and loads. A body abridge does not understand is handed back,
-/// with the reason, to be forwarded untouched.
+/// with the reason, to be forwarded untouched. For [`Reason::Preview`] nothing is
+/// counted in the stats.
 pub async fn prepare(
     state: &AppState,
+    reason: Reason,
     controls: Controls,
     credentials: Credentials,
-    body: Bytes,
+    (format, body): (Format, Bytes),
 ) -> Result<Prepared, (Bytes, Unparseable)> {
-    let key = identity_key(state).await;
+    let counted = reason != Reason::Preview;
+    let key = state.identity_key().await;
+    if key.is_none() && counted {
+        state.stats().store_unavailable();
+    }
     let permit = state.cpu().permit_for(body.len()).await;
-    let request = match state.cpu().run_with(&permit, || chat::Request::parse(body)) {
+    let request = match state
+        .cpu()
+        .run_with(&permit, || Request::parse(format, body))
+    {
         Ok(request) => Arc::new(request),
         Err(unparsed) => {
-            state.stats().unparseable();
+            if counted {
+                state.stats().unparseable();
+            }
             return Err(unparsed);
         }
     };
     let refused = credentials.is_empty() && state.config().identity.anonymous == Anonymous::None;
     let identified = match (&key, refused) {
-        (Some(key), false) => state.cpu().run_with(&permit, || {
-            identify(key, &credentials, &controls, &request.parsed().messages)
-        }),
+        (Some(key), false) => state
+            .cpu()
+            .run_with(&permit, || identify(key, &credentials, &controls, &request)),
         _ => None,
     };
     drop(permit);
-    if identified.is_some() {
+    if identified.is_some() && counted {
         state.stats().identified();
     }
     let loaded = match &identified {
         Some(i) => match state.store().load(&i.conversation).await {
             Ok(loaded) => Some(loaded),
             Err(_) => {
-                state.stats().store_unavailable();
+                if counted {
+                    state.stats().store_unavailable();
+                }
                 None
             }
         },
@@ -104,24 +115,21 @@ pub async fn prepare(
     })
 }
 
-/// The identity key, or `None` while the store has never answered (fail-open: the
-/// request goes on unidentified, and that is counted).
-async fn identity_key(state: &AppState) -> Option<Arc<IdentityKey>> {
-    let key = state.identity_key().await;
-    if key.is_none() {
-        state.stats().store_unavailable();
-    }
-    key
-}
-
-/// The conversation of a request, from its credentials (the tenant), the optional
-/// `x-abridge-conversation` header and the messages; `None` without a user message.
+/// The conversation of a request, from its credentials (the tenant), its format, the
+/// optional `x-abridge-conversation` header (or the format's hint) and the items;
+/// `None` without a user message.
 fn identify(
     key: &IdentityKey,
     credentials: &Credentials,
     controls: &Controls,
-    messages: &[crate::conversation::Item<'_>],
+    request: &Request,
 ) -> Option<Identified> {
-    let explicit = controls.conversation.as_deref().map(str::as_bytes);
-    identity::identify(key, &credentials.tenant(), explicit, messages)
+    // The client's explicit id wins; the format's own hint (a Responses
+    // `prompt_cache_key`) is used otherwise. Either only within the tenant's namespace.
+    let explicit = controls.conversation.as_deref().or(request.hint());
+    let scope = identity::Scope {
+        format: request.format().domain(),
+        conversation: explicit.map(str::as_bytes),
+    };
+    identity::identify(key, &credentials.tenant(), scope, request.items())
 }

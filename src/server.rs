@@ -11,12 +11,17 @@ use tokio::sync::watch;
 use crate::state::AppState;
 use crate::{admin, proxy, serve};
 
-/// The proxy's routes: chat completions is read; everything else passes through.
+/// The proxy's routes: chat completions and Responses are read; everything else (other
+/// methods on those paths included) passes through.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route(
             "/v1/chat/completions",
             post(proxy::chat).fallback(proxy::passthrough),
+        )
+        .route(
+            "/v1/responses",
+            post(proxy::responses).fallback(proxy::passthrough),
         )
         .fallback(proxy::passthrough)
         .with_state(state)

@@ -24,6 +24,8 @@ use crate::strategies::Strategy;
 pub enum Route {
     /// `POST /v1/chat/completions`, which abridge reads.
     Chat,
+    /// `POST /v1/responses`, which abridge reads.
+    Responses,
     /// Everything else under `/v1`.
     Passthrough,
 }
@@ -94,6 +96,7 @@ impl Route {
     pub fn as_str(self) -> &'static str {
         match self {
             Route::Chat => "chat",
+            Route::Responses => "responses",
             Route::Passthrough => "passthrough",
         }
     }
@@ -236,6 +239,8 @@ metrics! {
         requests: u64 = |s| s.requests_where(None, None),
         /// Of which chat completions.
         chat_requests: u64 = |s| s.requests_where(Some(Route::Chat), None),
+        /// Of which Responses API requests (`POST /v1/responses`).
+        responses_api_requests: u64 = |s| s.requests_where(Some(Route::Responses), None),
         /// Responses by status class (chat and pass-through together): 2xx, 3xx, 4xx, 5xx.
         responses_2xx: u64 = |s| s.requests_where(None, Some(Class::Success)),
         responses_4xx: u64 = |s| s.requests_where(None, Some(Class::ClientError)),
@@ -471,7 +476,7 @@ impl Stats {
     /// Requests counted for `route` and `class` (`None`: all of them).
     fn requests_where(&self, route: Option<Route>, class: Option<Class>) -> u64 {
         let mut total = 0;
-        for r in [Route::Chat, Route::Passthrough] {
+        for r in [Route::Chat, Route::Responses, Route::Passthrough] {
             for c in [
                 Class::Success,
                 Class::Redirect,

@@ -327,7 +327,7 @@ pub fn approx_text(text: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat;
+    use crate::formats::chat;
 
     #[test]
     fn the_request_path_estimator_never_waits_and_becomes_exact_once_loaded() {

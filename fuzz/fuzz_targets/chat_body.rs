@@ -3,7 +3,7 @@
 //! which must yield a body that parses again to what was kept.
 #![no_main]
 
-use abridge::chat;
+use abridge::formats::chat;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
     } else {
         request.messages.iter().map(|m| m.get()).collect::<Vec<_>>()
     };
-    let Some(body) = chat::apply(data, edits.clone()) else {
+    let Some(body) = abridge::formats::splice::apply(data, edits.clone()) else {
         // Edits computed from one parse never overlap: `None` only for no edit at all.
         assert!(
             edits.is_empty(),

@@ -14,7 +14,7 @@ static NAMESPACE: LazyLock<Fingerprint> =
     LazyLock::new(|| IdentityKey::new(Secret::new("fuzz")).namespace(b"t", None));
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(parsed) = abridge::chat::parse(data) else {
+    let Ok(parsed) = abridge::formats::chat::parse(data) else {
         return;
     };
     let messages = &parsed.messages;

@@ -12,22 +12,41 @@ use serde_json::{Value, json};
 
 use super::admin_error;
 use crate::AppState;
-use crate::chat;
-use crate::compactor::{self, Reason, Turn};
-use crate::config::Anonymous;
+use crate::compactor::{self, Reason};
 use crate::controls::Controls;
+use crate::formats::Format;
 use crate::headers::Credentials;
-use crate::identity;
+use crate::prepare::prepare;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PreviewRequest {
-    /// A chat-completions request body.
+    /// A request body: chat completions, or what `format` says.
     request: Value,
+    /// The route's wire format: `chat` (the default) or `responses`.
+    #[serde(default)]
+    format: PreviewFormat,
     /// The headers it would carry: the tenant header (e.g. `authorization`) and any
     /// `x-abridge-*` controls.
     #[serde(default)]
     headers: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum PreviewFormat {
+    #[default]
+    Chat,
+    Responses,
+}
+
+impl From<PreviewFormat> for Format {
+    fn from(f: PreviewFormat) -> Self {
+        match f {
+            PreviewFormat::Chat => Format::Chat,
+            PreviewFormat::Responses => Format::Responses,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -81,52 +100,39 @@ pub(super) async fn preview(State(state): State<AppState>, body: Bytes) -> Respo
             );
         }
     };
-    let parsed = match chat::parse(&bytes) {
-        Ok(p) => p,
-        Err(e) => {
-            return admin_error(
-                StatusCode::BAD_REQUEST,
-                &format!("Not a chat request abridge understands: {e}"),
-                "unparseable",
-            );
-        }
-    };
     crate::headers::strip_request(&mut headers);
     let credentials = Credentials::from_headers(
         &headers,
         state.config().identity.tenant_headers.iter().map(|h| &h.0),
     );
-    let key = state.identity_key().await;
-    let anonymous_refused =
-        credentials.is_empty() && state.config().identity.anonymous == Anonymous::None;
-    let identified = key.filter(|_| !anonymous_refused).and_then(|key| {
-        identity::identify(
-            &key,
-            &credentials.tenant(),
-            controls.conversation.as_deref().map(str::as_bytes),
-            &parsed.messages,
-        )
-    });
-    let loaded = match &identified {
-        Some(i) => state.store().load(&i.conversation).await.ok(),
-        None => None,
+    let format = preview.format.into();
+    let prepared = match prepare(
+        &state,
+        Reason::Preview,
+        controls,
+        credentials,
+        (format, bytes),
+    )
+    .await
+    {
+        Ok(p) => p,
+        Err((_, e)) => {
+            return admin_error(
+                StatusCode::BAD_REQUEST,
+                &format!("Not a request abridge understands: {e}"),
+                "unparseable",
+            );
+        }
     };
-    let turn = Turn::new(
-        &parsed,
-        identified.as_ref(),
-        loaded.as_ref(),
-        &controls,
-        &credentials,
-        bytes.len(),
-    );
+    let turn = prepared.turn();
     let decision = state.compactor().plan(&turn, Reason::Preview).await;
+    let items = prepared.request.items();
     let forwarded: Vec<Value> = match &decision.apply {
-        Some(c) => compactor::forwarded(&parsed.messages, c)
+        Some(c) => compactor::forwarded(items, c)
             .into_iter()
             .map(|raw| serde_json::from_str(raw.get()).unwrap_or(Value::Null))
             .collect(),
-        None => parsed
-            .messages
+        None => items
             .iter()
             .map(|m| serde_json::from_str(m.raw.get()).unwrap_or(Value::Null))
             .collect(),
@@ -151,7 +157,8 @@ pub(super) async fn preview(State(state): State<AppState>, body: Bytes) -> Respo
         "plan": plan,
         "estimate": decision.estimate,
         "threshold": decision.threshold,
-        "conversation": identified.as_ref().map(|i| i.conversation),
+        "conversation": prepared.identified.as_ref().map(|i| i.conversation),
+        "format": format.name(),
         "headers": report,
     }))
     .into_response()

@@ -128,13 +128,12 @@ impl Compactor {
         let Ok(loaded) = self.store.load(&job.conversation).await else {
             return;
         };
-        let parsed = job.request.parsed();
-        let model = parsed.request.model.as_deref().unwrap_or_default();
+        let model = job.request.model();
         let controls = Controls::default();
         let turn = Turn {
             size: job.request.body().len(),
-            format: crate::formats::Format::Chat,
-            messages: &parsed.messages,
+            format: job.request.format(),
+            messages: job.request.items(),
             prefixes: &job.prefixes,
             conversation: Some(job.conversation),
             loaded: Some(&loaded),

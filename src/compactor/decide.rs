@@ -19,6 +19,7 @@
 use crate::config::CompactionConfig;
 use crate::controls::Compact;
 use crate::conversation::{Item, Role};
+use crate::formats::Format;
 use crate::outcome::Trigger;
 use crate::store::{Checkpoint, Usage};
 use crate::tokens::Estimator;
@@ -213,18 +214,19 @@ pub fn predict(
 /// differ: it reads 0.92–1.22 × the exact count, so below 0.7 × or above 1.4 × the
 /// threshold both sides agree.
 pub fn estimate(turn: &Turn<'_, '_>, applied: Option<&Checkpoint>, threshold: u64) -> u64 {
-    let cheap = forwarded_estimate(&Estimator::approx(), turn.messages, applied);
+    let cheap = forwarded_estimate(&Estimator::approx(), turn.format, turn.messages, applied);
     let exact = Estimator::for_model_ready(turn.model);
     let near = cheap >= threshold / 10 * 7 && cheap <= threshold / 10 * 14;
     if !exact.is_exact() || !near {
         return cheap;
     }
-    forwarded_estimate(&exact, turn.messages, applied)
+    forwarded_estimate(&exact, turn.format, turn.messages, applied)
 }
 
 /// Estimated prompt tokens of `messages` with `applied` applied.
 pub fn forwarded_estimate(
     estimator: &Estimator,
+    format: Format,
     messages: &[Item<'_>],
     applied: Option<&Checkpoint>,
 ) -> u64 {
@@ -235,7 +237,7 @@ pub fn forwarded_estimate(
     let replaced: u64 = c
         .replacement
         .iter()
-        .filter_map(|raw| crate::chat::item(raw).ok())
+        .filter_map(|raw| format.item(raw))
         .map(|m| estimator.message(&m))
         .sum();
     let kept: u64 = messages
@@ -257,7 +259,7 @@ pub fn calibration(turn: &Turn<'_, '_>, usage: Option<&Usage>, active: Option<&C
     };
     let n = (u.messages as usize).min(turn.messages.len());
     let estimator = Estimator::for_model_ready(turn.model);
-    let estimate = forwarded_estimate(&estimator, &turn.messages[..n], active);
+    let estimate = forwarded_estimate(&estimator, turn.format, &turn.messages[..n], active);
     if estimate == 0 || u.tokens == 0 {
         return 1.0;
     }

@@ -4,12 +4,11 @@
 
 use std::sync::Arc;
 
-use crate::chat;
 use crate::controls::{Controls, Report};
 use crate::conversation::Item;
-use crate::formats::Format;
+use crate::formats::{self, Format};
 use crate::headers::Credentials;
-use crate::identity::{Fingerprint, Identified};
+use crate::identity::Fingerprint;
 use crate::ingress::Held;
 use crate::store::{Checkpoint, Loaded};
 use crate::strategies::Strategy;
@@ -34,31 +33,6 @@ pub struct Turn<'t, 'a> {
     pub size: usize,
     /// The wire format the request came in.
     pub format: Format,
-}
-
-impl<'t, 'a> Turn<'t, 'a> {
-    /// The turn of a parsed request, identified (or not) and with what the store had.
-    pub fn new(
-        parsed: &'t chat::Parsed<'a>,
-        identified: Option<&'t Identified>,
-        loaded: Option<&'t Loaded>,
-        controls: &'t Controls,
-        credentials: &'t Credentials,
-        size: usize,
-    ) -> Self {
-        Self {
-            size,
-            format: Format::Chat,
-            messages: &parsed.messages,
-            prefixes: identified.map_or(&[][..], |i| &i.hashes.prefixes),
-            conversation: identified.map(|i| i.conversation),
-            loaded,
-            controls,
-            model: parsed.request.model.as_deref().unwrap_or_default(),
-            credentials,
-            tenant: identified.map(|i| i.tenant),
-        }
-    }
 }
 
 /// Why the plan stage is asked.
@@ -128,7 +102,7 @@ pub struct Followup {
     pub last_seen_ms: u64,
     /// For a background build: the request as parsed at ingress (never parsed again),
     /// its prefix hashes, and the credentials and tenant for the summariser.
-    pub request: Arc<chat::Request>,
+    pub request: Arc<formats::Request>,
     pub prefixes: Vec<Fingerprint>,
     pub credentials: Credentials,
     pub tenant: Fingerprint,

@@ -12,12 +12,12 @@
 //! the client.
 
 use std::borrow::Cow;
-use std::ops::Range;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
+use super::Author;
+use super::splice::{Edit, apply, array, span_of};
 use crate::conversation::{Content, Item, Opaque, Part, Role, ToolCall};
-use crate::formats::Author;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -252,14 +252,6 @@ impl Request {
     }
 }
 
-/// One change to a body: the bytes at `span` (of the original body) become `bytes`.
-/// Edits computed from one parse never overlap; [`apply`] makes them in one copy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Edit {
-    pub span: Range<usize>,
-    pub bytes: Vec<u8>,
-}
-
 /// For a streaming request that did not ask for `stream_options.include_usage`, the edit
 /// that sets it to `true`, so abridge can read the usage the provider reports; `None`
 /// when the body already asks for usage, is not streaming, or cannot be edited safely.
@@ -319,52 +311,32 @@ pub fn messages_edit(
     if body[open] != b'[' || body[close] != b']' {
         return None;
     }
-    let mut array =
-        Vec::with_capacity(2 + messages.iter().map(|m| m.get().len() + 1).sum::<usize>());
-    array.push(b'[');
-    for (i, m) in messages.iter().enumerate() {
-        if i > 0 {
-            array.push(b',');
-        }
-        array.extend_from_slice(m.get().as_bytes());
-    }
-    array.push(b']');
     Some(Edit {
         span: open..close + 1,
-        bytes: array,
+        bytes: array(messages),
     })
 }
 
-/// `body` with `edits` made, in one copy. `None` when there is nothing to change, or the
-/// edits overlap (they never do when computed from one parse; nothing is risked if so).
-pub fn apply(body: &[u8], mut edits: Vec<Edit>) -> Option<Bytes> {
-    if edits.is_empty() {
-        return None;
+/// The body to send: `items` in place of the messages when given, and the ask for
+/// usage when `ask_usage` and the client did not ask; `None` when nothing changes. The
+/// flag says whether usage was asked for (the relay then strips it again).
+pub fn outgoing(
+    body: &Bytes,
+    parsed: &Parsed<'_>,
+    items: Option<&[&RawValue]>,
+    ask_usage: bool,
+) -> (Option<Bytes>, bool) {
+    let usage = ask_usage
+        .then(|| usage_edit(body, &parsed.request))
+        .flatten();
+    let asked = usage.is_some();
+    let mut edits: Vec<Edit> = usage.into_iter().collect();
+    if let Some(items) = items {
+        edits.extend(messages_edit(body, &parsed.request, items));
     }
-    edits.sort_by_key(|e| e.span.start);
-    if edits.windows(2).any(|w| w[0].span.end > w[1].span.start)
-        || edits.iter().any(|e| e.span.end > body.len())
-    {
-        return None;
-    }
-    let size = body.len() + edits.iter().map(|e| e.bytes.len()).sum::<usize>()
-        - edits.iter().map(|e| e.span.len()).sum::<usize>();
-    let mut out = BytesMut::with_capacity(size);
-    let mut at = 0;
-    for e in &edits {
-        out.extend_from_slice(&body[at..e.span.start]);
-        out.extend_from_slice(&e.bytes);
-        at = e.span.end;
-    }
-    out.extend_from_slice(&body[at..]);
-    Some(out.freeze())
-}
-
-/// Where `part` (a slice borrowed from `body`) lies in `body`.
-pub fn span_of(body: &[u8], part: &str) -> Option<Range<usize>> {
-    let start = (part.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
-    let end = start.checked_add(part.len())?;
-    (end <= body.len()).then_some(start..end)
+    let edited = apply(body, edits);
+    let asked = asked && edited.is_some();
+    (edited, asked)
 }
 
 #[cfg(test)]

@@ -2,11 +2,18 @@
 //! its bytes to the format-neutral conversation (`crate::conversation`) and back:
 //! parsing by borrowing, the items' neutral view, and the few places where a plan must
 //! write the format's own shapes — a message abridge authors (a marker, a summary), a
-//! tool result whose output is replaced by a digest — and how to check such a digest.
-//! Nothing outside a format module knows its field names.
+//! tool result whose output is replaced by a digest — and how to check such a digest;
+//! and the outgoing body, with the forwarded items spliced in. Nothing outside a format
+//! module knows its field names.
 //!
-//! A closed set, so an enum: [`Format`] dispatches to the module.
+//! Closed sets, so enums: [`Format`] names a format, [`Request`] holds a parsed body of
+//! one; both dispatch to the module.
 
+pub mod chat;
+pub mod responses;
+pub mod splice;
+
+use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use crate::conversation::Item;
@@ -14,9 +21,11 @@ use crate::conversation::Item;
 /// Which wire format a conversation came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Format {
-    /// OpenAI chat completions (`POST /v1/chat/completions`): `crate::chat`.
+    /// OpenAI chat completions (`POST /v1/chat/completions`): [`chat`].
     #[default]
     Chat,
+    /// OpenAI Responses (`POST /v1/responses`): [`responses`].
+    Responses,
 }
 
 /// The role abridge gives a message it writes itself.
@@ -27,17 +36,37 @@ pub enum Author {
 }
 
 impl Format {
+    /// The format's name in metrics, logs and the admin API.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Chat => "chat",
+            Format::Responses => "responses",
+        }
+    }
+
+    /// The format's part of a tenant's namespace: a conversation in one format never
+    /// matches state stored for another (a checkpoint's replacement is written in its
+    /// format). `None` for chat, whose namespaces predate the other formats.
+    pub fn domain(self) -> Option<&'static [u8]> {
+        match self {
+            Format::Chat => None,
+            Format::Responses => Some(b"responses"),
+        }
+    }
+
     /// One item of this format (a replacement message, to check or count it).
     pub fn item<'a>(self, raw: &'a RawValue) -> Option<Item<'a>> {
         match self {
-            Format::Chat => crate::chat::item(raw).ok(),
+            Format::Chat => chat::item(raw).ok(),
+            Format::Responses => responses::item(raw).ok(),
         }
     }
 
     /// A message abridge writes: `text` as the content of a message of `role`.
     pub fn authored(self, role: Author, text: &str) -> Box<RawValue> {
         match self {
-            Format::Chat => crate::chat::authored(role, text),
+            Format::Chat => chat::authored(role, text),
+            Format::Responses => responses::authored(role, text),
         }
     }
 
@@ -45,14 +74,134 @@ impl Format {
     /// byte for byte; `None` when it cannot be spliced.
     pub fn digest(self, item: &Item<'_>, text: &str) -> Option<Box<RawValue>> {
         match self {
-            Format::Chat => crate::chat::with_content(item.raw, text),
+            Format::Chat => chat::with_content(item.raw, text),
+            Format::Responses => responses::with_output(item.raw, text),
         }
     }
 
     /// Whether `digest` is `original` with only its output replaced.
     pub fn is_digest_of(self, digest: &RawValue, original: &RawValue) -> bool {
         match self {
-            Format::Chat => crate::chat::same_but_content(digest, original),
+            Format::Chat => chat::same_but_content(digest, original),
+            Format::Responses => responses::same_but_output(digest, original),
+        }
+    }
+}
+
+/// Why a body is not a request abridge understands (it is forwarded untouched).
+#[derive(Debug, thiserror::Error)]
+pub enum Unparseable {
+    #[error(transparent)]
+    Chat(#[from] chat::Unparseable),
+    #[error(transparent)]
+    Responses(#[from] responses::Unparseable),
+}
+
+/// A conversation request's body and its parse, in its format.
+#[derive(Debug)]
+pub enum Request {
+    Chat(chat::Request),
+    Responses(responses::Request),
+}
+
+/// The body to send upstream.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub body: Bytes,
+    /// abridge asked for usage the client did not ask for (chat's
+    /// `stream_options.include_usage`): the relay removes it again.
+    pub asked_usage: bool,
+}
+
+impl Request {
+    /// Parses `body` as `format`; a body abridge does not understand is handed back,
+    /// with the reason.
+    pub fn parse(format: Format, body: Bytes) -> Result<Self, (Bytes, Unparseable)> {
+        match format {
+            Format::Chat => chat::Request::parse(body)
+                .map(Request::Chat)
+                .map_err(|(b, e)| (b, e.into())),
+            Format::Responses => responses::Request::parse(body)
+                .map(Request::Responses)
+                .map_err(|(b, e)| (b, e.into())),
+        }
+    }
+
+    pub fn format(&self) -> Format {
+        match self {
+            Request::Chat(_) => Format::Chat,
+            Request::Responses(_) => Format::Responses,
+        }
+    }
+
+    /// The bytes as received.
+    pub fn body(&self) -> &Bytes {
+        match self {
+            Request::Chat(r) => r.body(),
+            Request::Responses(r) => r.body(),
+        }
+    }
+
+    /// The conversation, as items.
+    pub fn items(&self) -> &[Item<'_>] {
+        match self {
+            Request::Chat(r) => &r.parsed().messages,
+            Request::Responses(r) => &r.parsed().items,
+        }
+    }
+
+    /// The model the client asked for (empty when it named none).
+    pub fn model(&self) -> &str {
+        match self {
+            Request::Chat(r) => r.parsed().request.model.as_deref(),
+            Request::Responses(r) => r.parsed().fields.model.as_deref(),
+        }
+        .unwrap_or_default()
+    }
+
+    /// Why this request must be forwarded untouched whatever the headers say (its state
+    /// lives on the provider, or the client asked for the provider's own compaction).
+    pub fn untouchable(&self) -> Option<&'static str> {
+        match self {
+            Request::Chat(_) => None,
+            Request::Responses(r) => r.untouchable(),
+        }
+    }
+
+    /// The client's own name for this conversation, when its format has one (the
+    /// Responses API's `prompt_cache_key`): a hint within the tenant's namespace.
+    pub fn hint(&self) -> Option<&str> {
+        match self {
+            Request::Chat(_) => None,
+            Request::Responses(r) => r.parsed().fields.prompt_cache_key.as_deref(),
+        }
+        .filter(|h| !h.is_empty())
+    }
+
+    /// The body to send: the original bytes with `items` (the forwarded conversation,
+    /// when a checkpoint is applied) in place of the client's, and — where the format
+    /// needs it and `ask_usage` allows — the ask for usage in streams.
+    pub fn outgoing(&self, items: Option<&[&RawValue]>, ask_usage: bool) -> Outgoing {
+        let body = self.body();
+        let (edited, asked_usage) = match self {
+            Request::Chat(r) => chat::outgoing(body, r.parsed(), items, ask_usage),
+            Request::Responses(r) => (
+                items.and_then(|items| responses::with_input(body, r.parsed(), items)),
+                false,
+            ),
+        };
+        Outgoing {
+            body: edited.unwrap_or_else(|| body.clone()),
+            asked_usage,
+        }
+    }
+
+    /// Whether the format would ask the provider for usage in this request's stream
+    /// (chat only, when the client did not).
+    pub fn wants_usage_ask(&self) -> bool {
+        match self {
+            Request::Chat(r) => chat::usage_edit(self.body(), &r.parsed().request).is_some(),
+            Request::Responses(_) => false,
         }
     }
 }

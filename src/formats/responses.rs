@@ -29,9 +29,9 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::chat::{Edit, apply, span_of};
+use super::Author;
+use super::splice::{Edit, apply, array, span_of};
 use crate::conversation::{Content, Item, Opaque, Part, Role, ToolCall};
-use crate::formats::Author;
 
 /// The top level of a Responses request, of which abridge reads only this.
 #[derive(Debug, Deserialize)]
@@ -79,11 +79,15 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
     let fields: Fields<'_> = serde_json::from_slice(body).map_err(Unparseable::Body)?;
     let present = |v: Option<&RawValue>| v.is_some_and(|v| v.get() != "null");
     let mut untouchable = if present(fields.previous_response_id) {
-        Some("previous_response_id: the conversation's state lives on the provider; forwarded untouched")
+        Some(
+            "previous_response_id: the conversation's state lives on the provider; forwarded untouched",
+        )
     } else if present(fields.conversation) {
         Some("conversation: the conversation's state lives on the provider; forwarded untouched")
     } else if present(fields.context_management) {
-        Some("context_management: the provider compacts this conversation itself; forwarded untouched")
+        Some(
+            "context_management: the provider compacts this conversation itself; forwarded untouched",
+        )
     } else {
         None
     };
@@ -98,10 +102,13 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
         let (item, kind) = item_of(raw).map_err(|error| Unparseable::Item { index, error })?;
         match kind {
             Kind::Reference if untouchable.is_none() => {
-                untouchable = Some("item_reference: items stored on the provider; forwarded untouched");
+                untouchable =
+                    Some("item_reference: items stored on the provider; forwarded untouched");
             }
             Kind::Trigger if untouchable.is_none() => {
-                untouchable = Some("compaction_trigger: the provider compacts this conversation itself; forwarded untouched");
+                untouchable = Some(
+                    "compaction_trigger: the provider compacts this conversation itself; forwarded untouched",
+                );
             }
             _ => {}
         }
@@ -185,9 +192,14 @@ fn item_of(raw: &RawValue) -> Result<(Item<'_>, Kind), serde_json::Error> {
                 "local_shell_call" => Cow::Borrowed(f.action.map_or("", RawValue::get)),
                 _ => f.arguments.unwrap_or_default(),
             };
+            let fallback = match kind {
+                "custom_tool_call" => "custom_tool_call",
+                "local_shell_call" => "local_shell_call",
+                _ => "function_call",
+            };
             item.calls.push(ToolCall {
                 id: f.call_id.unwrap_or_default(),
-                name: f.name.unwrap_or(Cow::Borrowed(kind)),
+                name: f.name.unwrap_or(Cow::Borrowed(fallback)),
                 arguments,
             });
         }
@@ -275,7 +287,12 @@ pub fn with_output(raw: &RawValue, text: &str) -> Option<Box<RawValue>> {
     let whole = raw.get();
     let span = span_of(whole.as_bytes(), output.get())?;
     let encoded = serde_json::to_string(text).ok()?;
-    RawValue::from_string(format!("{}{encoded}{}", &whole[..span.start], &whole[span.end..])).ok()
+    RawValue::from_string(format!(
+        "{}{encoded}{}",
+        &whole[..span.start],
+        &whole[span.end..]
+    ))
+    .ok()
 }
 
 /// Whether two items are the same JSON object apart from `output`.
@@ -296,20 +313,17 @@ pub fn same_but_output(a: &RawValue, b: &RawValue) -> bool {
 pub fn with_input(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Bytes> {
     let input = parsed.fields.input?;
     let span = span_of(body, input.get())?;
-    let mut array = Vec::with_capacity(2 + items.iter().map(|m| m.get().len() + 1).sum::<usize>());
-    array.push(b'[');
-    for (i, m) in items.iter().enumerate() {
-        if i > 0 {
-            array.push(b',');
-        }
-        array.extend_from_slice(m.get().as_bytes());
-    }
-    array.push(b']');
-    apply(body, vec![Edit { span, bytes: array }])
+    apply(
+        body,
+        vec![Edit {
+            span,
+            bytes: array(items),
+        }],
+    )
 }
 
 self_cell::self_cell!(
-    /// A Responses request's body and its parse, together (see `crate::chat::Request`).
+    /// A Responses request's body and its parse, together (see `crate::formats::chat::Request`).
     pub struct Request {
         owner: Bytes,
         #[covariant]
@@ -378,16 +392,36 @@ mod tests {
     #[test]
     fn state_on_the_provider_is_left_alone() {
         for (body, why) in [
-            (r#"{"previous_response_id":"resp_1","input":[{"role":"user","content":"hi"}]}"#, "previous_response_id"),
+            (
+                r#"{"previous_response_id":"resp_1","input":[{"role":"user","content":"hi"}]}"#,
+                "previous_response_id",
+            ),
             (r#"{"conversation":"conv_1","input":"hi"}"#, "conversation"),
-            (r#"{"context_management":[{"type":"compaction"}],"input":[]}"#, "context_management"),
-            (r#"{"input":[{"type":"item_reference","id":"msg_1"},{"role":"user","content":"x"}]}"#, "item_reference"),
-            (r#"{"input":[{"role":"user","content":"x"},{"type":"compaction_trigger"}]}"#, "compaction_trigger"),
+            (
+                r#"{"context_management":[{"type":"compaction"}],"input":[]}"#,
+                "context_management",
+            ),
+            (
+                r#"{"input":[{"type":"item_reference","id":"msg_1"},{"role":"user","content":"x"}]}"#,
+                "item_reference",
+            ),
+            (
+                r#"{"input":[{"role":"user","content":"x"},{"type":"compaction_trigger"}]}"#,
+                "compaction_trigger",
+            ),
         ] {
             let parsed = parse(body.as_bytes()).unwrap();
-            assert!(parsed.untouchable.is_some_and(|u| u.contains(why)), "{body}");
+            assert!(
+                parsed.untouchable.is_some_and(|u| u.contains(why)),
+                "{body}"
+            );
         }
-        assert!(parse(br#"{"previous_response_id":null,"input":"hi"}"#).unwrap().untouchable.is_none());
+        assert!(
+            parse(br#"{"previous_response_id":null,"input":"hi"}"#)
+                .unwrap()
+                .untouchable
+                .is_none()
+        );
     }
 
     #[test]
@@ -397,14 +431,21 @@ mod tests {
         let keep = [parsed.raw_items[0], parsed.raw_items[6]];
         let out = with_input(&body, &parsed, &keep).unwrap();
         let text = std::str::from_utf8(&out).unwrap();
-        assert!(text.starts_with(r#"{"model":"gpt-5","store":false,"stream":true,"instructions":"Be brief.","#));
-        assert!(text.ends_with(r#""tools":[{"type":"function","name":"exec"}],"prompt_cache_key":"thread-1"}"#));
+        assert!(text.starts_with(
+            r#"{"model":"gpt-5","store":false,"stream":true,"instructions":"Be brief.","#
+        ));
+        assert!(text.ends_with(
+            r#""tools":[{"type":"function","name":"exec"}],"prompt_cache_key":"thread-1"}"#
+        ));
         let again = parse(&out).unwrap();
         assert_eq!(again.items.len(), 2);
         // Digests replace the output only.
         let digest = with_output(parsed.raw_items[4], "[elided]").unwrap();
         assert!(same_but_output(&digest, parsed.raw_items[4]));
-        assert_eq!(item(&digest).unwrap().content.as_text().as_deref(), Some("[elided]"));
+        assert_eq!(
+            item(&digest).unwrap().content.as_text().as_deref(),
+            Some("[elided]")
+        );
         let authored = authored(Author::User, "summary");
         assert!(item(&authored).unwrap().is_ask());
     }

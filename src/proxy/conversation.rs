@@ -1,7 +1,10 @@
-//! `POST /v1/chat/completions`, the conversation route: ingress → prepare (parse,
-//! identify, load) → plan → rewrite → forward (→ retry without what abridge added, if
-//! the provider refused it → compact-and-retry, if it said the prompt is too long) →
-//! relay → record.
+//! The conversation routes — `POST /v1/chat/completions` and `POST /v1/responses`, one
+//! handler whatever the wire format: ingress → prepare (parse, identify, load) → plan →
+//! rewrite → forward (→ retry without what abridge added, if the provider refused it →
+//! compact-and-retry, if it said the prompt is too long) → relay → record.
+//!
+//! A request whose state lives on the provider (a Responses `previous_response_id`, …)
+//! is forwarded untouched whatever the headers say, and the client is told why.
 
 use std::sync::Arc;
 
@@ -11,12 +14,12 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Uri, Version, header};
 
-use crate::chat::{self, Parsed};
 use crate::compactor::overflow;
 use crate::compactor::{Decision, Followup, Reason, Turn};
 use crate::config::CompactionMode;
 use crate::controls::{Compact, Controls, Report};
 use crate::error::Error;
+use crate::formats::{Format, Request as Conversation};
 use crate::headers::{self, Credentials};
 use crate::ingress;
 use crate::prepare::{Prepared, prepare};
@@ -27,19 +30,34 @@ use crate::store::Checkpoint;
 
 use super::{Exchange, Upstream, first_answer, respond, send};
 
-/// The handler: see the module docs.
+/// `POST /v1/chat/completions`: see the module docs.
 pub async fn chat(State(state): State<AppState>, request: Request) -> Response {
-    let mut exchange = Exchange::start(&state);
-    let response = stages(&state, request, &mut exchange)
+    conversation(&state, request, Format::Chat, Route::Chat).await
+}
+
+/// `POST /v1/responses`: see the module docs.
+pub async fn responses(State(state): State<AppState>, request: Request) -> Response {
+    conversation(&state, request, Format::Responses, Route::Responses).await
+}
+
+async fn conversation(
+    state: &AppState,
+    request: Request,
+    format: Format,
+    route: Route,
+) -> Response {
+    let mut exchange = Exchange::start(state);
+    let response = stages(state, request, format, &mut exchange)
         .await
         .unwrap_or_else(IntoResponse::into_response);
-    exchange.finish(&state, Route::Chat, &response);
+    exchange.finish(state, route, &response);
     response
 }
 
 async fn stages(
     state: &AppState,
     request: Request,
+    format: Format,
     exchange: &mut Exchange,
 ) -> Result<Response, Error> {
     let (mut parts, body) = request.into_parts();
@@ -64,12 +82,26 @@ async fn stages(
     );
 
     // prepare: a body abridge does not understand goes untouched.
-    let prepared = match prepare(state, controls, credentials, body).await {
+    let prepared = match prepare(
+        state,
+        Reason::Request,
+        controls,
+        credentials,
+        (format, body),
+    )
+    .await
+    {
         Ok(prepared) => prepared,
         Err((body, reason)) => {
-            return untouched(state, &parts, &target, body, reason, exchange).await;
+            tracing::debug!(%reason, "forwarding a body abridge does not understand untouched");
+            let note = "request body not understood: forwarded untouched";
+            return untouched(state, (&parts, &target), body, note, exchange).await;
         }
     };
+    if let Some(note) = prepared.request.untouchable() {
+        let body = prepared.request.body().clone();
+        return untouched(state, (&parts, &target), body, note, exchange).await;
+    }
     let turn = prepared.turn();
 
     // plan → rewrite → forward, with its retries.
@@ -106,19 +138,17 @@ async fn stages(
     ))
 }
 
-/// A body abridge does not understand: forwarded untouched, the provider's own answer
-/// relayed (and said so).
+/// A body abridge does not understand, or must not touch: forwarded untouched, the
+/// provider's own answer relayed, and `note` says why.
 async fn untouched(
     state: &AppState,
-    parts: &Parts,
-    target: &Uri,
+    (parts, target): (&Parts, &Uri),
     body: Bytes,
-    reason: chat::Unparseable,
+    note: &str,
     exchange: &mut Exchange,
 ) -> Result<Response, Error> {
-    tracing::debug!(%reason, "forwarding a chat body abridge does not understand untouched");
     let report = Report {
-        note: Some("request body not understood: forwarded untouched".to_owned()),
+        note: Some(note.to_owned()),
         ..Report::default()
     };
     let response = send(state, parts, target, body, exchange).await?;
@@ -143,13 +173,13 @@ async fn forward(
     decision: &mut Decision,
     exchange: &mut Exchange,
 ) -> Result<(Upstream, Watch), Error> {
-    let (body, parsed) = (prepared.request.body(), prepared.request.parsed());
-    let (outgoing, mut watch) = rewrite(state, body, parsed, decision.apply.as_ref());
+    let request = &*prepared.request;
+    let (outgoing, mut watch) = rewrite(state, request, decision.apply.as_ref());
     // An error body is read before it is passed on only when a retry could follow:
     // compaction may act, or abridge added a field the provider may refuse.
     let may_compact = prepared.controls.compact != Compact::Off
         && state.config().compaction.mode == CompactionMode::On;
-    let added = watch == Watch::Usage { strip: true };
+    let added = watch.strips();
     let mut upstream = first_answer(
         state,
         parts,
@@ -161,7 +191,7 @@ async fn forward(
     .await?;
     if added && refused_addition(&upstream) {
         state.refuse_usage_option();
-        let (outgoing, plain) = rewrite(state, body, parsed, decision.apply.as_ref());
+        let (outgoing, plain) = rewrite(state, request, decision.apply.as_ref());
         upstream = first_answer(state, parts, target, outgoing, may_compact, exchange).await?;
         watch = plain;
         decision.report.add_note(
@@ -172,7 +202,7 @@ async fn forward(
         upstream = overflow_retry(
             state,
             turn,
-            (parts, target, body, parsed),
+            (parts, target, request),
             upstream,
             (decision, &mut watch),
             exchange,
@@ -197,33 +227,21 @@ fn prepare_headers(parts: &mut Parts) {
 
 /// rewrite: the body to send — the original bytes unless a checkpoint is applied or
 /// usage must be asked for — and what the relay must watch for.
-fn rewrite(
-    state: &AppState,
-    body: &Bytes,
-    parsed: &Parsed<'_>,
-    apply: Option<&Checkpoint>,
-) -> (Bytes, Watch) {
-    let mut edits = Vec::with_capacity(2);
-    // Not where the provider is known to refuse it (then usage is not read, counted).
-    let usage = chat::usage_edit(body, &parsed.request);
-    let usage = match usage {
-        Some(_) if state.refuses_usage_option() => {
-            state.stats().usage_not_asked();
-            None
-        }
-        usage => usage,
-    };
-    let strip = usage.is_some();
-    edits.extend(usage);
-    if let Some(checkpoint) = apply {
-        let messages = crate::compactor::forwarded(&parsed.messages, checkpoint);
-        edits.extend(chat::messages_edit(body, &parsed.request, &messages));
+fn rewrite(state: &AppState, request: &Conversation, apply: Option<&Checkpoint>) -> (Bytes, Watch) {
+    // Not where the provider is known to refuse the ask (then usage is not read, counted).
+    let refused = state.refuses_usage_option();
+    if refused && request.wants_usage_ask() {
+        state.stats().usage_not_asked();
     }
-    if strip {
+    let items = apply.map(|c| crate::compactor::forwarded(request.items(), c));
+    let outgoing = request.outgoing(items.as_deref(), !refused);
+    if outgoing.asked_usage {
         state.stats().usage_requested();
     }
-    let outgoing = chat::apply(body, edits).unwrap_or_else(|| body.clone());
-    (outgoing, Watch::Usage { strip })
+    let watch = Watch::Usage {
+        strip: outgoing.asked_usage,
+    };
+    (outgoing.body, watch)
 }
 
 /// compact-and-retry: the provider said the prompt is too long, and nothing has reached
@@ -232,7 +250,7 @@ fn rewrite(
 async fn overflow_retry(
     state: &AppState,
     turn: &Turn<'_, '_>,
-    (parts, target, body, parsed): (&Parts, &Uri, &Bytes, &Parsed<'_>),
+    (parts, target, request): (&Parts, &Uri, &Conversation),
     upstream: Upstream,
     (decision, watch): (&mut Decision, &mut Watch),
     exchange: &mut Exchange,
@@ -253,7 +271,7 @@ async fn overflow_retry(
     if !deeper {
         return upstream;
     }
-    let (outgoing, retry_watch) = rewrite(state, body, parsed, retry.apply.as_ref());
+    let (outgoing, retry_watch) = rewrite(state, request, retry.apply.as_ref());
     match send(state, parts, target, outgoing, exchange).await {
         Ok(response) => {
             state.stats().retry();
@@ -293,12 +311,11 @@ fn refused_addition(upstream: &Upstream) -> bool {
 /// What the record stage needs to know about this request (`None`: not identified).
 fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
     let identified = prepared.identified.as_ref()?;
-    let parsed = prepared.request.parsed();
     Some(Followup {
         held: None,
         tenant: identified.tenant,
         conversation: identified.conversation,
-        messages: u32::try_from(parsed.messages.len()).unwrap_or(u32::MAX),
+        messages: u32::try_from(prepared.request.items().len()).unwrap_or(u32::MAX),
         prefix: identified
             .hashes
             .prefixes

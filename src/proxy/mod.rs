@@ -1,14 +1,14 @@
-//! The proxy's request handlers: the conversation route ([`chat`]), which abridge reads,
-//! and the transparent pass-through that serves everything else under `/v1`; and what
-//! they share: the bookkeeping of one exchange, sending to the provider, relaying the
+//! The proxy's request handlers: the conversation routes ([`chat`], [`responses`]),
+//! which abridge reads, and the transparent pass-through that serves everything else
+//! under `/v1`; and what they share: the bookkeeping of one exchange, sending to the provider, relaying the
 //! answer, and the record stage.
 //!
 //! Each handler is a short list of named stages (see the picture in `lib.rs`); the
 //! stages live in their own modules and only `forward` touches the network.
 
-mod chat;
+mod conversation;
 
-pub use chat::chat;
+pub use conversation::{chat, responses};
 
 use axum::body::Body;
 use axum::extract::{Request, State};

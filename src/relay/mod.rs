@@ -49,9 +49,17 @@ const MAX_JSON_TAP_BYTES: usize = 16 * 1024 * 1024;
 pub enum Watch {
     /// Nothing: a plain pass-through route.
     Nothing,
-    /// A chat completion: read usage; `strip` when abridge asked for it on the client's
-    /// behalf and must remove it again.
+    /// A conversation route: read usage (wherever the format puts it, see
+    /// [`usage::Envelope`]); `strip` when abridge asked for it on the client's behalf and
+    /// must remove it again.
     Usage { strip: bool },
+}
+
+impl Watch {
+    /// Whether the relay removes usage abridge asked for.
+    pub fn strips(self) -> bool {
+        self == Watch::Usage { strip: true }
+    }
 }
 
 /// How a relayed response ended.

@@ -279,7 +279,7 @@ impl SseTap {
                     return Action::Keep;
                 };
                 let usage_only = envelope.choices.is_none_or(|c| c.len == 0);
-                if let Some(usage) = envelope.usage.and_then(|u| u.normalise()) {
+                if let Some(usage) = envelope.usage() {
                     self.usage = Some(usage);
                     if self.strip && usage_only {
                         self.dropped_events += 1;

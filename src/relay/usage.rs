@@ -1,8 +1,15 @@
-//! The token usage a provider reports, in either naming.
+//! The token usage a provider reports, in each naming and wherever the format puts it.
 //!
 //! Chat Completions says `prompt_tokens` / `completion_tokens`; the Responses API and
 //! several OpenAI-compatible servers say `input_tokens` / `output_tokens`. Both are read;
-//! `prompt_tokens` wins when a body carries both.
+//! `prompt_tokens` wins when a body carries both. Anthropic's Messages API counts cached
+//! input apart: the prompt is `input_tokens` + `cache_creation_input_tokens` +
+//! `cache_read_input_tokens` (the last is what the cache served).
+//!
+//! Where: chat bodies and chunks and Responses bodies at the top level (`usage`); a
+//! Responses stream's terminal event (`response.completed`, `.incomplete`, `.failed`)
+//! in `response.usage`; an Anthropic stream's `message_start` in `message.usage` and
+//! its `message_delta` at the top level (cumulative: the latest wins, never a sum).
 
 use serde::Deserialize;
 
@@ -24,6 +31,8 @@ pub struct RawUsage {
     output_tokens: Option<u64>,
     prompt_tokens_details: Option<Details>,
     input_tokens_details: Option<Details>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -34,10 +43,29 @@ struct Details {
 impl RawUsage {
     /// `None` when the object names no input token count at all.
     pub fn normalise(self) -> Option<Usage> {
+        let completion_tokens = self.completion_tokens.or(self.output_tokens);
+        // Anthropic's naming: cached input is counted apart from `input_tokens`.
+        if self.prompt_tokens.is_none()
+            && (self.cache_creation_input_tokens.is_some()
+                || self.cache_read_input_tokens.is_some())
+        {
+            let (created, read) = (
+                self.cache_creation_input_tokens.unwrap_or(0),
+                self.cache_read_input_tokens.unwrap_or(0),
+            );
+            return Some(Usage {
+                prompt_tokens: self
+                    .input_tokens?
+                    .saturating_add(created)
+                    .saturating_add(read),
+                completion_tokens,
+                cached_tokens: self.cache_read_input_tokens,
+            });
+        }
         let prompt_tokens = self.prompt_tokens.or(self.input_tokens)?;
         Some(Usage {
             prompt_tokens,
-            completion_tokens: self.completion_tokens.or(self.output_tokens),
+            completion_tokens,
             cached_tokens: self
                 .prompt_tokens_details
                 .or(self.input_tokens_details)
@@ -51,9 +79,33 @@ impl RawUsage {
 #[derive(Debug, Deserialize)]
 pub struct Envelope {
     #[serde(default)]
-    pub usage: Option<RawUsage>,
+    usage: Option<RawUsage>,
     #[serde(default)]
     pub choices: Option<Array>,
+    /// A Responses stream event's response object.
+    #[serde(default)]
+    response: Option<Inner>,
+    /// An Anthropic `message_start` event's message.
+    #[serde(default)]
+    message: Option<Inner>,
+}
+
+/// An object nested in an event that may carry `usage`.
+#[derive(Debug, Deserialize)]
+struct Inner {
+    #[serde(default)]
+    usage: Option<RawUsage>,
+}
+
+impl Envelope {
+    /// The usage this body or event reports, wherever its format puts it.
+    pub fn usage(self) -> Option<Usage> {
+        let nested = |inner: Option<Inner>| inner.and_then(|i| i.usage);
+        self.usage
+            .or_else(|| nested(self.response))
+            .or_else(|| nested(self.message))?
+            .normalise()
+    }
 }
 
 /// A JSON array, of which only the length is kept: its elements are skipped.
@@ -87,10 +139,7 @@ impl<'de> Deserialize<'de> for Array {
 
 /// Reads `usage` from a complete JSON response body.
 pub fn from_json(body: &[u8]) -> Option<Usage> {
-    serde_json::from_slice::<Envelope>(body)
-        .ok()?
-        .usage?
-        .normalise()
+    serde_json::from_slice::<Envelope>(body).ok()?.usage()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::Strategy;
 use super::structured::echo_summary;
 use super::*;
-use crate::chat;
+use crate::formats::chat;
 
 fn body(messages: &[Value]) -> String {
     json!({ "model": "m", "messages": messages }).to_string()

@@ -32,7 +32,7 @@ fn expected_conversation(port: u16, tenant: &str, explicit: Option<&str>) -> Fin
     assert_eq!(secret.len(), 64, "a generated 256-bit secret");
     let key = IdentityKey::new(Secret::new(secret));
     let body = body();
-    let parsed = abridge::chat::parse(body.as_bytes()).unwrap();
+    let parsed = abridge::formats::chat::parse(body.as_bytes()).unwrap();
     // The tenant as abridge reads it: the credential headers, names and values.
     let mut headers = http::HeaderMap::new();
     headers.insert("authorization", tenant.parse().unwrap());
@@ -42,7 +42,10 @@ fn expected_conversation(port: u16, tenant: &str, explicit: Option<&str>) -> Fin
     abridge::identity::identify(
         &key,
         &credentials.tenant(),
-        explicit.map(str::as_bytes),
+        abridge::identity::Scope {
+            format: None,
+            conversation: explicit.map(str::as_bytes),
+        },
         &parsed.messages,
     )
     .unwrap()

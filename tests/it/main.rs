@@ -13,6 +13,7 @@ mod admin;
 
 mod compaction;
 
+mod codex;
 mod connections;
 mod conversations;
 mod dashboard;
@@ -23,6 +24,7 @@ mod lifecycle;
 mod llama;
 mod passthrough;
 mod redis_support;
+mod responses;
 mod scale;
 mod sdk;
 mod sentinel;

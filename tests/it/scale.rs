@@ -305,7 +305,7 @@ fn markers(body: &[u8]) -> BTreeSet<usize> {
 }
 
 fn raw_messages(body: &[u8]) -> Vec<String> {
-    abridge::chat::parse(body)
+    abridge::formats::chat::parse(body)
         .unwrap()
         .messages
         .iter()

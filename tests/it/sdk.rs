@@ -1,5 +1,6 @@
 //! The official OpenAI SDKs (Python and Node) against abridge and straight against the
-//! provider: every scenario gives the same result both ways. The SDKs are installed by
+//! provider, chat completions and Responses: every scenario gives the same result both
+//! ways. The SDKs are installed by
 //! `scripts/test` into `target/sdk/` (a Python venv and an npm prefix); these tests are
 //! `#[ignore]`d for a bare `cargo test` and run by `scripts/test`.
 
@@ -98,6 +99,55 @@ async fn node_sdk_sees_no_difference() {
         "{out}"
     );
     assert!(proxy.stats().usage_reports >= 6, "{:?}", proxy.stats());
+}
+
+#[tokio::test]
+#[ignore = "needs the openai Python SDK that scripts/test installs"]
+async fn python_sdk_responses_see_no_difference() {
+    let (provider, proxy) = setup().await;
+    let python = sdk_dir().join("venv/bin/python");
+    let out = run(
+        python,
+        vec![
+            script("responses_check.py").display().to_string(),
+            provider.url(),
+            proxy.url("/v1"),
+        ],
+    )
+    .await;
+    assert!(
+        out.contains("ok invalid_input") && out.contains("ok long_conversation"),
+        "{out}"
+    );
+    assert!(
+        proxy.stats().responses_api_requests >= 30,
+        "{:?}",
+        proxy.stats()
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs the openai Node SDK that scripts/test installs"]
+async fn node_sdk_responses_see_no_difference() {
+    let (provider, proxy) = setup().await;
+    let dir = sdk_dir().join("node");
+    let copy = dir.join("responses_check.mjs");
+    std::fs::copy(script("responses_check.mjs"), &copy)
+        .expect("scripts/test installs the Node SDK into target/sdk/node");
+    let out = run(
+        which("node"),
+        vec![copy.display().to_string(), provider.url(), proxy.url("/v1")],
+    )
+    .await;
+    assert!(
+        out.contains("ok invalid_input") && out.contains("ok long_conversation"),
+        "{out}"
+    );
+    assert!(
+        proxy.stats().responses_api_requests >= 30,
+        "{:?}",
+        proxy.stats()
+    );
 }
 
 fn which(program: &str) -> PathBuf {

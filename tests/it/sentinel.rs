@@ -55,7 +55,7 @@ async fn send(proxy: &Proxy, messages: &[Value]) -> Answer {
 /// The raw messages the provider received last.
 fn last_forwarded(provider: &FakeProvider) -> Vec<String> {
     let last = provider.last_request().unwrap();
-    abridge::chat::parse(&last.body)
+    abridge::formats::chat::parse(&last.body)
         .unwrap()
         .messages
         .iter()

@@ -170,7 +170,7 @@ pub fn messages_of(r: &Recorded) -> Vec<Value> {
 
 /// The raw text of each forwarded message, as spliced into the body.
 pub fn raw_messages(r: &Recorded) -> Vec<String> {
-    let parsed = abridge::chat::parse(&r.body).unwrap();
+    let parsed = abridge::formats::chat::parse(&r.body).unwrap();
     parsed
         .messages
         .iter()

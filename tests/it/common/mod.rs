@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod redis;
+pub mod responses;
 
 use std::net::SocketAddr;
 use std::time::Duration;

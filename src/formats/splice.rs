@@ -1,0 +1,61 @@
+//! Edits of a request body as splices: the bytes at the span of a borrowed value are
+//! replaced, every other byte is kept exactly as the client wrote it. Shared by the
+//! format modules.
+
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+
+/// One change to a body: the bytes at `span` (of the original body) become `bytes`.
+/// Edits computed from one parse never overlap; [`apply`] makes them in one copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub span: Range<usize>,
+    pub bytes: Vec<u8>,
+}
+
+/// `body` with `edits` made, in one copy. `None` when there is nothing to change, or the
+/// edits overlap (they never do when computed from one parse; nothing is risked if so).
+pub fn apply(body: &[u8], mut edits: Vec<Edit>) -> Option<Bytes> {
+    if edits.is_empty() {
+        return None;
+    }
+    edits.sort_by_key(|e| e.span.start);
+    if edits.windows(2).any(|w| w[0].span.end > w[1].span.start)
+        || edits.iter().any(|e| e.span.end > body.len())
+    {
+        return None;
+    }
+    let size = body.len() + edits.iter().map(|e| e.bytes.len()).sum::<usize>()
+        - edits.iter().map(|e| e.span.len()).sum::<usize>();
+    let mut out = BytesMut::with_capacity(size);
+    let mut at = 0;
+    for e in &edits {
+        out.extend_from_slice(&body[at..e.span.start]);
+        out.extend_from_slice(&e.bytes);
+        at = e.span.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    Some(out.freeze())
+}
+
+/// Where `part` (a slice borrowed from `body`) lies in `body`.
+pub fn span_of(body: &[u8], part: &str) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= body.len()).then_some(start..end)
+}
+
+/// A JSON array of `items`, each spliced in as is.
+pub fn array(items: &[&serde_json::value::RawValue]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + items.iter().map(|m| m.get().len() + 1).sum::<usize>());
+    out.push(b'[');
+    for (i, m) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(m.get().as_bytes());
+    }
+    out.push(b']');
+    out
+}
