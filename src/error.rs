@@ -1,9 +1,11 @@
-//! abridge's own errors: one type, tagged by origin, answered in OpenAI's error shape.
+//! abridge's own errors: one type, tagged by origin, answered in the route's error shape.
 //!
 //! Provider errors are not represented here: they pass through with their own status and
 //! body. What is here is what abridge itself answers — an unknown path, a body over the
-//! limit, an unreachable or silent provider — as
-//! `{"error":{"message","type","param","code"}}` so SDKs surface it like any API error.
+//! limit, an unreachable or silent provider — as OpenAI's
+//! `{"error":{"message","type","param","code"}}`, or on Anthropic's routes
+//! (`/v1/messages…`) as Anthropic's `{"type":"error","error":{"type","message"}}`, so
+//! each SDK surfaces it like any API error of its provider ([`Shape`]).
 
 use std::time::Duration;
 
@@ -11,6 +13,26 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
+
+/// Which provider's error shape a route answers in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Shape {
+    #[default]
+    OpenAi,
+    Anthropic,
+}
+
+impl Shape {
+    /// Anthropic's shape on Anthropic's routes (`/v1/messages` and below), OpenAI's
+    /// everywhere else.
+    pub fn for_path(path: &str) -> Self {
+        match path.strip_prefix("/v1/messages") {
+            Some("") => Shape::Anthropic,
+            Some(rest) if rest.starts_with('/') => Shape::Anthropic,
+            _ => Shape::OpenAi,
+        }
+    }
+}
 
 /// Who caused an error: decides the status class and whether it is worth logging.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,8 +155,34 @@ impl Error {
     }
 }
 
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
+impl Error {
+    /// Anthropic's error `type` for this error (by its status, as Anthropic types them).
+    fn anthropic_type(&self) -> &'static str {
+        match self.status().as_u16() {
+            400 | 408 => "invalid_request_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            503 => "overloaded_error",
+            _ => "api_error",
+        }
+    }
+
+    /// The body in `shape`.
+    pub fn body_in(&self, shape: Shape) -> Bytes {
+        match shape {
+            Shape::OpenAi => self.body(),
+            Shape::Anthropic => {
+                let body = serde_json::json!({
+                    "type": "error",
+                    "error": {"type": self.anthropic_type(), "message": self.to_string()},
+                });
+                Bytes::from(body.to_string())
+            }
+        }
+    }
+
+    /// The response, with its body in `shape`.
+    pub fn response_in(self, shape: Shape) -> Response {
         match (&self, self.origin()) {
             // A load signal, not a fault: the caller retries (Retry-After).
             (Error::Overloaded(_), _) => tracing::debug!(error = %self, "request refused"),
@@ -142,7 +190,7 @@ impl IntoResponse for Error {
             (_, Origin::Upstream) => tracing::warn!(error = %self, "upstream failure"),
             (_, Origin::Internal) => tracing::error!(error = %self, "internal error"),
         }
-        let mut response = (self.status(), self.body()).into_response();
+        let mut response = (self.status(), self.body_in(shape)).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -153,6 +201,12 @@ impl IntoResponse for Error {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        self.response_in(Shape::OpenAi)
     }
 }
 
@@ -170,5 +224,24 @@ mod tests {
         assert_eq!(err["code"], "request_too_large");
         assert!(err["param"].is_null());
         assert_eq!(e.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[test]
+    fn anthropic_routes_get_anthropic_shape() {
+        assert_eq!(Shape::for_path("/v1/messages"), Shape::Anthropic);
+        assert_eq!(
+            Shape::for_path("/v1/messages/count_tokens"),
+            Shape::Anthropic
+        );
+        assert_eq!(Shape::for_path("/v1/messagesx"), Shape::OpenAi);
+        assert_eq!(Shape::for_path("/v1/chat/completions"), Shape::OpenAi);
+        let e = Error::UpstreamTimeout(Duration::from_secs(3));
+        let v: serde_json::Value = serde_json::from_slice(&e.body_in(Shape::Anthropic)).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "api_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("3s"));
+        let e = Error::BodyTooLarge { limit: 1 };
+        let v: serde_json::Value = serde_json::from_slice(&e.body_in(Shape::Anthropic)).unwrap();
+        assert_eq!(v["error"]["type"], "request_too_large");
     }
 }

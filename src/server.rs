@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use crate::state::AppState;
 use crate::{admin, proxy, serve};
 
-/// The proxy's routes: chat completions and Responses are read; everything else (other
+/// The proxy's routes: chat completions, Responses and Anthropic Messages are read; everything else (other
 /// methods on those paths included) passes through.
 pub fn router(state: AppState) -> Router {
     Router::new()
@@ -22,6 +22,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/v1/responses",
             post(proxy::responses).fallback(proxy::passthrough),
+        )
+        .route(
+            "/v1/messages",
+            post(proxy::messages).fallback(proxy::passthrough),
         )
         .fallback(proxy::passthrough)
         .with_state(state)

@@ -26,6 +26,8 @@ pub enum Route {
     Chat,
     /// `POST /v1/responses`, which abridge reads.
     Responses,
+    /// `POST /v1/messages` (Anthropic), which abridge reads.
+    Messages,
     /// Everything else under `/v1`.
     Passthrough,
 }
@@ -97,6 +99,7 @@ impl Route {
         match self {
             Route::Chat => "chat",
             Route::Responses => "responses",
+            Route::Messages => "messages",
             Route::Passthrough => "passthrough",
         }
     }
@@ -241,6 +244,8 @@ metrics! {
         chat_requests: u64 = |s| s.requests_where(Some(Route::Chat), None),
         /// Of which Responses API requests (`POST /v1/responses`).
         responses_api_requests: u64 = |s| s.requests_where(Some(Route::Responses), None),
+        /// Of which Anthropic Messages requests (`POST /v1/messages`).
+        messages_requests: u64 = |s| s.requests_where(Some(Route::Messages), None),
         /// Responses by status class (chat and pass-through together): 2xx, 3xx, 4xx, 5xx.
         responses_2xx: u64 = |s| s.requests_where(None, Some(Class::Success)),
         responses_4xx: u64 = |s| s.requests_where(None, Some(Class::ClientError)),
@@ -476,7 +481,12 @@ impl Stats {
     /// Requests counted for `route` and `class` (`None`: all of them).
     fn requests_where(&self, route: Option<Route>, class: Option<Class>) -> u64 {
         let mut total = 0;
-        for r in [Route::Chat, Route::Responses, Route::Passthrough] {
+        for r in [
+            Route::Chat,
+            Route::Responses,
+            Route::Messages,
+            Route::Passthrough,
+        ] {
             for c in [
                 Class::Success,
                 Class::Redirect,

@@ -1,5 +1,6 @@
-//! The one upstream: a pooled HTTP/1.1 client (hyper, rustls with Mozilla's roots) for the
-//! configured provider base URL, with connect and first-byte timeouts.
+//! The upstream: a pooled HTTP/1.1 client (hyper, rustls with Mozilla's roots) for the
+//! configured provider base URL (and, for Anthropic's routes, `anthropic_upstream` when
+//! set), with connect and first-byte timeouts.
 //!
 //! The target is fixed by configuration: a client's path is appended to the base path and
 //! nothing in a request can change scheme, host or port.
@@ -16,7 +17,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::config::{Config, UpstreamBase};
-use crate::error::Error;
+use crate::error::{Error, Shape};
 
 /// Path prefix clients use; the rest of their path is appended to the upstream base.
 pub const API_PREFIX: &str = "/v1";
@@ -25,6 +26,8 @@ pub const API_PREFIX: &str = "/v1";
 pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, Body>,
     base: UpstreamBase,
+    /// Anthropic's routes go here when set.
+    anthropic: Option<UpstreamBase>,
     first_byte: Duration,
 }
 
@@ -45,6 +48,7 @@ impl Upstream {
         Ok(Self {
             client,
             base: config.upstream.clone(),
+            anthropic: config.anthropic_upstream.clone(),
             first_byte: config.timeouts.first_byte(),
         })
     }
@@ -58,6 +62,7 @@ impl Upstream {
         Self {
             client: self.client.clone(),
             base,
+            anthropic: None,
             first_byte,
         }
     }
@@ -92,10 +97,14 @@ impl Upstream {
         if rest.split('/').any(is_unsafe_segment) {
             return Err(Error::BadPath);
         }
+        let base = match &self.anthropic {
+            Some(anthropic) if Shape::for_path(path) == Shape::Anthropic => anthropic,
+            _ => &self.base,
+        };
         let mut target = String::with_capacity(
-            self.base.path.len() + rest.len() + 1 + uri.query().map_or(0, str::len),
+            base.path.len() + rest.len() + 1 + uri.query().map_or(0, str::len),
         );
-        target.push_str(&self.base.path);
+        target.push_str(&base.path);
         target.push_str(rest);
         if target.is_empty() {
             target.push('/');
@@ -106,8 +115,8 @@ impl Upstream {
         }
         let path_and_query = PathAndQuery::try_from(target).map_err(|_| Error::BadPath)?;
         Uri::builder()
-            .scheme(self.base.scheme.clone())
-            .authority(self.base.authority.clone())
+            .scheme(base.scheme.clone())
+            .authority(base.authority.clone())
             .path_and_query(path_and_query)
             .build()
             .map_err(|e| Error::Internal(format!("building upstream URI: {e}")))
@@ -198,6 +207,43 @@ mod tests {
         upstream(base)
             .uri_for(&Method::POST, &uri.parse().unwrap())
             .map(|u| u.to_string())
+    }
+
+    #[test]
+    fn anthropic_routes_go_to_their_own_upstream_when_set() {
+        let config = Config {
+            upstream: "https://api.openai.com/v1".parse().unwrap(),
+            anthropic_upstream: Some("https://api.anthropic.com/v1".parse().unwrap()),
+            ..Config::default()
+        };
+        let upstream = Upstream::new(&config).unwrap();
+        let target = |uri: &str| {
+            upstream
+                .uri_for(&Method::POST, &uri.parse().unwrap())
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            target("/v1/messages?beta=true"),
+            "https://api.anthropic.com/v1/messages?beta=true"
+        );
+        assert_eq!(
+            target("/v1/messages/count_tokens"),
+            "https://api.anthropic.com/v1/messages/count_tokens"
+        );
+        assert_eq!(
+            target("/v1/responses"),
+            "https://api.openai.com/v1/responses"
+        );
+        assert_eq!(
+            target("/v1/messagesx"),
+            "https://api.openai.com/v1/messagesx"
+        );
+        // Unset, everything goes to the one upstream.
+        assert_eq!(
+            super::tests::target("https://api.openai.com/v1", "/v1/messages").unwrap(),
+            "https://api.openai.com/v1/messages"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::prepare::prepare;
 struct PreviewRequest {
     /// A request body: chat completions, or what `format` says.
     request: Value,
-    /// The route's wire format: `chat` (the default) or `responses`.
+    /// The route's wire format: `chat` (the default), `responses` or `messages`.
     #[serde(default)]
     format: PreviewFormat,
     /// The headers it would carry: the tenant header (e.g. `authorization`) and any
@@ -38,6 +38,7 @@ enum PreviewFormat {
     #[default]
     Chat,
     Responses,
+    Messages,
 }
 
 impl From<PreviewFormat> for Format {
@@ -45,6 +46,7 @@ impl From<PreviewFormat> for Format {
         match f {
             PreviewFormat::Chat => Format::Chat,
             PreviewFormat::Responses => Format::Responses,
+            PreviewFormat::Messages => Format::Messages,
         }
     }
 }

@@ -42,6 +42,11 @@ pub struct Config {
     pub listen: SocketAddr,
     /// The provider's base URL as its SDKs know it, including `/v1`.
     pub upstream: UpstreamBase,
+    /// Where Anthropic's routes (`/v1/messages` and below) go instead, including `/v1`
+    /// (e.g. `https://api.anthropic.com/v1`), so one abridge serves OpenAI-compatible
+    /// clients and Claude Code at once. Unset: every route goes to `upstream`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anthropic_upstream: Option<UpstreamBase>,
     pub admin: AdminConfig,
     pub timeouts: Timeouts,
     pub limits: Limits,
@@ -337,6 +342,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             upstream: UpstreamBase::from_str("https://api.openai.com/v1")
                 .unwrap_or_else(|e| unreachable!("default upstream is valid: {e}")),
+            anthropic_upstream: None,
             admin: AdminConfig::default(),
             timeouts: Timeouts::default(),
             limits: Limits::default(),

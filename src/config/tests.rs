@@ -252,3 +252,21 @@ fn debug_output_hides_the_admin_token() {
     let config = load("[admin]\ntoken = \"s3cret-admin-token\"\n", &[]).unwrap();
     assert!(!format!("{config:?}").contains("s3cret-admin-token"));
 }
+
+#[test]
+fn anthropic_routes_may_name_their_own_upstream() {
+    let config = load(
+        "",
+        &[("ABRIDGE_ANTHROPIC_UPSTREAM", "https://api.anthropic.com/v1")],
+    )
+    .unwrap();
+    let base = config.anthropic_upstream.unwrap();
+    assert_eq!(base.path, "/v1");
+    let config = load("anthropic_upstream = \"http://127.0.0.1:8001/v1\"\n", &[]).unwrap();
+    assert!(config.anthropic_upstream.is_some());
+    assert!(load("anthropic_upstream = \"ftp://x/v1\"\n", &[]).is_err());
+    assert!(
+        Config::default().anthropic_upstream.is_none(),
+        "one upstream by default"
+    );
+}

@@ -10,6 +10,7 @@
 //! one; both dispatch to the module.
 
 pub mod chat;
+pub mod messages;
 pub mod responses;
 pub mod splice;
 
@@ -26,6 +27,8 @@ pub enum Format {
     Chat,
     /// OpenAI Responses (`POST /v1/responses`): [`responses`].
     Responses,
+    /// Anthropic Messages (`POST /v1/messages`): [`messages`].
+    Messages,
 }
 
 /// The role abridge gives a message it writes itself.
@@ -41,6 +44,7 @@ impl Format {
         match self {
             Format::Chat => "chat",
             Format::Responses => "responses",
+            Format::Messages => "messages",
         }
     }
 
@@ -51,6 +55,7 @@ impl Format {
         match self {
             Format::Chat => None,
             Format::Responses => Some(b"responses"),
+            Format::Messages => Some(b"messages"),
         }
     }
 
@@ -59,6 +64,7 @@ impl Format {
         match self {
             Format::Chat => chat::item(raw).ok(),
             Format::Responses => responses::item(raw).ok(),
+            Format::Messages => messages::item(raw).ok(),
         }
     }
 
@@ -67,6 +73,7 @@ impl Format {
         match self {
             Format::Chat => chat::authored(role, text),
             Format::Responses => responses::authored(role, text),
+            Format::Messages => messages::authored(role, text),
         }
     }
 
@@ -76,6 +83,8 @@ impl Format {
         match self {
             Format::Chat => chat::with_content(item.raw, text),
             Format::Responses => responses::with_output(item.raw, text),
+            // A result is a block inside a user message: kept whole (see `messages`).
+            Format::Messages => None,
         }
     }
 
@@ -84,6 +93,7 @@ impl Format {
         match self {
             Format::Chat => chat::same_but_content(digest, original),
             Format::Responses => responses::same_but_output(digest, original),
+            Format::Messages => false,
         }
     }
 }
@@ -95,6 +105,8 @@ pub enum Unparseable {
     Chat(#[from] chat::Unparseable),
     #[error(transparent)]
     Responses(#[from] responses::Unparseable),
+    #[error(transparent)]
+    Messages(#[from] messages::Unparseable),
 }
 
 /// A conversation request's body and its parse, in its format.
@@ -102,6 +114,7 @@ pub enum Unparseable {
 pub enum Request {
     Chat(chat::Request),
     Responses(responses::Request),
+    Messages(messages::Request),
 }
 
 /// The body to send upstream.
@@ -124,6 +137,9 @@ impl Request {
             Format::Responses => responses::Request::parse(body)
                 .map(Request::Responses)
                 .map_err(|(b, e)| (b, e.into())),
+            Format::Messages => messages::Request::parse(body)
+                .map(Request::Messages)
+                .map_err(|(b, e)| (b, e.into())),
         }
     }
 
@@ -131,6 +147,7 @@ impl Request {
         match self {
             Request::Chat(_) => Format::Chat,
             Request::Responses(_) => Format::Responses,
+            Request::Messages(_) => Format::Messages,
         }
     }
 
@@ -139,6 +156,7 @@ impl Request {
         match self {
             Request::Chat(r) => r.body(),
             Request::Responses(r) => r.body(),
+            Request::Messages(r) => r.body(),
         }
     }
 
@@ -147,6 +165,7 @@ impl Request {
         match self {
             Request::Chat(r) => &r.parsed().messages,
             Request::Responses(r) => &r.parsed().items,
+            Request::Messages(r) => &r.parsed().items,
         }
     }
 
@@ -155,24 +174,31 @@ impl Request {
         match self {
             Request::Chat(r) => r.parsed().request.model.as_deref(),
             Request::Responses(r) => r.parsed().fields.model.as_deref(),
+            Request::Messages(r) => r.parsed().fields.model.as_deref(),
         }
         .unwrap_or_default()
     }
 
-    /// Why this request must be forwarded untouched whatever the headers say (its state
-    /// lives on the provider, or the client asked for the provider's own compaction).
+    /// Why this request must be forwarded untouched whatever the `x-abridge-*` headers
+    /// say (its state lives on the provider, or the client asked for the provider's own
+    /// compaction).
     pub fn untouchable(&self) -> Option<&'static str> {
         match self {
             Request::Chat(_) => None,
             Request::Responses(r) => r.untouchable(),
+            Request::Messages(r) => messages::untouchable(r.parsed()),
         }
     }
 
     /// The client's own name for this conversation, when its format has one (the
-    /// Responses API's `prompt_cache_key`): a hint within the tenant's namespace.
+    /// Responses API's `prompt_cache_key`, which Codex CLI sets to its thread id and keeps
+    /// across `resume`): a hint within the tenant's namespace. Not a Messages
+    /// `metadata.user_id`: Claude Code puts a session id there that changes when a
+    /// session is continued (`claude --continue`), which would make every continuation
+    /// a new conversation.
     pub fn hint(&self) -> Option<&str> {
         match self {
-            Request::Chat(_) => None,
+            Request::Chat(_) | Request::Messages(_) => None,
             Request::Responses(r) => r.parsed().fields.prompt_cache_key.as_deref(),
         }
         .filter(|h| !h.is_empty())
@@ -189,6 +215,10 @@ impl Request {
                 items.and_then(|items| responses::with_input(body, r.parsed(), items)),
                 false,
             ),
+            Request::Messages(r) => (
+                items.and_then(|items| messages::with_messages(body, r.parsed(), items)),
+                false,
+            ),
         };
         Outgoing {
             body: edited.unwrap_or_else(|| body.clone()),
@@ -201,7 +231,7 @@ impl Request {
     pub fn wants_usage_ask(&self) -> bool {
         match self {
             Request::Chat(r) => chat::usage_edit(self.body(), &r.parsed().request).is_some(),
-            Request::Responses(_) => false,
+            Request::Responses(_) | Request::Messages(_) => false,
         }
     }
 }

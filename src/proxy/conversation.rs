@@ -1,15 +1,17 @@
-//! The conversation routes — `POST /v1/chat/completions` and `POST /v1/responses`, one
-//! handler whatever the wire format: ingress → prepare (parse, identify, load) → plan →
+//! The conversation routes — `POST /v1/chat/completions`, `POST /v1/responses` and
+//! `POST /v1/messages` — one handler whatever the wire format: ingress → prepare (parse, identify, load) → plan →
 //! rewrite → forward (→ retry without what abridge added, if the provider refused it →
 //! compact-and-retry, if it said the prompt is too long) → relay → record.
 //!
 //! A request whose state lives on the provider (a Responses `previous_response_id`, …)
-//! is forwarded untouched whatever the headers say, and the client is told why.
+//! or that asks for the provider's own compaction is forwarded untouched whatever the
+//! headers say, and the client is told why. abridge's own errors answer in the route's
+//! provider's shape.
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Uri, Version, header};
@@ -18,7 +20,7 @@ use crate::compactor::overflow;
 use crate::compactor::{Decision, Followup, Reason, Turn};
 use crate::config::CompactionMode;
 use crate::controls::{Compact, Controls, Report};
-use crate::error::Error;
+use crate::error::{Error, Shape};
 use crate::formats::{Format, Request as Conversation};
 use crate::headers::{self, Credentials};
 use crate::ingress;
@@ -40,6 +42,11 @@ pub async fn responses(State(state): State<AppState>, request: Request) -> Respo
     conversation(&state, request, Format::Responses, Route::Responses).await
 }
 
+/// `POST /v1/messages` (Anthropic): see the module docs.
+pub async fn messages(State(state): State<AppState>, request: Request) -> Response {
+    conversation(&state, request, Format::Messages, Route::Messages).await
+}
+
 async fn conversation(
     state: &AppState,
     request: Request,
@@ -47,9 +54,13 @@ async fn conversation(
     route: Route,
 ) -> Response {
     let mut exchange = Exchange::start(state);
+    let shape = match format {
+        Format::Messages => Shape::Anthropic,
+        Format::Chat | Format::Responses => Shape::OpenAi,
+    };
     let response = stages(state, request, format, &mut exchange)
         .await
-        .unwrap_or_else(IntoResponse::into_response);
+        .unwrap_or_else(|e| e.response_in(shape));
     exchange.finish(state, route, &response);
     response
 }

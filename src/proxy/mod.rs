@@ -1,4 +1,5 @@
-//! The proxy's request handlers: the conversation routes ([`chat`], [`responses`]),
+//! The proxy's request handlers: the conversation routes ([`chat`], [`responses`],
+//! [`messages`]),
 //! which abridge reads, and the transparent pass-through that serves everything else
 //! under `/v1`; and what they share: the bookkeeping of one exchange, sending to the provider, relaying the
 //! answer, and the record stage.
@@ -8,11 +9,11 @@
 
 mod conversation;
 
-pub use conversation::{chat, responses};
+pub use conversation::{chat, messages, responses};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -22,7 +23,7 @@ use http_body_util::{BodyExt, Limited};
 
 use crate::compactor::Followup;
 use crate::controls::Report;
-use crate::error::Error;
+use crate::error::{Error, Shape};
 use crate::headers;
 use crate::identity::Fingerprint;
 use crate::ingress;
@@ -74,9 +75,10 @@ impl Exchange {
 /// Every other request under `/v1`: method, path, query, headers and body stream through.
 pub async fn passthrough(State(state): State<AppState>, request: Request) -> Response {
     let mut exchange = Exchange::start(&state);
+    let shape = Shape::for_path(request.uri().path());
     let response = passthrough_stages(&state, request, &mut exchange)
         .await
-        .unwrap_or_else(IntoResponse::into_response);
+        .unwrap_or_else(|e| e.response_in(shape));
     exchange.finish(&state, Route::Passthrough, &response);
     response
 }

@@ -94,7 +94,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         .map(String::as_str)
         .collect();
     let expected = "\
-        requests chat_requests responses_api_requests responses_2xx responses_4xx responses_5xx inflight_requests \
+        requests chat_requests responses_api_requests messages_requests responses_2xx responses_4xx responses_5xx inflight_requests \
         inflight_streams unparseable_bodies identified store_unavailable usage_requested \
         usage_option_refused usage_not_asked usage_reports prompt_tokens_reported \
         prompt_tokens_reported_compacted completion_tokens_reported usage_unreadable \

@@ -524,9 +524,9 @@ fn is_result(message: &Item<'_>) -> bool {
 /// The structure of a conversation that every strategy builds on.
 pub(crate) struct Layout<'m, 'a> {
     pub messages: &'m [Item<'a>],
-    /// Items that never move: the leading system/developer items, and everything up
-    /// to the last of the provider's own compaction items (only what follows it may be
-    /// compacted).
+    /// Items that never move: the leading system/developer items (and any within the
+    /// first turn, with what precedes them), and everything up to the last of the
+    /// provider's own compaction items (only what follows it may be compacted).
     pub sys: usize,
     /// Index of the last ask (a user's own words): the final turn starts here.
     pub last_user: usize,
@@ -543,11 +543,21 @@ impl<'m, 'a> Layout<'m, 'a> {
     pub fn new(messages: &'m [Item<'a>]) -> Result<Self, CannotCompact> {
         let n = messages.len();
         let instructions = messages.iter().take_while(|m| m.is_instruction()).count();
+        // Instructions within the first turn are head too (Claude Code sends its
+        // environment block as a system message right after the first user message).
+        let first_reply = messages
+            .iter()
+            .position(|m| m.role == Role::Assistant)
+            .unwrap_or(n);
+        let pinned = messages[..first_reply]
+            .iter()
+            .rposition(Item::is_instruction)
+            .map_or(0, |i| i + 1);
         let barrier = messages
             .iter()
             .rposition(|m| m.opaque == Opaque::Barrier)
             .map_or(0, |b| b + 1);
-        let sys = instructions.max(barrier);
+        let sys = instructions.max(barrier).max(pinned);
         let last_user = messages
             .iter()
             .rposition(Item::is_ask)

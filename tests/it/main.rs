@@ -13,6 +13,7 @@ mod admin;
 
 mod compaction;
 
+mod claude_code;
 mod codex;
 mod connections;
 mod conversations;
@@ -22,6 +23,7 @@ mod faults;
 mod hardening;
 mod lifecycle;
 mod llama;
+mod messages;
 mod passthrough;
 mod redis_support;
 mod responses;

@@ -1,6 +1,6 @@
 //! The official OpenAI SDKs (Python and Node) against abridge and straight against the
-//! provider, chat completions and Responses: every scenario gives the same result both
-//! ways. The SDKs are installed by
+//! provider, chat completions and Responses, and the Anthropic Python SDK on the
+//! Messages API: every scenario gives the same result both ways. The SDKs are installed by
 //! `scripts/test` into `target/sdk/` (a Python venv and an npm prefix); these tests are
 //! `#[ignore]`d for a bare `cargo test` and run by `scripts/test`.
 
@@ -148,6 +148,29 @@ async fn node_sdk_responses_see_no_difference() {
         "{:?}",
         proxy.stats()
     );
+}
+
+#[tokio::test]
+#[ignore = "needs the anthropic Python SDK that scripts/test installs"]
+async fn anthropic_python_sdk_sees_no_difference() {
+    let (provider, proxy) = setup().await;
+    let python = sdk_dir().join("venv/bin/python");
+    // The Anthropic SDK's base URL has no /v1: it adds /v1/messages itself.
+    let base = |url: String| url.trim_end_matches("/v1").to_owned();
+    let out = run(
+        python,
+        vec![
+            script("anthropic_check.py").display().to_string(),
+            base(provider.url()),
+            base(proxy.url("/v1")),
+        ],
+    )
+    .await;
+    assert!(
+        out.contains("ok count_tokens") && out.contains("ok long_conversation"),
+        "{out}"
+    );
+    assert!(proxy.stats().messages_requests >= 30, "{:?}", proxy.stats());
 }
 
 fn which(program: &str) -> PathBuf {

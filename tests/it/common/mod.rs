@@ -7,6 +7,7 @@
 )]
 
 pub mod agent;
+pub mod claude;
 pub mod redis;
 pub mod responses;
 

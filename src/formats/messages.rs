@@ -1,0 +1,337 @@
+//! Anthropic's Messages API (`POST /v1/messages`), as Claude Code and the Anthropic SDKs
+//! send it: the system prompt in the top-level `system` (never an item, never touched),
+//! the conversation in `messages`, alternating `user` and `assistant`.
+//!
+//! Messages and their neutral view:
+//! - role `user`, `assistant`, or `system` (Claude Code sends its environment block as a
+//!   `system` message inside `messages`; it is an instruction, kept in the head);
+//! - content a string, or blocks: `text` is read as text; `tool_use` {`id`, `name`,
+//!   `input`} is a call (its input's raw JSON as the arguments); `tool_result`
+//!   {`tool_use_id`, `content`} answers that call (its text read as text); `thinking`,
+//!   `redacted_thinking`, images, documents and every other block are kept raw, never
+//!   edited. `cache_control` is not part of the view: clients move their breakpoints
+//!   from turn to turn, and the conversation must still be recognised.
+//!
+//! A user message that carries tool results answers the calls of the assistant message
+//! before it, so a cut never falls between them (the neutral layout's pairing).
+//!
+//! What abridge writes: a `user` message with one `text` block (for the system role
+//! too: the only portable place for a system prompt in this API is the top level).
+//! Where a message abridge wrote would stand next to one of the same role, a minimal
+//! message of the other role is put between them, so the forwarded conversation still
+//! alternates (many Anthropic-compatible servers reject consecutive turns, which
+//! Anthropic itself merges) and starts with a `user` message. Digests are not written
+//! for this format: a tool result is kept whole or replaced with its turn.
+//!
+//! Requests that ask for the provider's own context editing or compaction (a
+//! `context_management` edit that removes or compacts content) are forwarded untouched;
+//! see [`untouchable`] for what does not count.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::Author;
+use super::splice::{Edit, apply, array, span_of};
+use crate::conversation::{Content, Item, Opaque, Part, Role, ToolCall};
+
+/// The top level of a Messages request, of which abridge reads only this.
+#[derive(Debug, Deserialize)]
+pub struct Fields<'a> {
+    #[serde(borrow, default)]
+    pub model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub context_management: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub metadata: Option<Metadata<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Metadata<'a> {
+    /// Claude Code puts its session id here (a JSON document in a string).
+    #[serde(borrow, default)]
+    pub user_id: Option<Cow<'a, str>>,
+}
+
+/// A parsed request: the top level and the messages as items.
+#[derive(Debug)]
+pub struct Parsed<'a> {
+    pub fields: Fields<'a>,
+    pub items: Vec<Item<'a>>,
+}
+
+/// Why a body is not a Messages request abridge understands.
+#[derive(Debug, thiserror::Error)]
+pub enum Unparseable {
+    #[error("request body is not a Messages request: {0}")]
+    Body(serde_json::Error),
+    #[error("`messages` is not an array")]
+    NotAnArray,
+    #[error("message {index} is not understood: {error}")]
+    Message {
+        index: usize,
+        error: serde_json::Error,
+    },
+}
+
+pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
+    let fields: Fields<'_> = serde_json::from_slice(body).map_err(Unparseable::Body)?;
+    let raw: Vec<&RawValue> = match fields.messages {
+        None => Vec::new(),
+        Some(m) if m.get().starts_with('[') => {
+            serde_json::from_str(m.get()).map_err(Unparseable::Body)?
+        }
+        Some(_) => return Err(Unparseable::NotAnArray),
+    };
+    let items = raw
+        .into_iter()
+        .enumerate()
+        .map(|(index, raw)| item(raw).map_err(|error| Unparseable::Message { index, error }))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Parsed { fields, items })
+}
+
+#[derive(Deserialize)]
+struct MessageFields<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Block<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_use_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+/// One message as a conversation item (see the module docs).
+pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+    let f: MessageFields<'_> = serde_json::from_str(raw.get())?;
+    let mut item = Item {
+        raw,
+        role: match f.role.as_ref() {
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "system" => Role::System,
+            other => {
+                return Err(serde::de::Error::custom(format!("unknown role {other:?}")));
+            }
+        },
+        content: Content::None,
+        name: None,
+        calls: Vec::new(),
+        results: Vec::new(),
+        opaque: Opaque::None,
+        extra: None,
+    };
+    let Some(content) = f.content else {
+        return Ok(item);
+    };
+    let text = content.get();
+    if text.starts_with('"') {
+        item.content = Content::Text(serde_json::from_str(text)?);
+        return Ok(item);
+    }
+    if !text.starts_with('[') {
+        item.content = Content::Other(content);
+        return Ok(item);
+    }
+    let blocks: Vec<&RawValue> = serde_json::from_str(text)?;
+    let mut parts = Vec::with_capacity(blocks.len());
+    for block in blocks {
+        let b: Block<'_> = serde_json::from_str(block.get())?;
+        match b.kind.as_ref() {
+            "text" => parts.push(Part::Text(b.text.unwrap_or_default())),
+            "tool_use" => item.calls.push(ToolCall {
+                id: b.id.unwrap_or_default(),
+                name: b.name.unwrap_or_default(),
+                arguments: Cow::Borrowed(b.input.map_or("{}", RawValue::get)),
+            }),
+            "tool_result" => {
+                item.results.extend(b.tool_use_id);
+                match b.content.map(result_text) {
+                    Some(Some(text)) => parts.push(Part::Text(text)),
+                    Some(None) => parts.extend(b.content.map(Part::Other)),
+                    None => {}
+                }
+            }
+            _ => parts.push(Part::Other(block)),
+        }
+    }
+    item.content = Content::Parts(parts);
+    Ok(item)
+}
+
+/// A tool result's content as text: a string, or text blocks only.
+fn result_text(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let text = raw.get();
+    if text.starts_with('"') {
+        return serde_json::from_str(text).ok();
+    }
+    let blocks: Vec<Block<'_>> = serde_json::from_str(text).ok()?;
+    let mut out = String::new();
+    for b in blocks {
+        if b.kind != "text" {
+            return None;
+        }
+        out.push_str(b.text.as_deref().unwrap_or_default());
+    }
+    Some(Cow::Owned(out))
+}
+
+/// A message abridge writes: role `user`, one text block.
+pub fn authored(_role: Author, text: &str) -> Box<RawValue> {
+    let json = serde_json::json!({
+        "role": "user",
+        "content": [{"type": "text", "text": text}],
+    });
+    RawValue::from_string(json.to_string())
+        .unwrap_or_else(|_| unreachable!("serde_json wrote valid JSON"))
+}
+
+const USER_FILLER: &str = r#"{"role":"user","content":[{"type":"text","text":"Continue."}]}"#;
+const ASSISTANT_FILLER: &str =
+    r#"{"role":"assistant","content":[{"type":"text","text":"Understood."}]}"#;
+
+/// The role of a forwarded message for alternation (`None`: a `system` message, which
+/// alternation skips, or one abridge cannot read).
+fn turn_role(raw: &RawValue) -> Option<bool> {
+    let f: MessageFields<'_> = serde_json::from_str(raw.get()).ok()?;
+    match f.role.as_ref() {
+        "user" => Some(true),
+        "assistant" => Some(false),
+        _ => None,
+    }
+}
+
+/// `items` as they go upstream: where a message abridge wrote (one not borrowed from
+/// `body`) stands next to one of the same role, a filler of the other role goes between
+/// them; a conversation that would start with an assistant message gets a user filler.
+fn alternating<'r>(body: &[u8], items: &[&'r RawValue]) -> Vec<Cow<'r, RawValue>> {
+    let filler = |user: bool| -> Cow<'r, RawValue> {
+        let text = if user { USER_FILLER } else { ASSISTANT_FILLER };
+        Cow::Owned(
+            RawValue::from_string(text.to_owned())
+                .unwrap_or_else(|_| unreachable!("a constant JSON object")),
+        )
+    };
+    let mut out: Vec<Cow<'r, RawValue>> = Vec::with_capacity(items.len() + 2);
+    // The last message that counts for alternation: its role, and whether abridge wrote it.
+    let mut last: Option<(bool, bool)> = None;
+    for &raw in items {
+        let authored = span_of(body, raw.get()).is_none();
+        if let Some(user) = turn_role(raw) {
+            match last {
+                None if !user => out.push(filler(true)),
+                Some((was_user, was_authored))
+                    if was_user == user && (authored || was_authored) =>
+                {
+                    out.push(filler(!user));
+                }
+                _ => {}
+            }
+            last = Some((user, authored));
+        }
+        out.push(Cow::Borrowed(raw));
+    }
+    out
+}
+
+/// The body with its `messages` array replaced by `items` (made to alternate where
+/// abridge's own messages meet the client's), every other byte kept.
+pub fn with_messages(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Bytes> {
+    let messages = parsed.fields.messages?;
+    let span = span_of(body, messages.get())?;
+    let forwarded = alternating(body, items);
+    let refs: Vec<&RawValue> = forwarded.iter().map(|c| &**c).collect();
+    apply(
+        body,
+        vec![Edit {
+            span,
+            bytes: array(&refs),
+        }],
+    )
+}
+
+/// Why this request is left to the provider: its `context_management` asks the
+/// provider to edit or compact the context (clear tool uses, clear thinking beyond
+/// what it keeps, compact). Claude Code sends `clear_thinking` with `keep: "all"` — no
+/// edit at all — and the `context-management-*` beta on every request; neither on its
+/// own hands the conversation to the provider (were it so, Claude Code would never be
+/// compacted).
+pub fn untouchable(parsed: &Parsed<'_>) -> Option<&'static str> {
+    #[derive(Deserialize)]
+    struct Management<'a> {
+        #[serde(borrow, default)]
+        edits: Vec<EditSpec<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct EditSpec<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Cow<'a, str>,
+        #[serde(borrow, default)]
+        keep: Option<&'a RawValue>,
+    }
+    let raw = parsed.fields.context_management?;
+    if raw.get() == "null" {
+        return None;
+    }
+    let edits = match serde_json::from_str::<Management<'_>>(raw.get()) {
+        Ok(m) => m.edits,
+        // A shape abridge does not know: the provider's to manage.
+        Err(_) => return Some(MANAGED),
+    };
+    let keeps_everything = |e: &EditSpec<'_>| {
+        e.kind.starts_with("clear_thinking") && e.keep.is_some_and(|k| k.get() == r#""all""#)
+    };
+    (!edits.iter().all(keeps_everything)).then_some(MANAGED)
+}
+
+const MANAGED: &str =
+    "context_management: the provider edits this conversation itself; forwarded untouched";
+
+self_cell::self_cell!(
+    /// A Messages request's body and its parse, together (see `formats::chat::Request`).
+    pub struct Request {
+        owner: Bytes,
+        #[covariant]
+        dependent: Parsed,
+    }
+
+    impl {Debug}
+);
+
+impl Request {
+    /// Parses `body`; a body abridge does not understand is handed back with the reason.
+    pub fn parse(body: Bytes) -> Result<Self, (Bytes, Unparseable)> {
+        Request::try_new_or_recover(body, |b| parse(b))
+    }
+
+    pub fn body(&self) -> &Bytes {
+        self.borrow_owner()
+    }
+
+    pub fn parsed(&self) -> &Parsed<'_> {
+        self.borrow_dependent()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,131 @@
+use super::*;
+
+const BODY: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,
+    "system":[{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],
+    "messages":[
+    {"role":"user","content":[{"type":"text","text":"Fix the build"}]},
+    {"role":"system","content":"<env>cwd: /srv/app</env>"},
+    {"role":"assistant","content":[{"type":"thinking","thinking":"Look first.","signature":"sig1"},
+        {"type":"text","text":"Reading."},
+        {"type":"tool_use","id":"toolu_1","name":"Read","input":{"path":"a.rs"}}]},
+    {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"fn main() {}","cache_control":{"type":"ephemeral"}}]},
+    {"role":"assistant","content":"Done."},
+    {"role":"user","content":"Thanks"}],
+    "metadata":{"user_id":"{\"session_id\":\"s-1\"}"}}"#;
+
+#[test]
+fn messages_have_their_neutral_view() {
+    let parsed = parse(BODY.as_bytes()).unwrap();
+    let items = &parsed.items;
+    assert_eq!(items.len(), 6);
+    assert!(items[0].is_ask());
+    assert_eq!(items[0].content.as_text().as_deref(), Some("Fix the build"));
+    assert!(
+        items[1].is_instruction(),
+        "a system message inside messages"
+    );
+    assert_eq!(items[2].calls[0].id, "toolu_1");
+    assert_eq!(items[2].calls[0].arguments, r#"{"path":"a.rs"}"#);
+    assert!(
+        matches!(&items[2].content, Content::Parts(p) if matches!(p[0], Part::Other(_))),
+        "thinking is kept raw"
+    );
+    assert_eq!(items[3].results, ["toolu_1"]);
+    assert!(items[3].is_result() && !items[3].is_ask());
+    assert_eq!(items[3].content.as_text().as_deref(), Some("fn main() {}"));
+    assert!(items[5].is_ask());
+    assert_eq!(
+        parsed.fields.metadata.and_then(|m| m.user_id).as_deref(),
+        Some(r#"{"session_id":"s-1"}"#)
+    );
+}
+
+#[test]
+fn a_moved_cache_breakpoint_does_not_change_the_view() {
+    let with = r#"{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral"}}]}"#;
+    let without = r#"{"role":"user","content":[{"type":"text","text":"hi"}]}"#;
+    let raw = |s: &str| RawValue::from_string(s.to_owned()).unwrap();
+    let (a, b) = (raw(with), raw(without));
+    let (a, b) = (item(&a).unwrap(), item(&b).unwrap());
+    assert_eq!(a.content, b.content);
+    assert_eq!(
+        crate::identity::hash_message(&a),
+        crate::identity::hash_message(&b)
+    );
+}
+
+#[test]
+fn spliced_messages_alternate_and_everything_else_is_kept() {
+    let body = Bytes::from_static(BODY.as_bytes());
+    let parsed = parse(&body).unwrap();
+    let raw: Vec<&RawValue> = parsed.items.iter().map(|i| i.raw).collect();
+    let summary = authored(Author::System, "[summary]");
+    // Head (user, system), the summary, then the last assistant answer and the ask.
+    let kept = [raw[0], raw[1], &*summary, raw[4], raw[5]];
+    let out = with_messages(&body, &parsed, &kept).unwrap();
+    let text = std::str::from_utf8(&out).unwrap();
+    assert!(text.starts_with(r#"{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,"#));
+    assert!(text.ends_with(r#""metadata":{"user_id":"{\"session_id\":\"s-1\"}"}}"#));
+    let again = parse(&out).unwrap();
+    let roles: Vec<Role> = again.items.iter().map(|i| i.role).collect();
+    use Role::{Assistant as A, System as S, User as U};
+    // user, system, [assistant filler], summary (user), assistant, user.
+    assert_eq!(roles, [U, S, A, U, A, U]);
+    assert_eq!(
+        again.items[3].content.as_text().as_deref(),
+        Some("[summary]")
+    );
+
+    // A summary after a tool result and before the ask: a filler on both sides.
+    let kept = [raw[0], raw[1], raw[2], raw[3], &*summary, raw[5]];
+    let again = with_messages(&body, &parsed, &kept).unwrap();
+    let roles: Vec<Role> = parse(&again)
+        .unwrap()
+        .items
+        .iter()
+        .map(|i| i.role)
+        .collect();
+    assert_eq!(roles, [U, S, A, U, A, U, A, U]);
+
+    // A conversation that would start with abridge's message of the assistant role
+    // never does; the client's own consecutive turns are left as they were.
+    let kept = [raw[4], raw[4], raw[5]];
+    let again = with_messages(&body, &parsed, &kept).unwrap();
+    let roles: Vec<Role> = parse(&again)
+        .unwrap()
+        .items
+        .iter()
+        .map(|i| i.role)
+        .collect();
+    assert_eq!(roles, [U, A, A, U]);
+}
+
+#[test]
+fn provider_managed_context_is_left_alone() {
+    let managed = |body: &str| untouchable(&parse(body.as_bytes()).unwrap()).is_some();
+    assert!(managed(
+        r#"{"messages":[],"context_management":{"edits":[{"type":"clear_tool_uses_20250919"}]}}"#
+    ));
+    assert!(managed(
+        r#"{"messages":[],"context_management":{"edits":[{"type":"compact_20260112"}]}}"#
+    ));
+    assert!(managed(
+        r#"{"messages":[],"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":{"type":"thinking_turns","value":1}}]}}"#
+    ));
+    assert!(managed(
+        r#"{"messages":[],"context_management":"something new"}"#
+    ));
+    // What Claude Code sends on every request: keep all thinking, i.e. no edit.
+    assert!(!managed(
+        r#"{"messages":[],"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]}}"#
+    ));
+    assert!(!managed(r#"{"messages":[],"context_management":null}"#));
+    assert!(!managed(r#"{"messages":[]}"#));
+}
+
+#[test]
+fn unknown_roles_and_shapes_are_not_understood() {
+    assert!(parse(br#"{"messages":[{"role":"tool","content":"x"}]}"#).is_err());
+    assert!(parse(br#"{"messages":"hi"}"#).is_err());
+    assert!(parse(br#"{"messages":[{"role":"user","content":[{"text":"no type"}]}]}"#).is_err());
+}

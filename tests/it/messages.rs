@@ -1,0 +1,261 @@
+//! The Anthropic Messages route (`POST /v1/messages`) end to end, driven as Claude Code
+//! drives it. The fake provider validates every request as Anthropic does (a
+//! `tool_use` answered in the very next message, thinking signatures, at most four
+//! cache breakpoints) and, as many compatible servers do, strict alternation: a green
+//! turn is a valid request.
+
+use abridge::config::Config;
+use abridge::strategies::Strategy;
+use fake_provider::{Behavior, FakeProvider, Recorded};
+use serde_json::{Value, json};
+
+use crate::common::agent::Answer;
+use crate::common::claude::ClaudeAgent;
+use crate::common::{Proxy, client, config_for};
+
+const THRESHOLD: u64 = 3000;
+
+fn config(url: &str, strategy: Strategy) -> Config {
+    let mut config = config_for(url);
+    config.compaction.threshold_tokens = THRESHOLD;
+    config.compaction.strategy = strategy;
+    config.summary.timeout_ms = 5000;
+    config
+}
+
+fn sent(provider: &FakeProvider) -> Vec<Recorded> {
+    provider
+        .requests()
+        .into_iter()
+        .filter(|r| r.uri.path().ends_with("/messages"))
+        .collect()
+}
+
+/// Every thinking block forwarded is one the client sent, byte for byte.
+fn assert_thinking_untouched(messages: &[Value], originals: &[Value]) {
+    let blocks = |ms: &[Value]| -> Vec<Value> {
+        ms.iter()
+            .filter_map(|m| m["content"].as_array())
+            .flatten()
+            .filter(|b| b["type"] == "thinking")
+            .cloned()
+            .collect()
+    };
+    let known = blocks(originals);
+    for block in blocks(messages) {
+        assert!(known.contains(&block), "thinking block altered: {block}");
+    }
+}
+
+async fn long_session(strategy: Strategy, stream: bool) {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), strategy);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = ClaudeAgent::new(&proxy, "sk-ant-claude");
+    agent.stream = stream;
+    let mut answers: Vec<Answer> = Vec::new();
+    for n in 1..=24 {
+        answers.extend(agent.turn(n).await);
+    }
+    let requests = sent(&provider);
+    assert_eq!(requests.len(), 48);
+    let first = answers
+        .iter()
+        .position(Answer::compacted)
+        .unwrap_or_else(|| panic!("{strategy}: never compacted"));
+    assert!(first > 4, "not before the session was long");
+    let mut cache_hits = 0;
+    let mut previous: Option<String> = None;
+    for (i, request) in requests.iter().enumerate() {
+        let body = request.json();
+        assert_eq!(request.uri.query(), Some("beta=true"), "the query is kept");
+        assert_eq!(body["system"], agent.system, "system untouched");
+        let messages = body["messages"].as_array().unwrap().clone();
+        assert_eq!(
+            messages[..2],
+            agent.messages[..2],
+            "{strategy}: the ask and the environment stay"
+        );
+        assert_thinking_untouched(&messages, &agent.messages);
+        if i < first {
+            continue;
+        }
+        assert!(answers[i].compacted(), "{strategy}: request {i} compacted");
+        let replaced = answers[i].header("x-abridge-messages-replaced");
+        if previous == replaced && !stream {
+            cache_hits +=
+                u64::from(answers[i].body["usage"]["cache_read_input_tokens"].as_u64() > Some(0));
+        }
+        previous = replaced;
+    }
+    let after: u64 = answers
+        .last()
+        .unwrap()
+        .header("x-abridge-tokens-after")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after <= THRESHOLD, "{strategy}: {after} over the threshold");
+    let stats = proxy.stats();
+    assert_eq!(stats.usage_reports, 48, "usage read from every answer");
+    assert_eq!(stats.messages_requests, 48);
+    if !stream {
+        // Between compactions the forwarded prefix is byte-stable: the provider's cache
+        // serves it (the fake simulates Anthropic's prompt cache).
+        assert!(
+            cache_hits > 0,
+            "{strategy}: no cache reads between compactions"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_long_claude_code_session_is_compacted_by_every_strategy() {
+    for strategy in [
+        Strategy::Recency,
+        Strategy::Deterministic,
+        Strategy::Structured,
+        Strategy::LlmReplace,
+    ] {
+        long_session(strategy, false).await;
+    }
+}
+
+#[tokio::test]
+async fn streamed_messages_report_usage_from_message_start_and_delta() {
+    long_session(Strategy::Recency, true).await;
+}
+
+#[tokio::test]
+async fn provider_managed_context_is_forwarded_untouched() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let proxy = Proxy::start_with(config(&provider.url(), Strategy::Recency)).await;
+    let mut agent = ClaudeAgent::new(&proxy, "sk-ant-managed");
+    agent
+        .headers
+        .push(("x-abridge-compact".into(), "force".into()));
+    for n in 1..=2 {
+        agent.turn(n).await;
+    }
+    agent.extra.insert(
+        "context_management".into(),
+        json!({"edits": [{"type": "clear_tool_uses_20250919"}]}),
+    );
+    let body = agent.body(false);
+    let answer = agent.send_body(body.clone(), false).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(
+        provider.last_request().unwrap().body == body.as_bytes(),
+        "byte for byte"
+    );
+    assert!(!answer.compacted());
+    assert!(
+        answer
+            .header("x-abridge-note")
+            .unwrap()
+            .contains("context_management")
+    );
+
+    // Claude Code's own: keep all thinking (no edit) and the beta — compacted as usual.
+    agent.extra.insert(
+        "context_management".into(),
+        json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}),
+    );
+    agent.headers.push((
+        "anthropic-beta".into(),
+        "context-management-2025-06-27".into(),
+    ));
+    let answer = agent.send(false).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(
+        answer.compacted(),
+        "forced, and nothing managed by the provider"
+    );
+}
+
+#[tokio::test]
+async fn prompt_too_long_is_compacted_and_retried() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.threshold_tokens = 100_000;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = ClaudeAgent::new(&proxy, "sk-ant-overflow");
+    for n in 1..=6 {
+        agent.turn(n).await;
+    }
+    agent.headers.push(("x-fake-window".into(), "2500".into()));
+    agent
+        .messages
+        .push(json!({"role": "user", "content": "Summarise the work so far."}));
+    let answer = agent.send(false).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.compacted());
+    assert_eq!(proxy.stats().retries, 1);
+}
+
+#[tokio::test]
+async fn abridge_answers_its_own_errors_in_anthropic_shape_there() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.limits.max_body_bytes = 1000;
+    let proxy = Proxy::start_with(cfg).await;
+    let big = json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x".repeat(2000)}]});
+    for (path, anthropic) in [("/v1/messages", true), ("/v1/chat/completions", false)] {
+        let response = client()
+            .post(proxy.url(path))
+            .body(big.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 413);
+        let body: Value = response.json().await.unwrap();
+        if anthropic {
+            assert_eq!(body["type"], "error");
+            assert_eq!(body["error"]["type"], "request_too_large");
+        } else {
+            assert_eq!(body["error"]["code"], "request_too_large");
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_abridge_serves_an_openai_and_an_anthropic_upstream() {
+    let openai = FakeProvider::start(Behavior::default()).await.unwrap();
+    let anthropic = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&openai.url(), Strategy::Recency);
+    cfg.anthropic_upstream = Some(anthropic.url().parse().unwrap());
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = ClaudeAgent::new(&proxy, "sk-ant-both");
+    agent.turn(1).await;
+    let count = client()
+        .post(proxy.url("/v1/messages/count_tokens"))
+        .header("x-api-key", "sk-ant-both")
+        .header("anthropic-version", "2023-06-01")
+        .body(agent.body(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(count.status(), 200);
+    let count: Value = count.json().await.unwrap();
+    assert!(count["input_tokens"].as_u64().unwrap() > 0);
+    let chat = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-openai")
+        .body(crate::common::chat_body(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200);
+    let paths = |p: &FakeProvider| -> Vec<String> {
+        p.requests()
+            .iter()
+            .map(|r| r.uri.path().to_owned())
+            .collect()
+    };
+    assert_eq!(paths(&openai), ["/v1/chat/completions"]);
+    assert_eq!(
+        paths(&anthropic),
+        ["/v1/messages", "/v1/messages", "/v1/messages/count_tokens"]
+    );
+}
