@@ -300,6 +300,10 @@ metrics! {
     };
     completion_tokens_reported: "completion_tokens_reported",
         "Completion tokens the provider reported";
+    /// Prompt tokens the provider's prompt cache served, as it reported them (OpenAI's
+    /// `cached_tokens`, Anthropic's `cache_read_input_tokens`).
+    cached_tokens_reported: "cached_tokens_reported",
+        "Prompt tokens the provider reported as served from its prompt cache";
     /// Responses whose encoding abridge could not decode to read usage.
     usage_unreadable: "usage_unreadable", "Responses in an encoding abridge cannot decode";
     /// Usage-only SSE events removed because the client had not asked for them.
@@ -458,6 +462,8 @@ impl Stats {
                 .inc_by(usage.prompt_tokens);
             self.completion_tokens_reported
                 .inc_by(usage.completion_tokens.unwrap_or(0));
+            self.cached_tokens_reported
+                .inc_by(usage.cached_tokens.unwrap_or(0));
         }
         if outcome.usage_unreadable {
             self.usage_unreadable.inc();

@@ -57,6 +57,11 @@ impl Upstream {
         &self.base
     }
 
+    /// Where Anthropic's routes go, when `anthropic_upstream` is set.
+    pub fn anthropic_base(&self) -> Option<&UpstreamBase> {
+        self.anthropic.as_ref()
+    }
+
     /// Another upstream (e.g. a cheaper summary provider) on the same connection pool.
     pub fn with_base(&self, base: UpstreamBase, first_byte: Duration) -> Self {
         Self {

@@ -2,7 +2,9 @@
 //! summary, for the `structured` and `llm_replace` strategies.
 //!
 //! By default it calls the same upstream with the client's own credentials and the
-//! request's model (so it needs no configuration and bills the same account). With
+//! request's model (so it needs no configuration and bills the same account): for a
+//! conversation on Anthropic's route, that is `anthropic_upstream` when it is set, so a
+//! client's credential only ever goes to the provider it was meant for. With
 //! `summary.upstream` it calls that provider instead with `summary.api_key`, and the
 //! client's credentials are never sent there. A low temperature and a token cap keep
 //! summaries faithful and bounded; any failure is reported so the strategy can fall back.
@@ -16,6 +18,7 @@ use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
 use crate::config::SummaryConfig;
+use crate::formats::Format;
 use crate::headers::Credentials;
 use crate::secret::Secret;
 use crate::strategies::{SummaryError, SummaryRequest};
@@ -27,6 +30,9 @@ const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Clone)]
 pub struct Summariser {
     upstream: Upstream,
+    /// Without `summary.upstream`: where summaries of Anthropic-route conversations go
+    /// (`anthropic_upstream`), when it is set.
+    anthropic: Option<Upstream>,
     /// Set when summaries go to a separate provider.
     separate: Option<Option<Secret>>,
     model: String,
@@ -69,8 +75,13 @@ impl Summariser {
             Some(base) => main.with_base(base.clone(), config.timeout()),
             None => main.with_base(main.base().clone(), config.timeout()),
         };
+        let anthropic = match (&config.upstream, main.anthropic_base()) {
+            (None, Some(base)) => Some(main.with_base(base.clone(), config.timeout())),
+            _ => None,
+        };
         Self {
             upstream,
+            anthropic,
             separate: config.upstream.as_ref().map(|_| config.api_key.clone()),
             model: config.model.clone(),
             timeout: config.timeout(),
@@ -88,13 +99,18 @@ impl Summariser {
     }
 
     /// Asks for a summary. `client` are the credentials of the request being compacted
-    /// (used only with the main upstream).
+    /// (used only with the main upstream, or the Anthropic one for a conversation of
+    /// that `format`).
     pub async fn summarise(
         &self,
-        client: &Credentials,
+        (client, format): (&Credentials, Format),
         request_model: &str,
         call: &SummaryRequest,
     ) -> Result<String, SummaryFailure> {
+        let upstream = match (&self.anthropic, format) {
+            (Some(anthropic), Format::Messages) => anthropic,
+            _ => &self.upstream,
+        };
         let max_tokens = call.max_tokens.max(1);
         let body = serde_json::json!({
             "model": self.model_for(request_model),
@@ -108,8 +124,7 @@ impl Summariser {
         });
         let body =
             serde_json::to_vec(&body).map_err(|e| SummaryFailure::Unreadable(e.to_string()))?;
-        let uri = self
-            .upstream
+        let uri = upstream
             .endpoint("/chat/completions")
             .map_err(|e| SummaryFailure::Unreachable(e.to_string()))?;
         let mut request = Request::builder()
@@ -139,7 +154,7 @@ impl Summariser {
         }
 
         let exchange = async {
-            let response = self.upstream.send(request).await.map_err(|e| match e {
+            let response = upstream.send(request).await.map_err(|e| match e {
                 crate::error::Error::UpstreamTimeout(after) => SummaryFailure::Timeout(after),
                 e => SummaryFailure::Unreachable(e.to_string()),
             })?;

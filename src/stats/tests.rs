@@ -97,7 +97,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         requests chat_requests responses_api_requests messages_requests responses_2xx responses_4xx responses_5xx inflight_requests \
         inflight_streams unparseable_bodies identified store_unavailable usage_requested \
         usage_option_refused usage_not_asked usage_reports prompt_tokens_reported \
-        prompt_tokens_reported_compacted completion_tokens_reported usage_unreadable \
+        prompt_tokens_reported_compacted completion_tokens_reported cached_tokens_reported usage_unreadable \
         stripped_events upstream_errors client_gone idle_timeouts compactions \
         estimated_tokens_before estimated_tokens_after tokens_saved_estimated \
         checkpoints_applied summary_calls summary_failures summary_refused fallbacks retries \

@@ -107,6 +107,10 @@ async fn long_session(strategy: Strategy, stream: bool) {
             cache_hits > 0,
             "{strategy}: no cache reads between compactions"
         );
+        assert!(
+            stats.cached_tokens_reported > 0,
+            "and the metric counts them"
+        );
     }
 }
 
@@ -223,11 +227,19 @@ async fn abridge_answers_its_own_errors_in_anthropic_shape_there() {
 async fn one_abridge_serves_an_openai_and_an_anthropic_upstream() {
     let openai = FakeProvider::start(Behavior::default()).await.unwrap();
     let anthropic = FakeProvider::start(Behavior::default()).await.unwrap();
-    let mut cfg = config(&openai.url(), Strategy::Recency);
+    let mut cfg = config(&openai.url(), Strategy::Structured);
+    cfg.compaction.background = false;
     cfg.anthropic_upstream = Some(anthropic.url().parse().unwrap());
     let proxy = Proxy::start_with(cfg).await;
     let mut agent = ClaudeAgent::new(&proxy, "sk-ant-both");
-    agent.turn(1).await;
+    let mut compacted = false;
+    for n in 1..=20 {
+        compacted |= agent.turn(n).await.iter().any(Answer::compacted);
+        if compacted {
+            break;
+        }
+    }
+    assert!(compacted);
     let count = client()
         .post(proxy.url("/v1/messages/count_tokens"))
         .header("x-api-key", "sk-ant-both")
@@ -247,15 +259,28 @@ async fn one_abridge_serves_an_openai_and_an_anthropic_upstream() {
         .await
         .unwrap();
     assert_eq!(chat.status(), 200);
-    let paths = |p: &FakeProvider| -> Vec<String> {
+    // OpenAI saw only the chat request; the Anthropic provider saw the Messages
+    // requests, count_tokens and the summary of its own conversation — the client's
+    // Anthropic key never went to the other provider.
+    let seen = |p: &FakeProvider| -> Vec<(String, bool)> {
         p.requests()
             .iter()
-            .map(|r| r.uri.path().to_owned())
+            .map(|r| (r.uri.path().to_owned(), r.headers.contains_key("x-api-key")))
             .collect()
     };
-    assert_eq!(paths(&openai), ["/v1/chat/completions"]);
-    assert_eq!(
-        paths(&anthropic),
-        ["/v1/messages", "/v1/messages", "/v1/messages/count_tokens"]
+    assert_eq!(seen(&openai), [("/v1/chat/completions".to_owned(), false)]);
+    let at_anthropic = seen(&anthropic);
+    assert!(at_anthropic.iter().all(|(_, key)| *key), "{at_anthropic:?}");
+    assert!(
+        at_anthropic
+            .iter()
+            .any(|(p, _)| p == "/v1/chat/completions"),
+        "the summary"
     );
+    assert!(
+        at_anthropic
+            .iter()
+            .any(|(p, _)| p == "/v1/messages/count_tokens")
+    );
+    assert!(proxy.stats().summary_failures == 0, "{:?}", proxy.stats());
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use abridge::compactor::summariser::{Summariser, SummaryFailure};
 use abridge::config::SummaryConfig;
+use abridge::formats::Format;
 use abridge::headers::Credentials;
 use abridge::secret::Secret;
 use abridge::strategies::SummaryRequest;
@@ -43,7 +44,7 @@ async fn the_main_upstream_gets_the_clients_credentials_and_model() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
     let s = summariser(&provider, SummaryConfig::default());
     let text = s
-        .summarise(&client_headers(), "gpt-4o", &call())
+        .summarise((&client_headers(), Format::Chat), "gpt-4o", &call())
         .await
         .unwrap();
     assert!(
@@ -76,7 +77,7 @@ async fn a_separate_provider_gets_its_own_key_and_never_the_clients() {
         ..SummaryConfig::default()
     };
     let s = summariser(&main, config);
-    s.summarise(&client_headers(), "gpt-4o", &call())
+    s.summarise((&client_headers(), Format::Chat), "gpt-4o", &call())
         .await
         .unwrap();
     assert!(main.requests().is_empty());
@@ -93,7 +94,7 @@ async fn failures_are_reported_not_hidden() {
 
     provider.set_behavior(|b| b.summary = SummaryMode::Error);
     let err = s
-        .summarise(&client_headers(), "m", &call())
+        .summarise((&client_headers(), Format::Chat), "m", &call())
         .await
         .unwrap_err();
     assert!(
@@ -103,7 +104,7 @@ async fn failures_are_reported_not_hidden() {
 
     provider.set_behavior(|b| b.summary = SummaryMode::Empty);
     assert_eq!(
-        s.summarise(&client_headers(), "m", &call())
+        s.summarise((&client_headers(), Format::Chat), "m", &call())
             .await
             .unwrap_err(),
         SummaryFailure::Empty
@@ -122,7 +123,7 @@ async fn failures_are_reported_not_hidden() {
     );
     let started = std::time::Instant::now();
     let err = quick
-        .summarise(&client_headers(), "m", &call())
+        .summarise((&client_headers(), Format::Chat), "m", &call())
         .await
         .unwrap_err();
     assert!(matches!(err, SummaryFailure::Timeout(_)), "{err}");
@@ -131,7 +132,7 @@ async fn failures_are_reported_not_hidden() {
     let nowhere = config_for(&format!("http://{}/v1", crate::common::closed_port().await));
     let s = Summariser::new(&SummaryConfig::default(), &Upstream::new(&nowhere).unwrap());
     assert!(matches!(
-        s.summarise(&client_headers(), "m", &call())
+        s.summarise((&client_headers(), Format::Chat), "m", &call())
             .await
             .unwrap_err(),
         SummaryFailure::Unreachable(_)
