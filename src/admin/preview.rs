@@ -12,11 +12,11 @@ use serde_json::{Value, json};
 
 use super::admin_error;
 use crate::AppState;
-use crate::compactor::{self, Reason};
+use crate::compactor::{self, Decision, Reason};
 use crate::controls::Controls;
 use crate::formats::Format;
 use crate::headers::Credentials;
-use crate::prepare::prepare;
+use crate::prepare::{Prepared, prepare};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,20 +74,16 @@ pub(super) async fn preview(State(state): State<AppState>, body: Bytes) -> Respo
             );
         }
     };
-    let mut headers = HeaderMap::new();
-    for (name, value) in &preview.headers {
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) else {
+    let mut headers = match header_map(&preview.headers) {
+        Ok(h) => h,
+        Err(name) => {
             return admin_error(
                 StatusCode::BAD_REQUEST,
                 &format!("Invalid header {name}"),
                 "invalid_header",
             );
-        };
-        headers.insert(name, value);
-    }
+        }
+    };
     let controls = match Controls::from_headers(&headers, state.config().compaction.allowed()) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
@@ -128,6 +124,28 @@ pub(super) async fn preview(State(state): State<AppState>, body: Bytes) -> Respo
     };
     let turn = prepared.turn();
     let decision = state.compactor().plan(&turn, Reason::Preview).await;
+    answer(&decision, &prepared, format)
+}
+
+/// The headers of a preview request as a header map, or the name of the first that is
+/// not a valid header.
+fn header_map(headers: &BTreeMap<String, String>) -> Result<HeaderMap, &str> {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) else {
+            return Err(name);
+        };
+        map.insert(name, value);
+    }
+    Ok(map)
+}
+
+/// The preview's answer: the messages that would be forwarded, the plan, the estimate
+/// and the report headers the request would get.
+fn answer(decision: &Decision, prepared: &Prepared, format: Format) -> Response {
     let items = prepared.request.items();
     let forwarded: Vec<Value> = match &decision.apply {
         Some(c) => compactor::forwarded(items, c)

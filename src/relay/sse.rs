@@ -113,23 +113,10 @@ impl SseTap {
             match self.find_event_end(&chunk, 0) {
                 None => return self.hold(chunk),
                 Some(end) => {
-                    self.partial.extend_from_slice(&chunk[..end]);
-                    let event = std::mem::take(&mut self.partial);
-                    let action = self.inspect(&event);
+                    self.complete_partial(&chunk, end, &mut out);
                     if self.strip {
-                        let buf = out.get_or_insert_with(|| {
-                            BytesMut::with_capacity(event.len() + chunk.len())
-                        });
-                        match action {
-                            Action::Keep => buf.extend_from_slice(&event),
-                            Action::Drop => {}
-                            Action::CutNull(start) => extend_cut(buf, &event, start),
-                        }
                         copied_to = end;
                     }
-                    // Reuse the allocation for the next partial event.
-                    self.partial = event;
-                    self.partial.clear();
                     pos = end;
                 }
             }
@@ -175,6 +162,25 @@ impl SseTap {
                 buf.freeze()
             }
         }
+    }
+
+    /// Completes the held-back event with `chunk[..end]` and inspects it; in strip mode,
+    /// what is kept of it goes to `out`.
+    fn complete_partial(&mut self, chunk: &[u8], end: usize, out: &mut Option<BytesMut>) {
+        self.partial.extend_from_slice(&chunk[..end]);
+        let event = std::mem::take(&mut self.partial);
+        let action = self.inspect(&event);
+        if self.strip {
+            let buf = out.get_or_insert_with(|| BytesMut::with_capacity(event.len() + chunk.len()));
+            match action {
+                Action::Keep => buf.extend_from_slice(&event),
+                Action::Drop => {}
+                Action::CutNull(start) => extend_cut(buf, &event, start),
+            }
+        }
+        // Reuse the allocation for the next partial event.
+        self.partial = event;
+        self.partial.clear();
     }
 
     /// End of stream: whatever was held back (an unterminated last event) is inspected

@@ -81,34 +81,39 @@ fn cue_pattern() -> &'static Regex {
     })[0]
 }
 
-/// The summary body of `range` (the replaced messages).
-fn summary(range: &[Item<'_>]) -> String {
-    let mut users = 0;
-    let mut assistants = 0;
-    let mut results = 0;
-    // Tool names in first-use order, with their counts; `tool_index` finds a name's
-    // entry in constant time (an agent may call thousands of distinct tools).
-    let mut tools: Vec<(String, usize)> = Vec::new();
-    let mut tool_index: HashMap<String, usize> = HashMap::new();
-    // Path → when it was last mentioned (the latest mentions are listed).
-    let mut files: BTreeMap<String, usize> = BTreeMap::new();
-    let mut mention = 0usize;
-    let mut requests: Vec<String> = Vec::new();
-    let mut cues: Vec<String> = Vec::new();
-    for m in range {
+/// What the digest counts and collects over the replaced messages.
+#[derive(Default)]
+struct Tally {
+    users: usize,
+    assistants: usize,
+    results: usize,
+    /// Tool names in first-use order, with their counts; `tool_index` finds a name's
+    /// entry in constant time (an agent may call thousands of distinct tools).
+    tools: Vec<(String, usize)>,
+    tool_index: HashMap<String, usize>,
+    /// Path → when it was last mentioned (the latest mentions are listed).
+    files: BTreeMap<String, usize>,
+    mention: usize,
+    requests: Vec<String>,
+    cues: Vec<String>,
+}
+
+impl Tally {
+    fn add(&mut self, m: &Item<'_>) {
         match m.role {
-            Role::User => users += 1,
-            Role::Assistant => assistants += 1,
-            Role::Tool | Role::Function => results += 1,
+            Role::User => self.users += 1,
+            Role::Assistant => self.assistants += 1,
+            Role::Tool | Role::Function => self.results += 1,
             Role::System | Role::Developer => {}
         }
         let calls = &m.calls;
         for call in calls {
-            match tool_index.get(call.name.as_ref()) {
-                Some(&at) => tools[at].1 += 1,
+            match self.tool_index.get(call.name.as_ref()) {
+                Some(&at) => self.tools[at].1 += 1,
                 None => {
-                    tool_index.insert(call.name.to_string(), tools.len());
-                    tools.push((call.name.to_string(), 1));
+                    self.tool_index
+                        .insert(call.name.to_string(), self.tools.len());
+                    self.tools.push((call.name.to_string(), 1));
                 }
             }
         }
@@ -116,23 +121,42 @@ fn summary(range: &[Item<'_>]) -> String {
         let (a, b) = scanned(&text);
         let argument_paths = calls.iter().flat_map(|c| paths(&c.arguments));
         for p in paths(a).into_iter().chain(paths(b)).chain(argument_paths) {
-            mention += 1;
-            files.insert(p.to_owned(), mention);
+            self.mention += 1;
+            self.files.insert(p.to_owned(), self.mention);
         }
         if m.role == Role::User {
             let line = first_line(&text, LINE_CHARS);
             if !line.is_empty() {
-                requests.push(line.into_owned());
+                self.requests.push(line.into_owned());
             }
         }
         if matches!(m.role, Role::User | Role::Assistant) {
             for line in a.lines().chain(b.lines()) {
                 if cue_pattern().is_match(line) {
-                    cues.push(truncate_chars(line.trim(), LINE_CHARS).into_owned());
+                    self.cues
+                        .push(truncate_chars(line.trim(), LINE_CHARS).into_owned());
                 }
             }
         }
     }
+}
+
+/// The summary body of `range` (the replaced messages).
+fn summary(range: &[Item<'_>]) -> String {
+    let mut tally = Tally::default();
+    for m in range {
+        tally.add(m);
+    }
+    let Tally {
+        users,
+        assistants,
+        results,
+        tools,
+        files,
+        requests,
+        cues,
+        ..
+    } = tally;
     let mut out = String::new();
     let other = range.len() - users - assistants - results;
     let _ = write!(

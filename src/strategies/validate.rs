@@ -63,8 +63,15 @@ pub(crate) fn validate_with(
     messages: &[Item<'_>],
     plan: &Plan,
 ) -> Result<(), Violation> {
-    let n = messages.len();
-    let (head, through, format) = (plan.head, plan.through, plan.format);
+    check_edges(layout, messages.len(), plan)?;
+    let copied_at = check_copies(messages, plan)?;
+    check_tool_pairs(layout, messages, plan, &copied_at)
+}
+
+/// The range and its edges: the head keeps the system messages, the final turn is kept,
+/// both cuts are at turn boundaries, and every replacement message has its origin.
+fn check_edges(layout: &Layout<'_, '_>, n: usize, plan: &Plan) -> Result<(), Violation> {
+    let (head, through) = (plan.head, plan.through);
     if head > through || through >= n {
         return Err(Violation::Range {
             head,
@@ -95,8 +102,13 @@ pub(crate) fn validate_with(
             origin: plan.origin.len(),
         });
     }
+    Ok(())
+}
 
-    // Copies: in range, in order, faithful.
+/// Copies: in range, in order, faithful; authored messages framed. Returns where each
+/// copied message is in the replacement (original index → position).
+fn check_copies(messages: &[Item<'_>], plan: &Plan) -> Result<BTreeMap<usize, usize>, Violation> {
+    let (head, through, format) = (plan.head, plan.through, plan.format);
     let mut copied_at: BTreeMap<usize, usize> = BTreeMap::new();
     let mut last: Option<usize> = None;
     for (position, (raw, origin)) in plan.replacement.iter().zip(&plan.origin).enumerate() {
@@ -136,9 +148,18 @@ pub(crate) fn validate_with(
         }
         copied_at.insert(index, position);
     }
+    Ok(copied_at)
+}
 
-    // Tool calls and results: a pair inside the replaced range is copied whole or not
-    // at all, and a copied result follows the copy of the message it followed.
+/// Tool calls and results: a pair inside the replaced range is copied whole or not at
+/// all, and a copied result follows the copy of the message it followed.
+fn check_tool_pairs(
+    layout: &Layout<'_, '_>,
+    messages: &[Item<'_>],
+    plan: &Plan,
+    copied_at: &BTreeMap<usize, usize>,
+) -> Result<(), Violation> {
+    let (head, through) = (plan.head, plan.through);
     for &(call, result) in &layout.pairs {
         if call < head || result > through {
             continue;
@@ -147,7 +168,7 @@ pub(crate) fn validate_with(
             return Err(Violation::ToolPair { call, result });
         }
     }
-    for (&index, &position) in &copied_at {
+    for (&index, &position) in copied_at {
         if is_result(&messages[index]) {
             let follows =
                 index > 0 && position > 0 && copied_at.get(&(index - 1)) == Some(&(position - 1));

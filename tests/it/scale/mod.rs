@@ -14,22 +14,28 @@
 //!   the rest, whichever replica serves it;
 //! - the restarted replica carries on with the stored checkpoints;
 //! - and it prints the Redis memory a compacted conversation takes (README, Scale-out).
+//!
+//! Here: the run and its checks; `replicas` has the processes and the clients driving
+//! them, `inspect` reads Redis and the recorded requests.
+
+mod inspect;
+mod replicas;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use abridge::store::Checkpoint;
 use fake_provider::{Behavior, FakeProvider, Recorded, is_summary_request};
-use serde_json::value::RawValue;
-use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use crate::common::closed_port;
 use crate::common::redis::RedisCluster;
+
+use inspect::{
+    Stored, applied, keys, markers, memory_usage, node, raw_messages, tag_of, used_memory,
+};
+use replicas::{Clients, Replica, Served, converse};
 
 const CONVERSATIONS: usize = 200;
 const TURNS: usize = 14;
@@ -43,296 +49,6 @@ const RESTART_AT: f64 = 0.6;
 const THRESHOLD: u64 = 4000;
 const PREFIX: &str = "scale";
 const MODEL: &str = "fake-model";
-
-/// One of the `abridge` processes, on fixed ports so it can come back on the same ones.
-struct Replica {
-    index: usize,
-    listen: std::net::SocketAddr,
-    admin: std::net::SocketAddr,
-    env: Vec<(String, String)>,
-    child: Option<Child>,
-    /// 1 for the first process, 2 after a restart.
-    life: Arc<AtomicUsize>,
-    /// stderr of every life, each line tagged with replica and life.
-    logs: Arc<Mutex<String>>,
-}
-
-impl Replica {
-    async fn new(index: usize, env: Vec<(String, String)>) -> Self {
-        Self {
-            index,
-            listen: closed_port().await,
-            admin: closed_port().await,
-            env,
-            child: None,
-            life: Arc::new(AtomicUsize::new(0)),
-            logs: Arc::default(),
-        }
-    }
-
-    /// The summariser key of a life: the fake provider records it, so every summary
-    /// call says which process made it.
-    fn summary_key(index: usize, life: usize) -> String {
-        format!("summary-r{index}-life{life}")
-    }
-
-    fn start(&mut self) {
-        let life = self.life.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_abridge"))
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env("ABRIDGE_LISTEN", self.listen.to_string())
-            .env("ABRIDGE_ADMIN__LISTEN", self.admin.to_string())
-            .env(
-                "ABRIDGE_SUMMARY__API_KEY",
-                Self::summary_key(self.index, life),
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let pipe = child.stderr.take().unwrap();
-        let (logs, tag) = (self.logs.clone(), format!("[r{} life{life}] ", self.index));
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut logs = logs.lock().unwrap();
-                logs.push_str(&tag);
-                logs.push_str(&line);
-                logs.push('\n');
-            }
-        });
-        self.child = Some(child);
-    }
-
-    async fn wait_ready(&self) {
-        let url = format!("http://{}/healthz", self.admin);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = reqwest::get(&url).await
-                && r.status() == 200
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "replica {} did not become healthy:\n{}",
-                self.index,
-                self.logs.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// SIGKILL: no drain, no goodbye; in-flight requests on it are lost to their clients.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// One request a client got an HTTP answer to.
-struct Served {
-    conv: usize,
-    turn: usize,
-    attempt: usize,
-    replica: usize,
-    life: usize,
-    status: u16,
-    compacted: bool,
-    conversation: Option<String>,
-    note: Option<String>,
-    sent: String,
-}
-
-/// A request that failed below HTTP (refused, reset, cut short).
-struct Failure {
-    replica: usize,
-    /// The replica was being killed, dead, or not yet back when the failure was seen.
-    during_outage: bool,
-    error: String,
-}
-
-/// What the conversation tasks share.
-struct Clients {
-    http: reqwest::Client,
-    urls: Vec<String>,
-    lives: Vec<Arc<AtomicUsize>>,
-    outage: Vec<AtomicBool>,
-    in_flight: Semaphore,
-    answered: AtomicUsize,
-    served: Mutex<Vec<Served>>,
-    failures: Mutex<Vec<Failure>>,
-}
-
-impl Clients {
-    /// Sends one turn to its replica (round-robin by conversation and turn); on a failure
-    /// below HTTP, to the next one, as a load balancer would.
-    async fn send(&self, conv: usize, turn: usize, body: String) -> Value {
-        for attempt in 0..2 * REPLICAS {
-            let replica = (conv + turn + attempt) % REPLICAS;
-            let life = self.lives[replica].load(Ordering::SeqCst);
-            let _permit = self.in_flight.acquire().await.unwrap();
-            let result = async {
-                let response = self
-                    .http
-                    .post(&self.urls[replica])
-                    .header("authorization", format!("Bearer sk-scale-{conv}"))
-                    .header("content-type", "application/json")
-                    .header("x-test-tag", format!("{conv}/{turn}/{attempt}"))
-                    .body(body.clone())
-                    .send()
-                    .await?;
-                let headers = response.headers().clone();
-                let status = response.status().as_u16();
-                let bytes = response.bytes().await?;
-                Ok::<_, reqwest::Error>((status, headers, bytes))
-            }
-            .await;
-            match result {
-                Ok((status, headers, bytes)) => {
-                    let header =
-                        |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
-                    self.served.lock().unwrap().push(Served {
-                        conv,
-                        turn,
-                        attempt,
-                        replica,
-                        life,
-                        status,
-                        compacted: header("x-abridge-compacted").as_deref() == Some("true"),
-                        conversation: header("x-abridge-conversation"),
-                        note: header("x-abridge-note"),
-                        sent: body,
-                    });
-                    self.answered.fetch_add(1, Ordering::SeqCst);
-                    let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                    return answer["choices"][0]["message"].clone();
-                }
-                Err(e) => self.failures.lock().unwrap().push(Failure {
-                    replica,
-                    during_outage: self.outage[replica].load(Ordering::SeqCst),
-                    error: format!("{e:?}"),
-                }),
-            }
-        }
-        panic!("conversation {conv} turn {turn}: no replica answered");
-    }
-}
-
-/// A user turn: the conversation's marker, then prose heavy enough that a conversation
-/// crosses the threshold in a few turns (about 600 tokens a turn).
-fn user_message(conv: usize, turn: usize) -> Value {
-    json!({"role": "user", "content": format!(
-        "[sc-{conv:03}] Turn {turn}: {}",
-        "Please review the next part of the design carefully and keep every constraint we agreed on earlier. "
-            .repeat(24)
-    )})
-}
-
-/// Drives one conversation turn by turn, resending the whole history each time.
-async fn converse(clients: Arc<Clients>, conv: usize) {
-    let mut messages = vec![json!({"role": "system", "content": format!(
-        "You are a patient design reviewer for project number {conv}. Answer briefly."
-    )})];
-    for turn in 1..=TURNS {
-        messages.push(user_message(conv, turn));
-        let body = json!({"model": MODEL, "messages": messages}).to_string();
-        let reply = clients.send(conv, turn, body).await;
-        assert_eq!(
-            reply["role"], "assistant",
-            "conversation {conv} turn {turn}"
-        );
-        messages.push(reply);
-    }
-}
-
-fn node(url: &str) -> redis::Connection {
-    redis::Client::open(url).unwrap().get_connection().unwrap()
-}
-
-fn keys(url: &str, pattern: &str) -> Vec<String> {
-    redis::cmd("KEYS")
-        .arg(pattern)
-        .query(&mut node(url))
-        .unwrap()
-}
-
-/// The conversation hash inside a key's braces.
-fn tag_of(key: &str) -> Option<&str> {
-    let start = key.find('{')? + 1;
-    let end = key[start..].find('}')? + start;
-    Some(&key[start..end])
-}
-
-fn used_memory(url: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query(&mut node(url))
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-fn memory_usage(con: &mut redis::Connection, key: &str) -> u64 {
-    redis::cmd("MEMORY")
-        .arg("USAGE")
-        .arg(key)
-        .arg("SAMPLES")
-        .arg(0)
-        .query::<Option<u64>>(con)
-        .unwrap()
-        .unwrap_or(0)
-}
-
-/// The conversations a (summary) request body talks about, from the `[sc-NNN]` markers.
-fn markers(body: &[u8]) -> BTreeSet<usize> {
-    let text = String::from_utf8_lossy(body);
-    text.match_indices("[sc-")
-        .filter_map(|(i, _)| text.get(i + 4..i + 7)?.parse().ok())
-        .collect()
-}
-
-fn raw_messages(body: &[u8]) -> Vec<String> {
-    abridge::formats::chat::parse(body)
-        .unwrap()
-        .messages
-        .iter()
-        .map(|m| m.raw.get().to_owned())
-        .collect()
-}
-
-/// `sent` with `checkpoint` applied: head + replacement + the rest, as raw messages.
-fn applied(sent: &[String], checkpoint: &Checkpoint) -> Vec<String> {
-    let replacement: Vec<&RawValue> = checkpoint.replacement.iter().map(|r| &**r).collect();
-    let (head, through) = (checkpoint.head as usize, checkpoint.through as usize);
-    sent[..head]
-        .iter()
-        .cloned()
-        .chain(replacement.iter().map(|r| r.get().to_owned()))
-        .chain(sent[through + 1..].iter().cloned())
-        .collect()
-}
-
-/// What Redis holds about one conversation.
-struct Stored {
-    checkpoints: Vec<Checkpoint>,
-    compactions: u64,
-    /// `MEMORY USAGE` of the checkpoint hash and of the state hash.
-    ckpt_bytes: u64,
-    state_bytes: u64,
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kill() {

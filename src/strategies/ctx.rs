@@ -1,0 +1,385 @@
+//! A compaction in progress ([`Ctx`]): the layout, the per-message costs (counted on
+//! first use), and the choice of a plan's edges within the budget; what every strategy
+//! builds its plan with.
+
+use std::sync::OnceLock;
+
+use serde_json::value::RawValue;
+
+use crate::conversation::Item;
+use crate::tokens::Estimator;
+
+use super::layout::{Layout, is_user};
+use super::{
+    CannotCompact, Input, Origin, Plan, Previous, Settings, Strategy, SummaryRole, authored,
+    recency,
+};
+
+/// How much of the end a strategy keeps verbatim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tail {
+    /// Within the tail budget, at least `protect_tail_min` messages, the final turn always.
+    Budgeted,
+    /// The final turn only (and, for role alternation, the assistant message before it).
+    FinalTurn,
+}
+
+/// A compaction in progress: the layout, per-message costs and the settings.
+pub(crate) struct Ctx<'i, 'a> {
+    pub input: &'i Input<'a>,
+    pub settings: &'i Settings,
+    pub layout: Layout<'i, 'a>,
+    /// Estimated tokens of each message, computed on first use: only the messages near
+    /// the edges are ever counted, which matters with an exact tokenizer (a megabyte takes
+    /// tens of milliseconds to encode).
+    /// `OnceLock`, not `OnceCell`: the context lives across the summariser's `.await`,
+    /// and the request path needs that future to be `Send`.
+    costs: Vec<OnceLock<u64>>,
+    /// The earliest possible head and the latest possible start of the kept end.
+    h_min: usize,
+    t_min: usize,
+    /// The previous checkpoint, when it is consistent with these messages.
+    previous: Option<Previous<'a>>,
+}
+
+impl<'i, 'a> Ctx<'i, 'a> {
+    pub(super) fn new(input: &'i Input<'a>, settings: &'i Settings) -> Result<Self, CannotCompact> {
+        let layout = Layout::new(input.messages)?;
+        let costs = (0..layout.len()).map(|_| OnceLock::new()).collect();
+        let h_min = (layout.sys..=layout.last_user)
+            .find(|&k| layout.cut_ok[k])
+            .ok_or(CannotCompact::NothingToReplace)?;
+        let t_min = (0..=layout.last_user)
+            .rev()
+            .find(|&k| layout.cut_ok[k])
+            .ok_or(CannotCompact::NothingToReplace)?;
+        if t_min <= h_min {
+            return Err(CannotCompact::NothingToReplace);
+        }
+        let previous = input.previous.filter(|p| {
+            p.head >= h_min && p.head <= p.through && p.through < t_min && layout.cut_ok[p.head]
+        });
+        let ctx = Self {
+            input,
+            settings,
+            layout,
+            costs,
+            h_min,
+            t_min,
+            previous,
+        };
+        let estimate = ctx.total(h_min, ctx.marker_reserve(), t_min);
+        if estimate > input.budget {
+            return Err(CannotCompact::TooLarge {
+                estimate,
+                budget: input.budget,
+            });
+        }
+        Ok(ctx)
+    }
+
+    pub fn messages(&self) -> &'i [Item<'a>] {
+        self.input.messages
+    }
+
+    pub fn estimator(&self) -> &Estimator {
+        self.input.estimator
+    }
+
+    /// Estimated tokens of `messages[range]`.
+    pub fn cost(&self, range: std::ops::Range<usize>) -> u64 {
+        range
+            .map(|k| *self.costs[k].get_or_init(|| self.estimator().message(&self.messages()[k])))
+            .sum()
+    }
+
+    /// Estimated tokens of head + a replacement of `reserve` tokens + `messages[start..]`.
+    pub fn total(&self, head: usize, reserve: u64, start: usize) -> u64 {
+        self.estimator().per_request()
+            + self.cost(0..head)
+            + reserve
+            + self.cost(start..self.layout.len())
+    }
+
+    /// An upper bound of the recency marker's tokens (its counts are at most `n`).
+    pub fn marker_reserve(&self) -> u64 {
+        let n = self.layout.len();
+        let marker = authored(
+            self.input.format,
+            self.settings.summary_role,
+            &recency::marker_text(n, n, n, n),
+        );
+        self.raw_tokens(&marker)
+    }
+
+    /// Chooses the head and the start of the verbatim end for a replacement of about
+    /// `reserve` tokens. `cost_kept[k]` is message `k`'s cost when kept at the end (less
+    /// than its own for recency's digested tool results). Falls back to the smallest edges
+    /// when nothing else fits; the caller checks the final estimate.
+    pub fn edges(&self, reserve: u64, tail: Tail, cost_kept: &dyn Fn(usize) -> u64) -> Edges {
+        let n = self.layout.len();
+        let user_role = self.settings.summary_role == SummaryRole::User;
+        let head = self.preferred_head(user_role);
+        let floor = self.floor(head);
+
+        // Running sums from the edges inwards, so every estimate below is O(1).
+        let mut sums = EdgeSums {
+            front: Sums::new(0, Box::new(|k| self.cost(k - 1..k))),
+            kept: Sums::new(
+                self.cost(self.t_min..n),
+                Box::new(|j| cost_kept(self.t_min - j)),
+            ),
+            t_min: self.t_min,
+            fixed: self.estimator().per_request() + reserve,
+        };
+
+        let low = floor.max(head + 1);
+        let mut start = match tail {
+            Tail::Budgeted => self.budgeted_start(&mut sums, low),
+            Tail::FinalTurn => self.t_min,
+        };
+        if user_role && is_user(&self.layout.messages[start]) {
+            start = self.assistant_start(&mut sums, head, start, low);
+        }
+        let (head, start) = self.within_budget(&mut sums, head, start);
+        let start = start.max(head + 1);
+        Edges { head, start }
+    }
+
+    /// The turn boundaries (cuts) in `lo..hi`.
+    fn cuts(&self, lo: usize, hi: usize) -> impl DoubleEndedIterator<Item = usize> + '_ {
+        (lo..hi).filter(move |&k| self.layout.cut_ok[k])
+    }
+
+    /// The head before the budget is looked at: protect_head rounded up to a boundary;
+    /// with the user role, not ending on a user message; the previous head when there is
+    /// one.
+    fn preferred_head(&self, user_role: bool) -> usize {
+        let l = &self.layout;
+        let ends_user = |h: usize| h > 0 && is_user(&l.messages[h - 1]);
+        let target = self.settings.protect_head.max(l.sys);
+        let mut head = self
+            .cuts(target.min(self.t_min), self.t_min)
+            .next()
+            .or_else(|| self.cuts(self.h_min, self.t_min).next_back())
+            .unwrap_or(self.h_min);
+        if user_role && ends_user(head) {
+            if let Some(h) = self.cuts(self.h_min, head).rev().find(|&h| !ends_user(h)) {
+                head = h;
+            }
+        }
+        if let Some(p) = self.previous {
+            head = p.head;
+        }
+        head
+    }
+
+    /// The earliest start of the kept end the previous checkpoint allows: checkpoints
+    /// only grow.
+    fn floor(&self, head: usize) -> usize {
+        match self.previous {
+            Some(p) => self
+                .cuts(p.through + 1, self.t_min + 1)
+                .next()
+                .unwrap_or(self.t_min),
+            None => head + 1,
+        }
+    }
+
+    /// The kept end from the final turn backwards, not before `low`, while within the tail
+    /// budget (or fewer than protect_tail_min messages).
+    fn budgeted_start(&self, sums: &mut EdgeSums<'_>, low: usize) -> usize {
+        let n = self.layout.len();
+        let tail_budget = self.settings.tail_budget(self.input.budget);
+        let mut start = self.t_min;
+        let mut k = self.t_min;
+        while k > low {
+            k -= 1;
+            if !self.layout.cut_ok[k] {
+                continue;
+            }
+            if n - start < self.settings.protect_tail_min || sums.kept(k) <= tail_budget {
+                start = k;
+            } else {
+                break;
+            }
+        }
+        start
+    }
+
+    /// With the user role, the kept end starts with an assistant message: one cut
+    /// earlier than `start` (not before `low`) if that fits, else one later.
+    fn assistant_start(
+        &self,
+        sums: &mut EdgeSums<'_>,
+        head: usize,
+        start: usize,
+        low: usize,
+    ) -> usize {
+        let messages = self.layout.messages;
+        let budget = self.input.budget;
+        let earlier = self
+            .cuts(low, start)
+            .next_back()
+            .filter(|&k| !is_user(&messages[k]) && sums.total(head, k) <= budget);
+        let later = || {
+            self.cuts(start + 1, self.t_min + 1)
+                .find(|&k| !is_user(&messages[k]))
+        };
+        earlier.or_else(later).unwrap_or(start)
+    }
+
+    /// Over the budget: a smaller head first (it is the less recent), then a shorter end.
+    fn within_budget(&self, sums: &mut EdgeSums<'_>, head: usize, start: usize) -> (usize, usize) {
+        let budget = self.input.budget;
+        if sums.total(head, start) <= budget {
+            return (head, start);
+        }
+        if let Some(h) = self
+            .cuts(self.h_min, head + 1)
+            .rev()
+            .find(|&h| sums.total(h, start) <= budget)
+        {
+            return (h, start);
+        }
+        let head = self.h_min;
+        let start = self
+            .cuts(start, self.t_min + 1)
+            .find(|&s| sums.total(head, s) <= budget)
+            .unwrap_or(self.t_min);
+        (head, start)
+    }
+
+    /// Builds the plan for replacing `messages[head..=through]` by `replacement`.
+    pub fn plan(
+        &self,
+        requested: Strategy,
+        strategy: Strategy,
+        edges: (usize, usize),
+        replacement: Vec<(Box<RawValue>, Origin)>,
+        summary: Option<String>,
+    ) -> Plan {
+        let (head, through) = edges;
+        let n = self.layout.len();
+        // A verbatim copy costs what its original does, already counted.
+        let replacement_tokens: u64 = replacement
+            .iter()
+            .map(|(raw, origin)| match origin {
+                Origin::Verbatim(k) => self.cost(*k..*k + 1),
+                Origin::Authored | Origin::Digest(_) => self.raw_tokens(raw),
+            })
+            .sum();
+        let tokens_after = self.estimator().per_request()
+            + self.cost(0..head)
+            + replacement_tokens
+            + self.cost(through + 1..n);
+        // Replaced messages are counted for this report only: with an exact tokenizer,
+        // by the calibrated estimate instead (encoding them would cost more than the rest
+        // of the compaction together).
+        let before = |range: std::ops::Range<usize>| -> u64 {
+            range
+                .map(|k| {
+                    if (head..=through).contains(&k) && self.estimator().is_exact() {
+                        Estimator::approx().message(&self.messages()[k])
+                    } else {
+                        self.cost(k..k + 1)
+                    }
+                })
+                .sum()
+        };
+        let tokens_before = match self.input.previous {
+            Some(p) if p.head <= p.through && p.through < n => {
+                self.estimator().per_request()
+                    + before(0..p.head)
+                    + p.replacement
+                        .iter()
+                        .map(|r| self.raw_tokens(r))
+                        .sum::<u64>()
+                    + before(p.through + 1..n)
+            }
+            _ => self.estimator().per_request() + before(0..n),
+        };
+        let (replacement, origin) = replacement.into_iter().unzip();
+        Plan {
+            requested,
+            strategy,
+            format: self.input.format,
+            fallback: None,
+            head,
+            through,
+            replacement,
+            origin,
+            summary,
+            tokens_before,
+            tokens_after,
+            messages_replaced: through + 1 - head,
+        }
+    }
+
+    fn raw_tokens(&self, raw: &RawValue) -> u64 {
+        match self.input.format.item(raw).ok_or(()) {
+            Ok(m) => self.estimator().message(&m),
+            Err(_) => crate::tokens::approx_text(raw.get()),
+        }
+    }
+
+    pub fn t_min(&self) -> usize {
+        self.t_min
+    }
+
+    pub fn previous(&self) -> Option<&Previous<'a>> {
+        self.previous.as_ref()
+    }
+}
+
+/// Running sums `sums[j] = sums[j - 1] + item(j)`, extended on demand.
+struct Sums<'c> {
+    sums: Vec<u64>,
+    item: Box<dyn Fn(usize) -> u64 + 'c>,
+}
+
+impl<'c> Sums<'c> {
+    fn new(first: u64, item: Box<dyn Fn(usize) -> u64 + 'c>) -> Self {
+        Self {
+            sums: vec![first],
+            item,
+        }
+    }
+
+    fn at(&mut self, j: usize) -> u64 {
+        while self.sums.len() <= j {
+            let next = self.sums.len();
+            let sum = self.sums[next - 1] + (self.item)(next);
+            self.sums.push(sum);
+        }
+        self.sums[j]
+    }
+}
+
+/// The estimate of a plan with a given head and kept end, from running sums.
+struct EdgeSums<'c> {
+    /// `front.at(h)`: tokens of `messages[..h]`.
+    front: Sums<'c>,
+    /// `kept.at(j)`: tokens of the kept end starting at `t_min - j`.
+    kept: Sums<'c>,
+    t_min: usize,
+    /// Per-request tokens and the replacement's reserve.
+    fixed: u64,
+}
+
+impl EdgeSums<'_> {
+    fn total(&mut self, head: usize, start: usize) -> u64 {
+        self.fixed + self.front.at(head) + self.kept(start)
+    }
+
+    fn kept(&mut self, start: usize) -> u64 {
+        self.kept.at(self.t_min - start)
+    }
+}
+
+/// The edges of a plan: `messages[..head]` kept, `messages[start..]` kept or digested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Edges {
+    pub head: usize,
+    pub start: usize,
+}

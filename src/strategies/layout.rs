@@ -1,0 +1,116 @@
+//! The structure of a conversation that every strategy builds on: where the turn
+//! boundaries are, which items never move, and which tool calls and results belong
+//! together (see the parent module's *Turn boundaries*).
+
+use crate::conversation::{Item, Opaque, Role, ToolCall};
+
+use super::CannotCompact;
+
+/// Which side of the user/assistant alternation a message is on.
+pub(super) fn is_user(message: &Item<'_>) -> bool {
+    message.role == Role::User
+}
+
+pub(super) fn is_result(message: &Item<'_>) -> bool {
+    message.is_result()
+}
+
+/// The structure of a conversation that every strategy builds on.
+pub(crate) struct Layout<'m, 'a> {
+    pub messages: &'m [Item<'a>],
+    /// Items that never move: the leading system/developer items (and any within the
+    /// first turn, with what precedes them), and everything up to the last of the
+    /// provider's own compaction items (only what follows it may be compacted).
+    pub sys: usize,
+    /// Index of the last ask (a user's own words): the final turn starts here.
+    pub last_user: usize,
+    /// `cut_ok[k]`: a cut before message `k` is at a turn boundary (`k` in `0..=n`).
+    pub cut_ok: Vec<bool>,
+    /// For each tool/function result: the assistant message and the position of the
+    /// call in it (`0` for a function message).
+    pub call_of: Vec<Option<(usize, usize)>>,
+    /// Tool call/result pairs as (call message, result message).
+    pub pairs: Vec<(usize, usize)>,
+}
+
+impl<'m, 'a> Layout<'m, 'a> {
+    pub fn new(messages: &'m [Item<'a>]) -> Result<Self, CannotCompact> {
+        let n = messages.len();
+        let instructions = messages.iter().take_while(|m| m.is_instruction()).count();
+        // Instructions within the first turn are head too (Claude Code sends its
+        // environment block as a system message right after the first user message).
+        let first_reply = messages
+            .iter()
+            .position(|m| m.role == Role::Assistant)
+            .unwrap_or(n);
+        let pinned = messages[..first_reply]
+            .iter()
+            .rposition(Item::is_instruction)
+            .map_or(0, |i| i + 1);
+        let barrier = messages
+            .iter()
+            .rposition(|m| m.opaque == Opaque::Barrier)
+            .map_or(0, |b| b + 1);
+        let sys = instructions.max(barrier).max(pinned);
+        let last_user = messages
+            .iter()
+            .rposition(Item::is_ask)
+            .ok_or(CannotCompact::NoFinalTurn)?;
+        let mut open: std::collections::HashMap<&str, (usize, usize)> = Default::default();
+        let mut last_assistant = None;
+        let mut call_of = vec![None; n];
+        let mut pairs = Vec::new();
+        for (i, m) in messages.iter().enumerate() {
+            if m.role == Role::Assistant {
+                last_assistant = Some(i);
+            }
+            for (pos, call) in m.calls.iter().enumerate() {
+                open.insert(call.id.as_ref(), (i, pos));
+            }
+            for id in &m.results {
+                if let Some(&(a, pos)) = open.get(id.as_ref()) {
+                    call_of[i].get_or_insert((a, pos));
+                    pairs.push((a, i));
+                }
+            }
+            if m.role == Role::Function
+                && let Some(a) = last_assistant
+            {
+                call_of[i] = Some((a, 0));
+                pairs.push((a, i));
+            }
+        }
+        // A pair (a, b) forbids cuts before a+1 ..= b.
+        let mut diff = vec![0i64; n + 2];
+        for &(a, b) in &pairs {
+            diff[a + 1] += 1;
+            diff[b + 1] -= 1;
+        }
+        let mut open_spans = 0i64;
+        let mut cut_ok = Vec::with_capacity(n + 1);
+        for k in 0..=n {
+            open_spans += diff[k];
+            // An item that travels with the next one is never cut from it.
+            let glued = k > 0 && messages[k - 1].opaque == Opaque::WithNext;
+            cut_ok.push(k == n || (open_spans == 0 && !glued && !is_result(&messages[k])));
+        }
+        Ok(Self {
+            messages,
+            sys,
+            last_user,
+            cut_ok,
+            call_of,
+            pairs,
+        })
+    }
+
+    /// The call a tool/function result answers, if it was found.
+    pub fn call_for(&self, result: usize) -> Option<&ToolCall<'a>> {
+        let (a, pos) = self.call_of[result]?;
+        self.messages[a].calls.get(pos)
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+}
