@@ -20,6 +20,7 @@ mod background;
 mod build;
 pub mod decide;
 pub mod overflow;
+pub mod params;
 mod ring;
 pub mod summariser;
 mod turn;

@@ -7,8 +7,12 @@
 //! client's credential only ever goes to the provider it was meant for. With
 //! `summary.upstream` it calls that provider instead with `summary.api_key`, and the
 //! client's credentials are never sent there. A low temperature and a token cap keep
-//! summaries faithful and bounded; any failure is reported so the strategy can fall back.
+//! summaries faithful and bounded — in the form each model accepts (see
+//! [`super::params`]: reasoning models get `max_completion_tokens` and their default
+//! temperature, and a 400 naming either is retried once in the other form and
+//! remembered); any failure is reported so the strategy can fall back.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,6 +21,7 @@ use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
+use super::params::{Learned, Params};
 use crate::config::SummaryConfig;
 use crate::formats::Format;
 use crate::headers::Credentials;
@@ -38,6 +43,8 @@ pub struct Summariser {
     model: String,
     timeout: Duration,
     temperature: f64,
+    /// The form each model accepts, as learned from its refusals.
+    learned: Arc<Learned>,
 }
 
 /// What went wrong with a summary call. `Status` keeps the provider's message for the
@@ -86,6 +93,7 @@ impl Summariser {
             model: config.model.clone(),
             timeout: config.timeout(),
             temperature: config.temperature,
+            learned: Arc::new(Learned::default()),
         }
     }
 
@@ -100,7 +108,8 @@ impl Summariser {
 
     /// Asks for a summary. `client` are the credentials of the request being compacted
     /// (used only with the main upstream, or the Anthropic one for a conversation of
-    /// that `format`).
+    /// that `format`). A 400 that names a parameter the model does not accept is retried
+    /// once in the other form (per parameter), and the model's form is remembered.
     pub async fn summarise(
         &self,
         (client, format): (&Credentials, Format),
@@ -111,17 +120,100 @@ impl Summariser {
             (Some(anthropic), Format::Messages) => anthropic,
             _ => &self.upstream,
         };
-        let max_tokens = call.max_tokens.max(1);
-        let body = serde_json::json!({
-            "model": self.model_for(request_model),
+        let model = self.model_for(request_model);
+        let mut params = self.learned.for_model(model);
+        // At most one retry per parameter abridge can change (providers name one
+        // refused parameter at a time).
+        let mut retries = 2;
+        loop {
+            let result = self.ask(upstream, client, (model, params), call).await;
+            let next = match &result {
+                Err(SummaryFailure::Status {
+                    status: 400,
+                    message,
+                }) if retries > 0 => params.after_refusal(message),
+                _ => None,
+            };
+            match next {
+                Some(next) => {
+                    params = next;
+                    retries -= 1;
+                }
+                None => {
+                    if result.is_ok() && retries < 2 {
+                        self.learned.remember(model, params);
+                    }
+                    return result;
+                }
+            }
+        }
+    }
+
+    /// One summary request to `upstream` for `model`, in the form `params`.
+    async fn ask(
+        &self,
+        upstream: &Upstream,
+        client: &Credentials,
+        (model, params): (&str, Params),
+        call: &SummaryRequest,
+    ) -> Result<String, SummaryFailure> {
+        let request = self.request(upstream, client, (model, params), call)?;
+        let exchange = async {
+            let response = upstream.send(request).await.map_err(|e| match e {
+                crate::error::Error::UpstreamTimeout(after) => SummaryFailure::Timeout(after),
+                e => SummaryFailure::Unreachable(e.to_string()),
+            })?;
+            let status = response.status();
+            let bytes: Bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+                .collect()
+                .await
+                .map_err(|e| SummaryFailure::Unreadable(e.to_string()))?
+                .to_bytes();
+            Ok::<_, SummaryFailure>((status, bytes))
+        };
+        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| SummaryFailure::Timeout(self.timeout))??;
+        if !status.is_success() {
+            return Err(SummaryFailure::Status {
+                status: status.as_u16(),
+                message: error_message(&bytes),
+            });
+        }
+        let text = completion_text(&bytes).ok_or_else(|| {
+            SummaryFailure::Unreadable("the response is not a chat completion".into())
+        })?;
+        if text.trim().is_empty() {
+            return Err(SummaryFailure::Empty);
+        }
+        Ok(text)
+    }
+
+    /// The summary request: body in the model's form, the credentials it carries.
+    fn request(
+        &self,
+        upstream: &Upstream,
+        client: &Credentials,
+        (model, params): (&str, Params),
+        call: &SummaryRequest,
+    ) -> Result<Request<Body>, SummaryFailure> {
+        let mut body = serde_json::json!({
+            "model": model,
             "messages": [
                 {"role": "system", "content": call.system},
                 {"role": "user", "content": call.prompt},
             ],
-            "max_tokens": max_tokens,
-            "temperature": self.temperature,
             "stream": false,
         });
+        let cap = if params.completion_tokens {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        body[cap] = serde_json::json!(call.max_tokens.max(1));
+        if !params.default_temperature {
+            body["temperature"] = serde_json::json!(self.temperature);
+        }
         let body =
             serde_json::to_vec(&body).map_err(|e| SummaryFailure::Unreadable(e.to_string()))?;
         let uri = upstream
@@ -152,36 +244,7 @@ impl Summariser {
             }
             Some(None) => {}
         }
-
-        let exchange = async {
-            let response = upstream.send(request).await.map_err(|e| match e {
-                crate::error::Error::UpstreamTimeout(after) => SummaryFailure::Timeout(after),
-                e => SummaryFailure::Unreachable(e.to_string()),
-            })?;
-            let status = response.status();
-            let bytes: Bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-                .collect()
-                .await
-                .map_err(|e| SummaryFailure::Unreadable(e.to_string()))?
-                .to_bytes();
-            Ok::<_, SummaryFailure>((status, bytes))
-        };
-        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| SummaryFailure::Timeout(self.timeout))??;
-        if !status.is_success() {
-            return Err(SummaryFailure::Status {
-                status: status.as_u16(),
-                message: error_message(&bytes),
-            });
-        }
-        let text = completion_text(&bytes).ok_or_else(|| {
-            SummaryFailure::Unreadable("the response is not a chat completion".into())
-        })?;
-        if text.trim().is_empty() {
-            return Err(SummaryFailure::Empty);
-        }
-        Ok(text)
+        Ok(request)
     }
 }
 

@@ -79,7 +79,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
     let expected = "\
         requests inflight_requests inflight_streams added_latency_seconds unparseable_bodies \
         identified_requests store_unavailable_requests usage_requested usage_option_refused \
-        usage_not_asked usage_reports prompt_tokens_reported completion_tokens_reported \
+        usage_not_asked usage_reports prompt_tokens_reported completion_tokens_reported cached_tokens_reported \
         usage_unreadable stripped_events upstream_errors client_gone idle_timeouts \
         compactions compaction_tokens_estimated tokens_saved_estimated checkpoints_applied \
         summary_calls summary_failures summary_refused fallbacks retries anti_thrash \

@@ -138,3 +138,47 @@ async fn failures_are_reported_not_hidden() {
         SummaryFailure::Unreachable(_)
     ));
 }
+
+#[tokio::test]
+async fn reasoning_models_are_asked_in_the_form_they_accept() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let s = summariser(&provider, SummaryConfig::default());
+    let client = client_headers();
+    // gpt-5 is known by its name: one request, in its form.
+    s.summarise((&client, Format::Chat), "gpt-5.2", &call())
+        .await
+        .unwrap();
+    let body = provider.last_request().unwrap().json();
+    assert_eq!(body["max_completion_tokens"], 500);
+    assert!(body.get("max_tokens").is_none() && body.get("temperature").is_none());
+    assert_eq!(provider.requests().len(), 1);
+
+    // A model abridge cannot guess: each refusal is read (the provider names one
+    // parameter at a time), the call retried in the form it names, and the form
+    // remembered — the next summary is one request.
+    for expected in [4, 5] {
+        s.summarise((&client, Format::Chat), "fake-reasoning-1", &call())
+            .await
+            .unwrap();
+        assert_eq!(provider.requests().len(), expected);
+    }
+    let bodies: Vec<_> = provider.requests().iter().map(|r| r.json()).collect();
+    assert_eq!(bodies[1]["max_tokens"], 500, "the first try as usual");
+    assert_eq!(bodies[2]["max_completion_tokens"], 500);
+    assert!(
+        bodies[2]["temperature"].is_number(),
+        "one parameter at a time"
+    );
+    assert!(bodies[3].get("temperature").is_none());
+    assert_eq!(bodies[4], bodies[3], "remembered");
+    let other = s
+        .summarise((&client, Format::Chat), "gpt-4o", &call())
+        .await
+        .unwrap();
+    assert!(!other.is_empty());
+    assert_eq!(
+        provider.last_request().unwrap().json()["max_tokens"],
+        500,
+        "others keep max_tokens"
+    );
+}

@@ -88,6 +88,43 @@ impl Reply {
     }
 }
 
+/// Whether `model` is one of the reasoning models that refuse `max_tokens` and any
+/// `temperature` but the default, as OpenAI's gpt-5 and o-series do (also any model
+/// whose name says `reasoning`, so tests can use a name abridge cannot guess).
+pub fn is_reasoning_model(model: &str) -> bool {
+    let m = model.rsplit('/').next().unwrap_or(model);
+    let o_series = m.len() > 1 && m.starts_with('o') && m.as_bytes()[1].is_ascii_digit();
+    m.starts_with("gpt-5") || o_series || m.contains("reasoning")
+}
+
+/// OpenAI's refusals of what reasoning models do not accept.
+fn reasoning_refusal(request: &Value) -> Option<Answer> {
+    if !is_reasoning_model(request["model"].as_str().unwrap_or("")) {
+        return None;
+    }
+    if !request["max_tokens"].is_null() {
+        return Some(error_answer(
+            StatusCode::BAD_REQUEST,
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+            "invalid_request_error",
+            Some("max_tokens"),
+            Some("unsupported_parameter"),
+        ));
+    }
+    match request["temperature"].as_f64() {
+        Some(t) if t != 1.0 => Some(error_answer(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "Unsupported value: 'temperature' does not support {t} with this model. Only the default (1) value is supported."
+            ),
+            "invalid_request_error",
+            Some("temperature"),
+            Some("unsupported_value"),
+        )),
+        _ => None,
+    }
+}
+
 /// The answer to a chat-completions body under behaviour `b`.
 pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
     let request: Value = match serde_json::from_slice(body) {
@@ -124,6 +161,9 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
                 Some("invalid_value"),
             );
         }
+    }
+    if let Some(refusal) = reasoning_refusal(&request) {
+        return refusal;
     }
     let prompt_tokens = (count_tokens(messages) as f64 * b.token_scale).ceil() as u64;
     if let Some(window) = b.context_window

@@ -19,6 +19,9 @@
 //!   `x-fake-status` failure and the 401 of the key list too), tool_use/tool_result and
 //!   thinking-signature checks, simulated prompt caching ([`prompt_cache`]), typed SSE.
 //!
+//! Reasoning models (`gpt-5*`, `o1`…, any name containing `reasoning`) refuse chat
+//! requests with `max_tokens` or a `temperature` other than 1, in OpenAI's words.
+//!
 //! It can be told to misbehave, for the whole instance ([`Behavior`]) or per request with
 //! `x-fake-*` headers: `x-fake-status: 503` (fail), `x-fake-stall: headers|body` (hang
 //! before the response headers / after the first SSE event), `x-fake-delay-ms` (between
