@@ -222,35 +222,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
     Ok(Parsed { request, messages })
 }
 
-self_cell::self_cell!(
-    /// A chat request's body and its parse, together: parsed once at ingress and carried
-    /// — through the request path, the record stage and a background job — without ever
-    /// being parsed again.
-    pub struct Request {
-        owner: Bytes,
-        #[covariant]
-        dependent: Parsed,
-    }
-
-    impl {Debug}
-);
-
-impl Request {
-    /// Parses `body`; a body abridge does not understand is handed back with the reason.
-    pub fn parse(body: Bytes) -> Result<Self, (Bytes, Unparseable)> {
-        Request::try_new_or_recover(body, |b| parse(b))
-    }
-
-    /// The bytes as received.
-    pub fn body(&self) -> &Bytes {
-        self.borrow_owner()
-    }
-
-    /// The parse of them.
-    pub fn parsed(&self) -> &Parsed<'_> {
-        self.borrow_dependent()
-    }
-}
+owned_request!("chat completions");
 
 /// For a streaming request that did not ask for `stream_options.include_usage`, the edit
 /// that sets it to `true`, so abridge can read the usage the provider reports; `None`

@@ -307,31 +307,7 @@ pub fn untouchable(parsed: &Parsed<'_>) -> Option<&'static str> {
 const MANAGED: &str =
     "context_management: the provider edits this conversation itself; forwarded untouched";
 
-self_cell::self_cell!(
-    /// A Messages request's body and its parse, together (see `formats::chat::Request`).
-    pub struct Request {
-        owner: Bytes,
-        #[covariant]
-        dependent: Parsed,
-    }
-
-    impl {Debug}
-);
-
-impl Request {
-    /// Parses `body`; a body abridge does not understand is handed back with the reason.
-    pub fn parse(body: Bytes) -> Result<Self, (Bytes, Unparseable)> {
-        Request::try_new_or_recover(body, |b| parse(b))
-    }
-
-    pub fn body(&self) -> &Bytes {
-        self.borrow_owner()
-    }
-
-    pub fn parsed(&self) -> &Parsed<'_> {
-        self.borrow_dependent()
-    }
-}
+owned_request!("Messages");
 
 #[cfg(test)]
 mod tests;

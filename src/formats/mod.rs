@@ -9,6 +9,43 @@
 //! Closed sets, so enums: [`Format`] names a format, [`Request`] holds a parsed body of
 //! one; both dispatch to the module.
 
+/// A format module's `Request`: the body and its parse owned together (self_cell),
+/// parsed once at ingress and carried — through the request path, the record stage and
+/// a background job — without ever being parsed again. The module provides `Parsed`,
+/// `Unparseable` and `parse(&[u8]) -> Result<Parsed<'_>, Unparseable>`.
+macro_rules! owned_request {
+    ($what:literal) => {
+        self_cell::self_cell!(
+            #[doc = concat!("A ", $what, " request's body and its parse, together (see `formats::owned_request`).")]
+            pub struct Request {
+                owner: bytes::Bytes,
+                #[covariant]
+                dependent: Parsed,
+            }
+
+            impl {Debug}
+        );
+
+        impl Request {
+            /// Parses `body`; a body abridge does not understand is handed back with the
+            /// reason.
+            pub fn parse(body: bytes::Bytes) -> Result<Self, (bytes::Bytes, Unparseable)> {
+                Request::try_new_or_recover(body, |b| parse(b))
+            }
+
+            /// The bytes as received.
+            pub fn body(&self) -> &bytes::Bytes {
+                self.borrow_owner()
+            }
+
+            /// The parse of them.
+            pub fn parsed(&self) -> &Parsed<'_> {
+                self.borrow_dependent()
+            }
+        }
+    };
+}
+
 pub mod chat;
 pub mod messages;
 pub mod responses;

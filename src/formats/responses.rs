@@ -322,31 +322,9 @@ pub fn with_input(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Opt
     )
 }
 
-self_cell::self_cell!(
-    /// A Responses request's body and its parse, together (see `crate::formats::chat::Request`).
-    pub struct Request {
-        owner: Bytes,
-        #[covariant]
-        dependent: Parsed,
-    }
-
-    impl {Debug}
-);
+owned_request!("Responses");
 
 impl Request {
-    /// Parses `body`; a body abridge does not understand is handed back with the reason.
-    pub fn parse(body: Bytes) -> Result<Self, (Bytes, Unparseable)> {
-        Request::try_new_or_recover(body, |b| parse(b))
-    }
-
-    pub fn body(&self) -> &Bytes {
-        self.borrow_owner()
-    }
-
-    pub fn parsed(&self) -> &Parsed<'_> {
-        self.borrow_dependent()
-    }
-
     /// Why this request keeps its state on the provider (or asks for the provider's own
     /// compaction), and so is forwarded untouched.
     pub fn untouchable(&self) -> Option<&'static str> {

@@ -11,16 +11,12 @@ use serde_json::{Value, json};
 
 use crate::common::agent::Answer;
 use crate::common::claude::ClaudeAgent;
-use crate::common::{Proxy, client, config_for};
+use crate::common::{Proxy, client};
 
 const THRESHOLD: u64 = 3000;
 
 fn config(url: &str, strategy: Strategy) -> Config {
-    let mut config = config_for(url);
-    config.compaction.threshold_tokens = THRESHOLD;
-    config.compaction.strategy = strategy;
-    config.summary.timeout_ms = 5000;
-    config
+    crate::common::compacting(url, strategy, THRESHOLD)
 }
 
 fn sent(provider: &FakeProvider) -> Vec<Recorded> {

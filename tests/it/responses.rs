@@ -12,19 +12,15 @@ use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider, Recorded};
 use serde_json::{Value, json};
 
+use crate::common::Proxy;
 use crate::common::agent::Answer;
 use crate::common::redis::RedisServer;
 use crate::common::responses::ResponsesAgent;
-use crate::common::{Proxy, config_for};
 
 const THRESHOLD: u64 = 3000;
 
 fn config(url: &str, strategy: Strategy) -> Config {
-    let mut config = config_for(url);
-    config.compaction.threshold_tokens = THRESHOLD;
-    config.compaction.strategy = strategy;
-    config.summary.timeout_ms = 5000;
-    config
+    crate::common::compacting(url, strategy, THRESHOLD)
 }
 
 /// The Responses requests the provider received (summary requests are chat).

@@ -96,6 +96,16 @@ pub fn config_for(upstream: &str) -> Config {
     }
 }
 
+/// The configuration the compaction tests share: a small absolute threshold and
+/// `strategy`, for a provider at `url`.
+pub fn compacting(url: &str, strategy: abridge::strategies::Strategy, threshold: u64) -> Config {
+    let mut config = config_for(url);
+    config.compaction.threshold_tokens = threshold;
+    config.compaction.strategy = strategy;
+    config.summary.timeout_ms = 5000;
+    config
+}
+
 /// A fake provider with default behaviour and abridge in front of it.
 pub async fn setup() -> (FakeProvider, Proxy) {
     setup_with(Behavior::default()).await

@@ -14,18 +14,13 @@ use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider, count_tokens};
 use serde_json::{Value, json};
 
+use crate::common::Proxy;
 use crate::common::agent::{Agent, Answer, main_requests, messages_of, raw_messages};
-use crate::common::{Proxy, config_for};
 
 const THRESHOLD: u64 = 3000;
 
-/// A configuration with a small absolute threshold, for a provider at `url`.
 fn config(url: &str, strategy: Strategy) -> Config {
-    let mut config = config_for(url);
-    config.compaction.threshold_tokens = THRESHOLD;
-    config.compaction.strategy = strategy;
-    config.summary.timeout_ms = 5000;
-    config
+    crate::common::compacting(url, strategy, THRESHOLD)
 }
 
 /// Runs `turns` turns, background work finishing before each request, and returns every
