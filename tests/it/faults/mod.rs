@@ -264,8 +264,14 @@ async fn provider_faults_end_in_honest_errors_with_bounded_memory() {
             .send()
     };
     let mut lines = Vec::new();
-    // Reset after the first event: the client's stream fails, it never sees [DONE].
-    let (bytes, clean) = drain(post(("x-fake-reset", "1")).await.unwrap()).await;
+    // Reset after the first event: the client's stream fails, it never sees [DONE]. On
+    // a loaded machine the reset can beat abridge's response head out of the door: the
+    // connection then closes before any response, which is as honest (never a
+    // complete-looking answer).
+    let (bytes, clean) = match post(("x-fake-reset", "1")).await {
+        Ok(response) => drain(response).await,
+        Err(_) => (Vec::new(), false),
+    };
     let text = String::from_utf8_lossy(&bytes);
     assert!(!clean && !text.contains("[DONE]"), "{text}");
     lines.push(format!(
@@ -274,7 +280,10 @@ async fn provider_faults_end_in_honest_errors_with_bounded_memory() {
     ));
     // A stall after the first event: cut at stream_idle_ms, incomplete.
     let started = Instant::now();
-    let (bytes, clean) = drain(post(("x-fake-stall", "body")).await.unwrap()).await;
+    let (bytes, clean) = match post(("x-fake-stall", "body")).await {
+        Ok(response) => drain(response).await,
+        Err(_) => (Vec::new(), false),
+    };
     assert!(!clean && !String::from_utf8_lossy(&bytes).contains("[DONE]"));
     lines.push(format!(
         "stall mid-stream: cut after {} ms (stream_idle_ms 500), incomplete",
