@@ -52,8 +52,9 @@ impl Prepared {
 }
 
 /// Parses, identifies and loads. A body abridge does not understand is handed back,
-/// with the reason, to be forwarded untouched. For [`Reason::Preview`] nothing is
-/// counted in the stats.
+/// with the reason, to be forwarded untouched; one it must leave to the provider
+/// ([`Request::untouchable`]) is parsed only. For [`Reason::Preview`] nothing is counted
+/// in the stats.
 pub async fn prepare(
     state: &AppState,
     reason: Reason,
@@ -80,7 +81,10 @@ pub async fn prepare(
         }
     };
     let refused = credentials.is_empty() && state.config().identity.anonymous == Anonymous::None;
-    let identified = match (&key, refused) {
+    // A request left to the provider (its state lives there) is neither identified nor
+    // loaded: nothing of abridge's applies to it.
+    let untouchable = request.untouchable().is_some();
+    let identified = match (&key, refused || untouchable) {
         (Some(key), false) => state
             .cpu()
             .run_with(&permit, || identify(key, &credentials, &controls, &request)),

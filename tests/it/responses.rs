@@ -178,7 +178,12 @@ async fn state_on_the_provider_is_forwarded_untouched() {
         assert!(!answer.compacted());
         let note = answer.header("x-abridge-note").unwrap_or_default();
         assert!(note.contains(field), "{field}: {note}");
+        assert!(
+            answer.header("x-abridge-conversation").is_none(),
+            "not even identified"
+        );
     }
+    assert_eq!(proxy.stats().identified, 0, "no store round trip for them");
 }
 
 #[tokio::test]
