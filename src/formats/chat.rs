@@ -17,7 +17,7 @@ use bytes::Bytes;
 
 use super::Author;
 use super::splice::{Edit, apply, array, span_of};
-use crate::conversation::{Content, Item, Opaque, Part, Role, ToolCall};
+use crate::conversation::{Content, Item, Opaque, Role, ToolCall};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -104,65 +104,17 @@ pub fn authored(role: Author, text: &str) -> Box<RawValue> {
 /// byte kept; `None` when it has no content to replace.
 pub fn with_content(raw: &RawValue, text: &str) -> Option<Box<RawValue>> {
     let fields: MessageFields<'_> = serde_json::from_str(raw.get()).ok()?;
-    let content = fields.content?;
-    let whole = raw.get();
-    let span = span_of(whole.as_bytes(), content.get())?;
-    let encoded = serde_json::to_string(text).ok()?;
-    let spliced = format!("{}{encoded}{}", &whole[..span.start], &whole[span.end..]);
-    RawValue::from_string(spliced).ok()
+    super::splice::with_string(raw, fields.content?, text)
 }
 
 /// Whether two messages are the same JSON object apart from `content`.
 pub fn same_but_content(a: &RawValue, b: &RawValue) -> bool {
-    type Object = serde_json::Map<String, serde_json::Value>;
-    let parse = |r: &RawValue| serde_json::from_str::<Object>(r.get()).ok();
-    match (parse(a), parse(b)) {
-        (Some(mut a), Some(mut b)) => {
-            a.remove("content");
-            b.remove("content");
-            a == b
-        }
-        _ => false,
-    }
+    super::splice::same_except(a, b, "content")
 }
 
-/// A message's content, parsed. Shapes abridge does not know are [`Content::Other`].
+/// A message's content: text parts are `{"type":"text"}` (see [`super::content`]).
 fn content(raw: &RawValue) -> Content<'_> {
-    let text = raw.get();
-    match text.as_bytes().first() {
-        Some(b'"') => match crate::json::string_text(text) {
-            Some(s) => Content::Text(s),
-            None => match serde_json::from_str::<Cow<'_, str>>(text) {
-                Ok(s) => Content::Text(s),
-                Err(_) => Content::Other(raw),
-            },
-        },
-        Some(b'[') => match serde_json::from_str::<Vec<&RawValue>>(text) {
-            Ok(parts) => Content::Parts(parts.into_iter().map(part).collect()),
-            Err(_) => Content::Other(raw),
-        },
-        Some(b'n') if text == "null" => Content::None,
-        _ => Content::Other(raw),
-    }
-}
-
-/// One element of a content array: `{"type":"text","text":...}` is text, anything else
-/// (images, audio, files, refusals) is kept raw.
-fn part(raw: &RawValue) -> Part<'_> {
-    #[derive(Deserialize)]
-    struct Fields<'a> {
-        #[serde(borrow, rename = "type")]
-        kind: Cow<'a, str>,
-        #[serde(borrow, default)]
-        text: Option<Cow<'a, str>>,
-    }
-    match serde_json::from_str::<Fields<'_>>(raw.get()) {
-        Ok(Fields {
-            kind,
-            text: Some(text),
-        }) if kind == "text" => Part::Text(text),
-        _ => Part::Other(raw),
-    }
+    super::content(raw, &["text"])
 }
 
 /// The assistant's tool calls (`null` is none).
@@ -314,6 +266,7 @@ pub fn outgoing(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::Part;
 
     fn usage_body(body: &str) -> Option<String> {
         let bytes = Bytes::copy_from_slice(body.as_bytes());

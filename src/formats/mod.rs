@@ -54,7 +54,47 @@ pub mod splice;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::conversation::Item;
+use std::borrow::Cow;
+
+use crate::conversation::{Content, Item, Part};
+
+/// A content value as the chat and Responses formats write it: a string, `null`, or an
+/// array of parts of which those whose `type` is one of `text_kinds` (and that carry a
+/// `text`) are text and the rest kept raw; anything else is [`Content::Other`].
+pub(crate) fn content<'a>(raw: &'a RawValue, text_kinds: &[&str]) -> Content<'a> {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'"') => match crate::json::string_text(text) {
+            Some(s) => Content::Text(s),
+            None => serde_json::from_str::<Cow<'_, str>>(text)
+                .map(Content::Text)
+                .unwrap_or(Content::Other(raw)),
+        },
+        Some(b'[') => match serde_json::from_str::<Vec<&RawValue>>(text) {
+            Ok(parts) => Content::Parts(parts.into_iter().map(|p| part(p, text_kinds)).collect()),
+            Err(_) => Content::Other(raw),
+        },
+        Some(b'n') if text == "null" => Content::None,
+        _ => Content::Other(raw),
+    }
+}
+
+fn part<'a>(raw: &'a RawValue, text_kinds: &[&str]) -> Part<'a> {
+    #[derive(serde::Deserialize)]
+    struct Fields<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Cow<'a, str>,
+        #[serde(borrow, default)]
+        text: Option<Cow<'a, str>>,
+    }
+    match serde_json::from_str::<Fields<'_>>(raw.get()) {
+        Ok(Fields {
+            kind,
+            text: Some(text),
+        }) if text_kinds.contains(&kind.as_ref()) => Part::Text(text),
+        _ => Part::Other(raw),
+    }
+}
 
 /// Which wire format a conversation came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -31,7 +31,7 @@ use serde_json::value::RawValue;
 
 use super::Author;
 use super::splice::{Edit, apply, array, span_of};
-use crate::conversation::{Content, Item, Opaque, Part, Role, ToolCall};
+use crate::conversation::{Content, Item, Opaque, Role, ToolCall};
 
 /// The top level of a Responses request, of which abridge reads only this.
 #[derive(Debug, Deserialize)]
@@ -228,40 +228,9 @@ fn item_of(raw: &RawValue) -> Result<(Item<'_>, Kind), serde_json::Error> {
     Ok((item, what))
 }
 
-/// A content (or output): a string, or parts of which the text ones are read.
+/// A content (or output): text parts are `input_text`, `output_text` and `text`.
 fn content(raw: &RawValue) -> Content<'_> {
-    let text = raw.get();
-    match text.as_bytes().first() {
-        Some(b'"') => match crate::json::string_text(text) {
-            Some(s) => Content::Text(s),
-            None => serde_json::from_str::<Cow<'_, str>>(text)
-                .map(Content::Text)
-                .unwrap_or(Content::Other(raw)),
-        },
-        Some(b'[') => match serde_json::from_str::<Vec<&RawValue>>(text) {
-            Ok(parts) => Content::Parts(parts.into_iter().map(part).collect()),
-            Err(_) => Content::Other(raw),
-        },
-        Some(b'n') if text == "null" => Content::None,
-        _ => Content::Other(raw),
-    }
-}
-
-fn part(raw: &RawValue) -> Part<'_> {
-    #[derive(Deserialize)]
-    struct Fields<'a> {
-        #[serde(borrow, rename = "type")]
-        kind: Cow<'a, str>,
-        #[serde(borrow, default)]
-        text: Option<Cow<'a, str>>,
-    }
-    match serde_json::from_str::<Fields<'_>>(raw.get()) {
-        Ok(Fields {
-            kind,
-            text: Some(text),
-        }) if matches!(kind.as_ref(), "input_text" | "output_text" | "text") => Part::Text(text),
-        _ => Part::Other(raw),
-    }
+    super::content(raw, &["input_text", "output_text", "text"])
 }
 
 /// A message item abridge writes: one `input_text` part (the system role is
@@ -283,30 +252,12 @@ pub fn authored(role: Author, text: &str) -> Box<RawValue> {
 /// The result item `raw` with its `output` replaced by the string `text`.
 pub fn with_output(raw: &RawValue, text: &str) -> Option<Box<RawValue>> {
     let f: ItemFields<'_> = serde_json::from_str(raw.get()).ok()?;
-    let output = f.output?;
-    let whole = raw.get();
-    let span = span_of(whole.as_bytes(), output.get())?;
-    let encoded = serde_json::to_string(text).ok()?;
-    RawValue::from_string(format!(
-        "{}{encoded}{}",
-        &whole[..span.start],
-        &whole[span.end..]
-    ))
-    .ok()
+    super::splice::with_string(raw, f.output?, text)
 }
 
 /// Whether two items are the same JSON object apart from `output`.
 pub fn same_but_output(a: &RawValue, b: &RawValue) -> bool {
-    type Object = serde_json::Map<String, serde_json::Value>;
-    let parse = |r: &RawValue| serde_json::from_str::<Object>(r.get()).ok();
-    match (parse(a), parse(b)) {
-        (Some(mut a), Some(mut b)) => {
-            a.remove("output");
-            b.remove("output");
-            a == b
-        }
-        _ => false,
-    }
+    super::splice::same_except(a, b, "output")
 }
 
 /// The body with its `input` array replaced by `items`, every other byte kept.

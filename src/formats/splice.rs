@@ -59,3 +59,35 @@ pub fn array(items: &[&serde_json::value::RawValue]) -> Vec<u8> {
     out.push(b']');
     out
 }
+
+/// `whole` with its member value `part` (a slice borrowed from it) replaced by the JSON
+/// string `text`, every other byte kept.
+pub fn with_string(
+    whole: &serde_json::value::RawValue,
+    part: &serde_json::value::RawValue,
+    text: &str,
+) -> Option<Box<serde_json::value::RawValue>> {
+    let outer = whole.get();
+    let span = span_of(outer.as_bytes(), part.get())?;
+    let encoded = serde_json::to_string(text).ok()?;
+    let spliced = format!("{}{encoded}{}", &outer[..span.start], &outer[span.end..]);
+    serde_json::value::RawValue::from_string(spliced).ok()
+}
+
+/// Whether two JSON objects are equal apart from their member `key`.
+pub fn same_except(
+    a: &serde_json::value::RawValue,
+    b: &serde_json::value::RawValue,
+    key: &str,
+) -> bool {
+    type Object = serde_json::Map<String, serde_json::Value>;
+    let parse = |r: &serde_json::value::RawValue| serde_json::from_str::<Object>(r.get()).ok();
+    match (parse(a), parse(b)) {
+        (Some(mut a), Some(mut b)) => {
+            a.remove(key);
+            b.remove(key);
+            a == b
+        }
+        _ => false,
+    }
+}
