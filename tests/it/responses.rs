@@ -85,7 +85,8 @@ async fn long_conversation(strategy: Strategy, stream: bool) {
         .unwrap_or_else(|| panic!("{strategy}: never compacted"));
     assert!(first > 4, "not before the conversation was long");
     let originals: HashSet<String> = agent.input.iter().map(Value::to_string).collect();
-    let mut previous_prefix: Option<(String, String)> = None;
+    let mut previous: Option<(String, Vec<String>)> = None;
+    let mut stable = 0;
     for (i, request) in requests.iter().enumerate() {
         let body = request.json();
         let input = input_of(request);
@@ -109,15 +110,29 @@ async fn long_conversation(strategy: Strategy, stream: bool) {
         let through = answers[i]
             .header("x-abridge-messages-replaced")
             .unwrap_or_default();
-        let prefix = input[..2].iter().map(Value::to_string).collect::<String>();
-        // Between compactions (the same checkpoint) the forwarded prefix is byte-stable.
-        if let Some((at, before)) = &previous_prefix
+        // Between compactions (the same checkpoint) everything forwarded before is
+        // forwarded again byte for byte, and the turn's new items follow it.
+        let raw: Vec<String> = abridge::formats::responses::parse(&request.body)
+            .unwrap()
+            .raw_items
+            .iter()
+            .map(|r| r.get().to_owned())
+            .collect();
+        if let Some((at, before)) = &previous
             && *at == through
         {
-            assert_eq!(&prefix, before, "{strategy}: request {i} prefix moved");
+            assert!(
+                raw.len() > before.len() && raw[..before.len()] == before[..],
+                "{strategy}: request {i}: the forwarded prefix moved"
+            );
+            stable += 1;
         }
-        previous_prefix = Some((through, prefix));
+        previous = Some((through, raw));
     }
+    assert!(
+        stable > 0,
+        "{strategy}: no two requests shared a checkpoint"
+    );
     let last = answers.last().unwrap();
     let after: u64 = last
         .header("x-abridge-tokens-after")
