@@ -11,45 +11,55 @@ const USAGE: &str = "\
 abridge — OpenAI-compatible proxy that keeps long conversations inside the context window
 
 USAGE:
-    abridge [--config FILE] [--healthcheck]
+    abridge [--config FILE] [--healthcheck | --check-config]
 
 OPTIONS:
     -c, --config FILE   TOML configuration (see config/abridge.toml for every key)
+        --check-config  validate the file and the environment as startup does, print
+                        the effective configuration (secrets masked) and exit: 0 when
+                        it is valid, 2 when not (like nginx -t)
         --healthcheck   ask the running abridge's admin listener for /healthz; exit 0
                         when it answers 200 (for container health checks)
     -h, --help          print this help
-    -V, --version       print the version
+    -V, --version       print the version and the store backends built in
 
 Every key can also be set from the environment: ABRIDGE_<KEY>, with __ between levels,
 e.g. ABRIDGE_UPSTREAM=http://127.0.0.1:8000/v1 or ABRIDGE_ADMIN__TOKEN=...";
 
+/// What the command line asks for.
 enum Command {
-    Run {
-        config: Option<PathBuf>,
-        healthcheck: bool,
-    },
+    Run { config: Option<PathBuf>, mode: Mode },
     Help,
     Version,
+}
+
+/// What to do with a loaded configuration.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Serve,
+    Healthcheck,
+    CheckConfig,
 }
 
 fn parse_args() -> Result<Command, lexopt::Error> {
     use lexopt::prelude::*;
     let mut config = None;
-    let mut healthcheck = false;
+    let mut mode = Mode::Serve;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
             Short('c') | Long("config") => config = Some(PathBuf::from(parser.value()?)),
-            Long("healthcheck") => healthcheck = true,
+            Long("healthcheck") if mode == Mode::Serve => mode = Mode::Healthcheck,
+            Long("check-config") if mode == Mode::Serve => mode = Mode::CheckConfig,
+            Long("healthcheck") | Long("check-config") => {
+                return Err("--healthcheck and --check-config exclude each other".into());
+            }
             Short('h') | Long("help") => return Ok(Command::Help),
             Short('V') | Long("version") => return Ok(Command::Version),
             _ => return Err(arg.unexpected()),
         }
     }
-    Ok(Command::Run {
-        config,
-        healthcheck,
-    })
+    Ok(Command::Run { config, mode })
 }
 
 #[expect(clippy::print_stdout, reason = "--help and --version answer on stdout")]
@@ -58,17 +68,18 @@ fn parse_args() -> Result<Command, lexopt::Error> {
     reason = "errors before logging is set up go to stderr"
 )]
 fn main() -> ExitCode {
-    let (config_path, healthcheck) = match parse_args() {
-        Ok(Command::Run {
-            config,
-            healthcheck,
-        }) => (config, healthcheck),
+    let (config_path, mode) = match parse_args() {
+        Ok(Command::Run { config, mode }) => (config, mode),
         Ok(Command::Help) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
         }
         Ok(Command::Version) => {
-            println!("abridge {}", env!("CARGO_PKG_VERSION"));
+            println!(
+                "abridge {}\nstore backends: {}",
+                env!("CARGO_PKG_VERSION"),
+                abridge::store::BACKENDS.join(", ")
+            );
             return ExitCode::SUCCESS;
         }
         Err(e) => {
@@ -83,27 +94,66 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if healthcheck {
-        return match check_health(&config) {
+    match mode {
+        Mode::CheckConfig => check_config(config),
+        Mode::Healthcheck => match check_health(&config) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("abridge: unhealthy: {e}");
                 ExitCode::FAILURE
             }
-        };
+        },
+        Mode::Serve => {
+            init_logging(&config);
+            match runtime() {
+                Ok(runtime) => runtime.block_on(serve(config)),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the async runtime");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
-    init_logging(&config);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
+}
+
+/// `--check-config`: everything startup does short of binding the listeners and
+/// connecting anywhere (the upstream's TLS set-up, the store's configuration), then the
+/// effective configuration on stdout, secrets masked.
+#[expect(
+    clippy::print_stdout,
+    reason = "the effective configuration is the answer"
+)]
+#[expect(clippy::print_stderr, reason = "logging is not set up in this mode")]
+fn check_config(config: Config) -> ExitCode {
+    let shown = match toml::to_string(&config) {
+        Ok(text) => text,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
+            eprintln!("abridge: cannot print the configuration: {e}");
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(serve(config))
+    let built = runtime()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| rt.block_on(async { AppState::new(config).map_err(|e| e.to_string()) }));
+    match built {
+        Ok(_) => {
+            println!(
+                "# abridge {}: configuration OK\n{shown}",
+                env!("CARGO_PKG_VERSION")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("abridge: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// `GET /healthz` on the admin listener of a running abridge (same configuration).
@@ -138,15 +188,25 @@ fn check_health(config: &Config) -> Result<(), String> {
 }
 
 fn init_logging(config: &Config) {
+    use abridge::config::LogFormat;
     use tracing_subscriber::prelude::*;
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(config.log.ansi)
-                .with_filter(config.log.filter.targets()),
-        )
-        .init();
+    let filter = config.log.filter.targets();
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Text => tracing_subscriber::registry()
+            .with(layer.with_ansi(config.log.ansi).with_filter(filter))
+            .init(),
+        LogFormat::Json => tracing_subscriber::registry()
+            .with(
+                layer
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_filter(filter),
+            )
+            .init(),
+    }
 }
 
 async fn serve(config: Config) -> ExitCode {

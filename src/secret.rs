@@ -8,6 +8,8 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer};
 
+const MASK: &str = "*****";
+
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
@@ -19,6 +21,34 @@ impl Secret {
     /// The secret value. Every call site is a place where a credential leaves its box.
     pub fn expose(&self) -> &str {
         &self.0
+    }
+
+    /// What an operator may see of the value (`abridge --check-config`): a URL keeps its
+    /// scheme, host, port and path, its password (or a user part alone, which may be a
+    /// token) and any query masked — `redis://:*****@cache:6379/0`; anything else is
+    /// `*****`.
+    pub fn masked(&self) -> String {
+        let Some((scheme, rest)) = self.0.split_once("://") else {
+            return MASK.to_owned();
+        };
+        let plain_scheme = !scheme.is_empty()
+            && scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b));
+        if !plain_scheme {
+            return MASK.to_owned();
+        }
+        let (rest, query) = match rest.split_once(['?', '#']) {
+            Some((rest, _)) => (rest, "?*****"),
+            None => (rest, ""),
+        };
+        match rest.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:{MASK}@{host}{query}"),
+                None => format!("{scheme}://{MASK}@{host}{query}"),
+            },
+            None => format!("{scheme}://{rest}{query}"),
+        }
     }
 
     /// Compares against `candidate` in time independent of where the first difference is,
@@ -37,13 +67,13 @@ impl Secret {
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("*****")
+        f.write_str(MASK)
     }
 }
 
 impl fmt::Display for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("*****")
+        f.write_str(MASK)
     }
 }
 
@@ -56,6 +86,25 @@ impl<'de> Deserialize<'de> for Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn masked_keeps_where_a_url_points_and_hides_what_opens_it() {
+        let cases = [
+            (
+                "rediss://default:pa55@eu1-x.upstash.io:6379",
+                "rediss://default:*****@eu1-x.upstash.io:6379",
+            ),
+            ("redis://:p@ss@cache:6379/0", "redis://:*****@cache:6379/0"),
+            ("redis://tok3n@cache", "redis://*****@cache"),
+            ("redis://cache:6379/2", "redis://cache:6379/2"),
+            ("redis://cache?password=x", "redis://cache?*****"),
+            ("sk-live-123", "*****"),
+            ("not a url://x", "*****"),
+        ];
+        for (value, shown) in cases {
+            assert_eq!(Secret::new(value).masked(), shown, "{value}");
+        }
+    }
 
     #[test]
     fn debug_and_display_hide_the_value() {

@@ -332,8 +332,19 @@ pub struct Limits {
 pub struct LogConfig {
     /// Log filter: a level (`info`) or per-target directives (`warn,abridge=debug`).
     pub filter: LogFilter,
-    /// Colour codes in log lines (stderr).
+    /// Colour codes in log lines (stderr; `text` only).
     pub ansi: bool,
+    /// `text` (human-readable lines) or `json` (one object per line, for log shippers).
+    pub format: LogFormat,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 impl Default for Config {
@@ -465,6 +476,7 @@ impl Default for LogConfig {
         Self {
             filter: LogFilter("info".to_owned()),
             ansi: false,
+            format: LogFormat::Text,
         }
     }
 }
@@ -580,9 +592,9 @@ impl<'de> Deserialize<'de> for LogFilter {
 }
 
 impl Serialize for Secret {
-    /// Only the key's type is ever needed from a serialised config (see
-    /// [`Config::from_sources`]); the value stays hidden.
+    /// A serialised config is for types (see [`Config::from_sources`]) and for showing the
+    /// effective configuration (`--check-config`): the value stays masked.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("*****")
+        s.serialize_str(&self.masked())
     }
 }

@@ -72,6 +72,10 @@ pub struct Store {
     timeout: Duration,
 }
 
+/// Every backend this build can keep state in, as [`Store::backend_name`] names them
+/// (`abridge --version` lists them).
+pub const BACKENDS: &[&str] = &["memory", "redis", "redis-cluster", "redis-sentinel"];
+
 #[derive(Clone)]
 enum Backend {
     Memory(memory::MemoryStore),
@@ -97,7 +101,7 @@ impl Store {
         })
     }
 
-    /// `"memory"`, `"redis"`, `"redis-cluster"` or `"redis-sentinel"`.
+    /// `"memory"`, `"redis"`, `"redis-cluster"` or `"redis-sentinel"` (one of [`BACKENDS`]).
     pub fn backend_name(&self) -> &'static str {
         match &self.backend {
             Backend::Memory(_) => "memory",

@@ -333,18 +333,19 @@ fn bad_configuration_is_refused_naming_the_key_and_its_source() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
 }
 
-#[tokio::test]
-async fn credentials_never_reach_the_logs() {
+/// The binary's stderr after a few requests of every kind (plain, streamed, a provider
+/// error, a passthrough route) carrying `SECRET` as their key, at trace level.
+async fn traffic_logs(format: &str) -> String {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
     let (mut binary, base) = start_binary(
         &provider,
         &[
             ("ABRIDGE_LOG__FILTER", "trace".into()),
+            ("ABRIDGE_LOG__FORMAT", format.into()),
             ("ABRIDGE_ADMIN__TOKEN", "admin-token-Zq81".into()),
         ],
     )
     .await;
-    let secret = "sk-live-Secret0042";
     for (stream, extra) in [
         (false, None),
         (true, None),
@@ -352,8 +353,8 @@ async fn credentials_never_reach_the_logs() {
     ] {
         let mut request = client()
             .post(format!("{base}/v1/chat/completions"))
-            .bearer_auth(secret)
-            .header("api-key", secret)
+            .bearer_auth(SECRET)
+            .header("api-key", SECRET)
             .body(chat_body(stream));
         if let Some((k, v)) = extra {
             request = request.header(k, v);
@@ -362,22 +363,57 @@ async fn credentials_never_reach_the_logs() {
     }
     client()
         .get(format!("{base}/v1/models"))
-        .bearer_auth(secret)
+        .bearer_auth(SECRET)
         .send()
         .await
         .unwrap();
     binary.signal("TERM");
     binary.wait(Duration::from_secs(5)).unwrap();
-    let logs = binary.stderr();
-    assert!(logs.contains("abridge ready"), "{logs}");
+    binary.stderr()
+}
+
+const SECRET: &str = "sk-live-Secret0042";
+
+/// Neither a credential nor what the conversation says appears in any log line.
+fn assert_nothing_private(logs: &str) {
     assert!(
         logs.lines().count() > 3,
         "trace logging produced lines: {logs}"
     );
-    assert!(!logs.contains(secret), "credential in logs:\n{logs}");
+    assert!(!logs.contains(SECRET), "credential in logs:\n{logs}");
     assert!(!logs.contains("Secret0042"));
     assert!(
         !logs.contains("admin-token-Zq81"),
         "admin token in logs:\n{logs}"
+    );
+    assert!(
+        !logs.contains("Hello there") && !logs.contains("Be brief"),
+        "message content in logs:\n{logs}"
+    );
+}
+
+#[tokio::test]
+async fn credentials_never_reach_the_logs() {
+    let logs = traffic_logs("text").await;
+    assert!(logs.contains("abridge ready"), "{logs}");
+    assert_nothing_private(&logs);
+}
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let logs = traffic_logs("json").await;
+    assert_nothing_private(&logs);
+    let mut messages = Vec::new();
+    for line in logs.lines() {
+        let event: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON object ({e}): {line}"));
+        for key in ["timestamp", "level", "target", "message"] {
+            assert!(event.get(key).is_some(), "no {key}: {line}");
+        }
+        messages.push(event["message"].as_str().unwrap_or_default().to_owned());
+    }
+    assert!(
+        messages.iter().any(|m| m.starts_with("abridge ready")),
+        "{messages:?}"
     );
 }

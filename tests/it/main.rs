@@ -14,6 +14,7 @@ mod admin;
 mod compaction;
 
 mod claude_code;
+mod cli;
 mod codex;
 mod connections;
 mod conversations;
