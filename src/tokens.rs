@@ -21,7 +21,7 @@
 //!   Claude) were not measured: for them the estimate is a guide calibrated on a modern
 //!   200k-vocabulary BPE, which is why it errs high.
 //!
-//! Cost, measured by `cargo bench --bench compact` (numbers in the README): the estimate
+//! Cost, measured by `cargo bench --bench compact` (numbers in docs/src/performance.md): the estimate
 //! reads each byte once (sub-millisecond for a 200 KB request); the exact encoding is two
 //! orders of magnitude slower. Callers on the hot path therefore estimate only what was
 //! appended since the provider last reported usage (DESIGN §4), never the whole request.
@@ -465,9 +465,9 @@ mod tests {
         let mut samples: Vec<(String, String)> = Vec::new();
         let root = env!("CARGO_MANIFEST_DIR");
         for (label, path) in [
-            ("prose: README.md", "README.md"),
-            ("code: src/chat.rs", "src/chat.rs"),
-            ("code: src/config.rs", "src/config.rs"),
+            ("prose: docs/src/compaction.md", "docs/src/compaction.md"),
+            ("code: src/formats/chat.rs", "src/formats/chat.rs"),
+            ("code: src/config/mod.rs", "src/config/mod.rs"),
             ("toml: Cargo.lock", "Cargo.lock"),
         ] {
             if let Ok(t) = std::fs::read_to_string(format!("{root}/{path}")) {

@@ -85,6 +85,18 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         summary_calls summary_failures summary_refused fallbacks retries anti_thrash \
         observed waited_for_peer background_dropped";
     assert_eq!(names, expected.split(' ').collect::<Vec<_>>(), "{text}");
+    // The reference page names each, as a query does (a counter with `_total`).
+    let page = include_str!("../../docs/src/metrics.md");
+    for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let name = match line.split_once(' ') {
+            Some((name, "counter")) => format!("{name}_total"),
+            _ => line.split(' ').next().unwrap_or_default().to_owned(),
+        };
+        assert!(
+            page.contains(&format!("| `{name}` |")),
+            "{name} is not in docs/src/metrics.md"
+        );
+    }
 
     let json = serde_json::to_value(stats.snapshot()).unwrap();
     let mut fields: Vec<&str> = json

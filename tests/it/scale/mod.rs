@@ -13,7 +13,7 @@
 //! - after a compaction every turn forwards exactly head + the stored replacement +
 //!   the rest, whichever replica serves it;
 //! - the restarted replica carries on with the stored checkpoints;
-//! - and it prints the Redis memory a compacted conversation takes (README, Scale-out).
+//! - and it prints the Redis memory a compacted conversation takes (docs/src/scale-out.md).
 //!
 //! Here: the run and its checks; `replicas` has the processes and the clients driving
 //! them, `inspect` reads Redis and the recorded requests.
