@@ -20,6 +20,10 @@ use super::{
 pub(crate) enum Tail {
     /// Within the tail budget, at least `protect_tail_min` messages, the final turn always.
     Budgeted,
+    /// Newest first up to the whole budget (what the head and the replacement leave), at
+    /// least `protect_tail_min` messages, the final turn always: `recency`, whose
+    /// replacement is small, spends the budget on what the agent saw last.
+    Filled,
     /// The final turn only (and, for role alternation, the assistant message before it).
     FinalTurn,
 }
@@ -135,7 +139,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
 
         let low = floor.max(head + 1);
         let mut start = match tail {
-            Tail::Budgeted => self.budgeted_start(&mut sums, low),
+            Tail::Budgeted | Tail::Filled => self.budgeted_start(&mut sums, (head, low), tail),
             Tail::FinalTurn => self.t_min,
         };
         if user_role && is_user(&self.layout.messages[start]) {
@@ -144,6 +148,24 @@ impl<'i, 'a> Ctx<'i, 'a> {
         let (head, start) = self.within_budget(&mut sums, head, start);
         let start = start.max(head + 1);
         Edges { head, start }
+    }
+
+    /// The earliest turn boundary from which everything up to the final turn can be kept
+    /// whole next to the head and a replacement of `reserve` tokens: the most recent
+    /// observations, which the agent is working from. (`recency` digests bulky tool
+    /// results only before it.)
+    pub fn newest_whole(&self, reserve: u64) -> usize {
+        let head = self.preferred_head(self.settings.summary_role == SummaryRole::User);
+        let mut total = self.total(head, reserve, self.t_min);
+        let mut k = self.t_min;
+        while k > head {
+            total += self.cost(k - 1..k);
+            if total > self.input.budget {
+                break;
+            }
+            k -= 1;
+        }
+        self.cuts(k, self.t_min).next().unwrap_or(self.t_min)
     }
 
     /// The turn boundaries (cuts) in `lo..hi`.
@@ -187,10 +209,20 @@ impl<'i, 'a> Ctx<'i, 'a> {
     }
 
     /// The kept end from the final turn backwards, not before `low`, while within the tail
-    /// budget (or fewer than protect_tail_min messages).
-    fn budgeted_start(&self, sums: &mut EdgeSums<'_>, low: usize) -> usize {
+    /// budget — the tail's share, or with [`Tail::Filled`] all the head leaves — or fewer
+    /// than protect_tail_min messages.
+    fn budgeted_start(
+        &self,
+        sums: &mut EdgeSums<'_>,
+        (head, low): (usize, usize),
+        tail: Tail,
+    ) -> usize {
         let n = self.layout.len();
         let tail_budget = self.settings.tail_budget(self.input.budget);
+        let mut fits = |k: usize| match tail {
+            Tail::Filled => sums.total(head, k) <= self.input.budget,
+            Tail::Budgeted | Tail::FinalTurn => sums.kept(k) <= tail_budget,
+        };
         let mut start = self.t_min;
         let mut k = self.t_min;
         while k > low {
@@ -198,7 +230,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
             if !self.layout.cut_ok[k] {
                 continue;
             }
-            if n - start < self.settings.protect_tail_min || sums.kept(k) <= tail_budget {
+            if n - start < self.settings.protect_tail_min || fits(k) {
                 start = k;
             } else {
                 break;

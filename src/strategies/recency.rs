@@ -1,7 +1,8 @@
-//! `recency`, the default: the protected head and a token-budgeted tail verbatim, the
-//! middle elided with one marker, bulky tool results in the kept part (before the final
-//! turn) reduced to a one-line digest. No LLM, so it cannot fail, and the marker is tiny,
-//! so it fits whenever anything fits: it is also what the other strategies fall back to.
+//! `recency`, the default: the protected head verbatim, the middle elided with one
+//! marker, and the end kept newest first up to the budget: the latest observations whole,
+//! older bulky tool results in the kept part reduced to a one-line digest. No LLM, so it
+//! cannot fail, and the marker is tiny, so it fits whenever anything fits: it is also
+//! what the other strategies fall back to.
 //!
 //! Why it is the default: masking old tool observations matched LLM summaries on
 //! SWE-bench at half the cost (JetBrains, "The Complexity Trap"), and it keeps the most
@@ -41,15 +42,18 @@ pub(super) fn plan(
 ) -> Result<Plan, super::CannotCompact> {
     let messages = ctx.messages();
     let t_min = ctx.t_min();
-    let cost_kept = |k: usize| match digest(ctx, k) {
+    // What the agent saw last stays whole; only older bulky tool results are digested,
+    // and the kept end fills the budget newest first.
+    let whole = ctx.newest_whole(ctx.marker_reserve()).min(t_min);
+    let cost_kept = |k: usize| match (k < whole).then(|| digest(ctx, k)).flatten() {
         Some((_, tokens)) => tokens,
         None => ctx.cost(k..k + 1),
     };
-    let Edges { head, start } = ctx.edges(ctx.marker_reserve(), Tail::Budgeted, &cost_kept);
+    let Edges { head, start } = ctx.edges(ctx.marker_reserve(), Tail::Filled, &cost_kept);
 
-    // Digests in the kept part before the final turn; the replacement runs through the
+    // Digests in the kept part before the whole part; the replacement runs through the
     // end of the last digested tool exchange.
-    let digests: Vec<(usize, Box<RawValue>)> = (start..t_min)
+    let digests: Vec<(usize, Box<RawValue>)> = (start..whole)
         .filter_map(|k| digest(ctx, k).map(|(raw, _)| (k, raw)))
         .collect();
     let through = match digests.last() {

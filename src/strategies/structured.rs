@@ -102,7 +102,7 @@ where
     Fut: Future<Output = Result<String, SummaryError>>,
 {
     let strategy = match tail {
-        Tail::Budgeted => Strategy::Structured,
+        Tail::Budgeted | Tail::Filled => Strategy::Structured,
         Tail::FinalTurn => Strategy::LlmReplace,
     };
     let budget = ctx.input.budget;

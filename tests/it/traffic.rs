@@ -247,3 +247,68 @@ async fn an_oversized_final_turn_is_forwarded_and_the_next_turn_is_compacted_aga
         );
     }
 }
+
+/// A coding agent's history: an ask, five tool calls with bulky outputs (test logs),
+/// then it reads `src/handlers.rs` (5.9 KB), says it will patch it, and the user says
+/// go ahead. What the agent is about to edit must reach the provider whole.
+fn coding_session() -> (Vec<Value>, String) {
+    let file: String = (0..120)
+        .map(|i| format!("    let route_{i:03} = Router::new().route(\"/v{i}\", get(h));\n"))
+        .collect();
+    let mut m = vec![
+        json!({"role": "system", "content": "You are a coding agent. Use the tools."}),
+        json!({"role": "user", "content": "The 404 handler returns HTML; make it JSON (ticket WEB-4411)."}),
+    ];
+    for i in 0..5 {
+        let id = format!("call_{i}");
+        m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "bash", "arguments": json!({"command": format!("cargo test web_{i}")}).to_string()}}]}));
+        let log: String = (0..90)
+            .map(|l| format!("test web_{i}::case_{l} ... ok\n"))
+            .collect();
+        m.push(json!({"role": "tool", "tool_call_id": id, "content": format!("running 90 tests\n{log}exit code: 0")}));
+        m.push(json!({"role": "assistant", "content": format!("Suite web_{i} passes.")}));
+    }
+    m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_read", "type": "function",
+        "function": {"name": "read_file", "arguments": "{\"path\":\"src/handlers.rs\"}"}}]}));
+    m.push(json!({"role": "tool", "tool_call_id": "call_read", "content": file}));
+    m.push(json!({"role": "assistant", "content": "I'll patch handle_not_found in src/handlers.rs to return JSON."}));
+    m.push(json!({"role": "user", "content": "Go ahead and write the patch."}));
+    (m, file)
+}
+
+#[tokio::test]
+async fn recency_keeps_the_file_the_agent_is_about_to_edit_and_uses_its_budget() {
+    let provider = provider().await;
+    let threshold = 5000;
+    let proxy = Proxy::start_with(config(&provider.url(), threshold)).await;
+    let (messages, file) = coding_session();
+    let answer = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .json(&json!({"model": "fake-model", "messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["x-abridge-compacted"], "true");
+    let body: Value = answer.json().await.unwrap();
+    let sent = main_requests(&provider);
+    let forwarded = raw_messages(sent.last().unwrap());
+    let joined = forwarded.join("\n");
+    let whole = serde_json::to_string(&file).unwrap();
+    assert!(
+        joined.contains(&whole[1..whole.len() - 1]),
+        "src/handlers.rs reached the provider whole:\n{joined}"
+    );
+    // The budget is used: more than half the threshold, not a third of the target.
+    let prompt = body["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        prompt > threshold / 2 && prompt <= threshold,
+        "{prompt} prompt tokens at the provider for a {threshold}-token threshold"
+    );
+    // Older bulky outputs are the ones digested.
+    assert!(
+        joined.contains("[abridge: tool output elided] bash(command=\\\"cargo test web_"),
+        "{joined}"
+    );
+}
