@@ -9,17 +9,13 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use super::text::{first_line, paths, thousands, truncate_chars};
+use super::text::{first_line, paths, scanned, thousands, truncate_chars};
 use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
 use crate::conversation::{Item, Role};
 
 /// Tokens set aside for the summary while choosing the edges; the real size is checked
 /// afterwards.
 const RESERVE: u64 = 1024;
-/// Most characters of a message scanned for paths and cues, from its start and its end
-/// (bounds the cost on huge tool outputs).
-const SCAN_HEAD: usize = 16 * 1024;
-const SCAN_TAIL: usize = 4 * 1024;
 const MAX_TOOLS: usize = 20;
 const MAX_PATHS: usize = 30;
 const MAX_REQUESTS: usize = 5;
@@ -54,22 +50,6 @@ pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
         }
         reserve = plan.tokens_after - ctx.total(head, 0, start);
     }
-}
-
-/// A message's text as scanned: the start and end of long ones.
-fn scanned(text: &str) -> (&str, &str) {
-    if text.len() <= SCAN_HEAD + SCAN_TAIL {
-        return (text, "");
-    }
-    let mut a = SCAN_HEAD;
-    while !text.is_char_boundary(a) {
-        a -= 1;
-    }
-    let mut b = text.len() - SCAN_TAIL;
-    while !text.is_char_boundary(b) {
-        b += 1;
-    }
-    (&text[..a], &text[b..])
 }
 
 fn cue_pattern() -> &'static Regex {

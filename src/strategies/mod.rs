@@ -60,6 +60,7 @@
 
 mod ctx;
 mod deterministic;
+mod index;
 mod layout;
 mod recency;
 pub mod redact;
@@ -171,15 +172,20 @@ pub struct Settings {
     /// system/developer messages; moved to the nearest turn boundary, and smaller when
     /// the budget needs it.
     pub protect_head: usize,
-    /// Fraction of the budget the verbatim tail may take (default 0.2) (recency, structured,
-    /// deterministic). The final turn is kept whatever its size.
+    /// Fraction of the budget the verbatim tail may take (default 0.2) (structured,
+    /// deterministic; recency keeps the end newest first up to the whole budget). The
+    /// final turn is kept whatever its size.
     pub tail_budget_ratio: f64,
     /// Fewest messages kept verbatim at the end, even over the tail budget, as long as
     /// the whole request fits (default 4).
     pub protect_tail_min: usize,
-    /// Recency: a tool result in the kept part (before the final turn) longer than this
-    /// many characters is replaced by a one-line digest (default 2000).
+    /// Recency: a tool result in the kept part, older than the latest turns the budget
+    /// keeps whole, longer than this many characters is replaced by a one-line digest
+    /// (default 2000).
     pub tool_prune_chars: usize,
+    /// Recency: fraction of the budget the marker's index of the elided messages may take
+    /// (default 0.05; 0: a marker that only counts them).
+    pub index_budget_ratio: f64,
     /// Role of the injected marker or summary (default user).
     pub summary_role: SummaryRole,
     /// Most tokens the summariser may answer with (default 2000); capped at a fifth of the
@@ -210,6 +216,7 @@ impl Default for Settings {
             tail_budget_ratio: 0.2,
             protect_tail_min: 4,
             tool_prune_chars: 2000,
+            index_budget_ratio: 0.05,
             summary_role: SummaryRole::User,
             summary_max_tokens: 2000,
             message_head_chars: 6000,
@@ -228,6 +235,7 @@ impl Settings {
     pub fn check(&self) -> Result<(), String> {
         for (key, v) in [
             ("tail_budget_ratio", self.tail_budget_ratio),
+            ("index_budget_ratio", self.index_budget_ratio),
             ("min_identifier_ratio", self.min_identifier_ratio),
         ] {
             if !(0.0..=1.0).contains(&v) {
@@ -239,12 +247,12 @@ impl Settings {
 
     /// The tail budget in tokens (the ratio clamped to 0..=1, whatever was configured).
     fn tail_budget(&self, budget: u64) -> u64 {
-        let ratio = if self.tail_budget_ratio.is_finite() {
-            self.tail_budget_ratio.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        (budget as f64 * ratio) as u64
+        share(budget, self.tail_budget_ratio)
+    }
+
+    /// The recency index's budget in tokens (the ratio clamped the same way).
+    fn index_budget(&self, budget: u64) -> u64 {
+        share(budget, self.index_budget_ratio)
     }
 
     /// The summariser's `max_tokens` for this budget.
@@ -509,6 +517,16 @@ fn checked(ctx: &Ctx<'_, '_>, plan: Plan) -> Result<Plan, CannotCompact> {
 
 /// A message abridge writes, in the conversation's format: of the configured role, its
 /// content starting with [`FRAME`].
+/// `ratio` of `budget`, the ratio clamped to 0..=1 (not a number: 0).
+fn share(budget: u64, ratio: f64) -> u64 {
+    let ratio = if ratio.is_finite() {
+        ratio.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    (budget as f64 * ratio) as u64
+}
+
 pub(crate) fn authored(format: Format, role: SummaryRole, body: &str) -> Box<RawValue> {
     let author = match role {
         SummaryRole::User => Author::User,

@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use regex::Regex;
 use serde_json::value::RawValue;
 
+use super::index;
 use super::text::{first_line, thousands, truncate_chars};
 use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
 use crate::conversation::{Content, Item, Role};
@@ -44,12 +45,14 @@ pub(super) fn plan(
     let t_min = ctx.t_min();
     // What the agent saw last stays whole; only older bulky tool results are digested,
     // and the kept end fills the budget newest first.
-    let whole = ctx.newest_whole(ctx.marker_reserve()).min(t_min);
+    let index_budget = ctx.settings.index_budget(ctx.input.budget);
+    let reserve = ctx.marker_reserve() + index_budget;
+    let whole = ctx.newest_whole(reserve).min(t_min);
     let cost_kept = |k: usize| match (k < whole).then(|| digest(ctx, k)).flatten() {
         Some((_, tokens)) => tokens,
         None => ctx.cost(k..k + 1),
     };
-    let Edges { head, start } = ctx.edges(ctx.marker_reserve(), Tail::Filled, &cost_kept);
+    let Edges { head, start } = ctx.edges(reserve, Tail::Filled, &cost_kept);
 
     // Digests in the kept part before the whole part; the replacement runs through the
     // end of the last digested tool exchange.
@@ -68,30 +71,42 @@ pub(super) fn plan(
 
     let elided = &messages[head..start];
     let count = |role: Role| elided.iter().filter(|m| m.role == role).count();
-    let marker = marker_text(
+    let counts = marker_text(
         elided.len(),
         count(Role::User),
         count(Role::Assistant),
         elided.iter().filter(|m| is_result(m)).count(),
     );
-    let mut replacement = vec![(
-        authored(ctx.input.format, ctx.settings.summary_role, &marker),
-        Origin::Authored,
-    )];
+    let indexed = index::index(elided, index_budget).map(|index| format!("{counts}\n{index}"));
+    let mut kept: Vec<(Box<RawValue>, Origin)> = Vec::with_capacity(through + 1 - start);
     let mut digests = digests.into_iter().peekable();
     for (k, message) in messages.iter().enumerate().take(through + 1).skip(start) {
         match digests.next_if(|(d, _)| *d == k) {
-            Some((_, raw)) => replacement.push((raw, Origin::Digest(k))),
-            None => replacement.push((copy(message), Origin::Verbatim(k))),
+            Some((_, raw)) => kept.push((raw, Origin::Digest(k))),
+            None => kept.push((copy(message), Origin::Verbatim(k))),
         }
     }
-    let mut plan = ctx.plan(
-        requested,
-        Strategy::Recency,
-        (head, through),
-        replacement,
-        None,
-    );
+    // The index is estimated cheaply while it is built; should the plan's own estimate
+    // find it over the budget, the marker that only counts always fits.
+    let build = |marker: &str| {
+        let mut replacement = Vec::with_capacity(kept.len() + 1);
+        replacement.push((
+            authored(ctx.input.format, ctx.settings.summary_role, marker),
+            Origin::Authored,
+        ));
+        replacement.extend(kept.iter().cloned());
+        ctx.plan(
+            requested,
+            Strategy::Recency,
+            (head, through),
+            replacement,
+            None,
+        )
+    };
+    let mut plan = match indexed.map(|marker| build(&marker)) {
+        Some(plan) if plan.tokens_after <= ctx.input.budget => plan,
+        _ => build(&counts),
+    };
     plan.fallback = fallback;
     Ok(plan)
 }
@@ -155,7 +170,7 @@ fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)> {
 
 /// The argument that says most about a call: a path, command, query or URL, else the
 /// first string argument (arguments are read in their own order).
-fn key_argument(arguments: &str) -> Option<(String, String)> {
+pub(super) fn key_argument(arguments: &str) -> Option<(String, String)> {
     const KEYS: &[&str] = &[
         "path",
         "file_path",
@@ -198,7 +213,7 @@ fn key_argument(arguments: &str) -> Option<(String, String)> {
 }
 
 /// `"value"` on one line, at most 80 characters.
-fn quoted(value: &str) -> String {
+pub(super) fn quoted(value: &str) -> String {
     let one_line: String = value
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
@@ -208,7 +223,7 @@ fn quoted(value: &str) -> String {
 
 /// An exit status reported near the end of a tool's output (`exit code: 1`,
 /// `exited with 2`, `"exit_code": 0`, `Process exited with code 137`).
-fn exit_status(text: &str) -> Option<String> {
+pub(super) fn exit_status(text: &str) -> Option<String> {
     static P: OnceLock<Vec<Regex>> = OnceLock::new();
     let re = &P.get_or_init(|| {
         super::text::compile(&[

@@ -66,6 +66,27 @@ pub fn first_line(s: &str, max: usize) -> Cow<'_, str> {
     truncate_chars(line, max)
 }
 
+/// Most characters of a message scanned for paths, identifiers and cues, from its start
+/// and its end (bounds the cost on huge tool outputs).
+const SCAN_HEAD: usize = 16 * 1024;
+const SCAN_TAIL: usize = 4 * 1024;
+
+/// A message's text as scanned: the start and end of long ones.
+pub fn scanned(text: &str) -> (&str, &str) {
+    if text.len() <= SCAN_HEAD + SCAN_TAIL {
+        return (text, "");
+    }
+    let mut a = SCAN_HEAD;
+    while !text.is_char_boundary(a) {
+        a -= 1;
+    }
+    let mut b = text.len() - SCAN_TAIL;
+    while !text.is_char_boundary(b) {
+        b += 1;
+    }
+    (&text[..a], &text[b..])
+}
+
 /// `1234567` → `1,234,567`.
 pub fn thousands(n: usize) -> String {
     let digits = n.to_string();

@@ -39,6 +39,21 @@ fn recency_keeps_head_and_tail_and_digests_bulky_results() {
     let marker = out[plan.head]["content"].as_str().unwrap();
     assert!(marker.starts_with(FRAME), "{marker}");
     assert!(marker.contains("earlier messages"), "{marker}");
+    // The marker indexes what it elided: the latest elided ask, with its file and ticket.
+    let kept_from = plan
+        .origin
+        .iter()
+        .find_map(|o| match o {
+            Origin::Verbatim(k) | Origin::Digest(k) => Some(*k),
+            Origin::Authored => None,
+        })
+        .unwrap_or(plan.through + 1);
+    let latest_elided_ask = (plan.head..kept_from)
+        .rev()
+        .find(|&k| msgs[k]["role"] == "user")
+        .map(|k| msgs[k]["content"].as_str().unwrap())
+        .unwrap();
+    assert!(marker.contains(latest_elided_ask), "{marker}");
     assert_eq!(out[plan.head]["role"], "user");
     // The kept part starts with an assistant message (roles alternate around the marker).
     assert_eq!(out[plan.head + 1]["role"], "assistant", "{out:#?}");
