@@ -66,6 +66,17 @@ pub struct PemFile {
 }
 
 impl PemFile {
+    /// Reads the file at `path` (its contents are checked with the rest of the
+    /// configuration).
+    pub fn read(path: impl Into<PathBuf>) -> std::io::Result<Self> {
+        let path = path.into();
+        let text = std::fs::read_to_string(&path)?;
+        Ok(Self {
+            path,
+            text: Secret::new(text),
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -85,13 +96,8 @@ impl fmt::Debug for PemFile {
 impl<'de> Deserialize<'de> for PemFile {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let path = PathBuf::from(String::deserialize(d)?);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            serde::de::Error::custom(format!("cannot read {}: {e}", path.display()))
-        })?;
-        Ok(Self {
-            path,
-            text: Secret::new(text),
-        })
+        Self::read(&path)
+            .map_err(|e| serde::de::Error::custom(format!("cannot read {}: {e}", path.display())))
     }
 }
 

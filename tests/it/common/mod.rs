@@ -1,5 +1,6 @@
 //! Shared test support: abridge in-process on ephemeral ports in front of the fake
-//! provider, real HTTP clients, and real Redis servers (see [`redis`]).
+//! provider, real HTTP clients, and real Redis servers (see [`redis`]), plain or TLS
+//! ([`redis_tls`]).
 
 #![allow(
     dead_code,
@@ -9,6 +10,7 @@
 pub mod agent;
 pub mod claude;
 pub mod redis;
+pub mod redis_tls;
 pub mod responses;
 
 use std::net::SocketAddr;
