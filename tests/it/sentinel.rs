@@ -9,61 +9,13 @@ use abridge::secret::Secret;
 use abridge::store::Checkpoint;
 use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider};
+use serde_json::json;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
 
 use crate::common::redis::{RedisSentinel, SENTINEL_MASTER, command};
 use crate::common::redis_tls::{ServerTls, pki};
-use crate::common::{Proxy, client, config_for, eventually};
-
-struct Answer {
-    status: u16,
-    compacted: bool,
-    note: Option<String>,
-    conversation: Option<String>,
-    reply: Value,
-}
-
-async fn send(proxy: &Proxy, messages: &[Value]) -> Answer {
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("authorization", "Bearer sk-sentinel")
-        .body(json!({"model": "fake-model", "messages": messages}).to_string())
-        .send()
-        .await
-        .unwrap();
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-    };
-    let (compacted, note, conversation) = (
-        header("x-abridge-compacted").as_deref() == Some("true"),
-        header("x-abridge-note"),
-        header("x-abridge-conversation"),
-    );
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap();
-    Answer {
-        status,
-        compacted,
-        note,
-        conversation,
-        reply: body["choices"][0]["message"].clone(),
-    }
-}
-
-/// The raw messages the provider received last.
-fn last_forwarded(provider: &FakeProvider) -> Vec<String> {
-    let last = provider.last_request().unwrap();
-    abridge::formats::chat::parse(&last.body)
-        .unwrap()
-        .messages
-        .iter()
-        .map(|m| m.raw.get().to_owned())
-        .collect()
-}
+use crate::common::turns::{last_forwarded, send, until_compacted};
+use crate::common::{Proxy, config_for, eventually};
 
 /// abridge behind the sentinel of `redis`, compacting early, keys under `prefix`.
 async fn proxy_for(redis: &RedisSentinel, provider: &FakeProvider, prefix: &str) -> Proxy {
@@ -80,24 +32,6 @@ async fn proxy_for(redis: &RedisSentinel, provider: &FakeProvider, prefix: &str)
     let proxy = Proxy::start_with(config).await;
     assert_eq!(proxy.state.store().backend_name(), "redis-sentinel");
     proxy
-}
-
-/// A conversation until it is compacted (so a checkpoint is on the master); its id.
-async fn until_compacted(proxy: &Proxy, messages: &mut Vec<Value>) -> String {
-    messages.push(json!({"role": "system", "content": "Be brief."}));
-    for turn in 1..30 {
-        messages.push(json!({"role": "user", "content": format!(
-            "Turn {turn}: {}", "Tell me more about the harbour and its old lighthouse. ".repeat(20)
-        )}));
-        let answer = send(proxy, messages).await;
-        assert_eq!(answer.status, 200);
-        assert_eq!(answer.note, None, "turn {turn}");
-        messages.push(answer.reply.clone());
-        if answer.compacted {
-            return answer.conversation.unwrap();
-        }
-    }
-    panic!("never compacted");
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@ pub mod claude;
 pub mod redis;
 pub mod redis_tls;
 pub mod responses;
+pub mod turns;
 
 use std::net::SocketAddr;
 use std::time::Duration;
