@@ -2,7 +2,7 @@
 //! reconnects by itself), a Redis Cluster (`cluster-async`, which follows MOVED/ASK and
 //! topology changes) or a master found through Sentinel (asked again after its
 //! connection fails, so a failover is followed), over plain TCP or TLS (`rediss://`,
-//! see [`tls`]). Connected lazily, so abridge starts while Redis is down.
+//! see `tls`). Connected lazily, so abridge starts while Redis is down.
 //!
 //! Every request-path operation is one round trip: a pipeline or a Lua script over the
 //! keys of one conversation, which share a hash tag and so one Cluster slot. The

@@ -1,7 +1,9 @@
 //! What only TLS shows: the server's certificate is verified (a CA that did not sign
-//! it, or the built-in roots, are refused, and `insecure` is the one way around it),
-//! mutual TLS needs abridge's client certificate, and a TLS-only server has no plain
-//! port. Every refusal is a store error, returned quickly (the request path fails open).
+//! it, or the built-in roots, are refused, and `insecure` is the one way around it), on
+//! a single server and a Cluster alike; mutual TLS needs abridge's client certificate;
+//! a TLS-only server has no plain port; sentinels over TLS share one set of
+//! credentials. Every refusal is a store error, returned quickly (the request path
+//! fails open).
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +12,7 @@ use abridge::secret::Secret;
 use abridge::store::{Saved, Store, StoreError};
 
 use super::{checkpoint, conversation, fingerprint, unique_prefix};
-use crate::common::redis::{RedisServer, shared_tls};
+use crate::common::redis::{RedisServer, shared_tls, shared_tls_cluster};
 use crate::common::redis_tls::{ServerTls, pki};
 
 fn store(url: String, tls: RedisTls) -> Store {
@@ -96,4 +98,50 @@ async fn mutual_tls_needs_the_client_certificate() {
     round_trip(&store(server.url(), pki().store_tls(true))).await;
     // The server verified, but abridge without a certificate: the server hangs up.
     refused(&store(server.url(), pki().store_tls(false))).await;
+}
+
+/// A store on the shared TLS cluster with `tls`.
+fn cluster_store(tls: RedisTls) -> Store {
+    let nodes = shared_tls_cluster().urls().into_iter().map(Secret::new);
+    Store::from_config(&StoreConfig {
+        redis_cluster: nodes.collect(),
+        tls,
+        key_prefix: unique_prefix(),
+        response_timeout_ms: 3000,
+        connect_timeout_ms: 3000,
+        ..StoreConfig::default()
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_cluster_is_verified_too_and_insecure_works_there() {
+    let other = RedisTls {
+        ca_file: Some(PemFile::read(&pki().other_ca).unwrap()),
+        ..RedisTls::default()
+    };
+    refused(&cluster_store(other)).await;
+    let insecure = RedisTls {
+        insecure: true,
+        ..RedisTls::default()
+    };
+    round_trip(&cluster_store(insecure)).await;
+}
+
+#[test]
+fn tls_sentinels_must_share_their_credentials() {
+    let config = StoreConfig {
+        sentinel: abridge::config::SentinelConfig {
+            nodes: vec![
+                Secret::new("rediss://:first-Pw1@127.0.0.1:26379"),
+                Secret::new("rediss://:second-Pw2@127.0.0.1:26380"),
+            ],
+            ..Default::default()
+        },
+        tls: pki().store_tls(false),
+        ..StoreConfig::default()
+    };
+    let err = Store::from_config(&config).err().unwrap().to_string();
+    assert!(err.contains("same username and password"), "{err}");
+    assert!(!err.contains("Pw1") && !err.contains("Pw2"), "{err}");
 }
