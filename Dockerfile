@@ -3,7 +3,8 @@
 # Built exactly as the README's native build (`cargo build --release --locked`, the
 # build step of `cargo run --release`), then copied alone onto a distroless Debian 12
 # base: glibc and libgcc, no shell, no package manager, a non-root user. TLS roots for
-# the upstream are compiled in (rustls + webpki-roots), so the image needs no CA bundle.
+# the upstream and for rediss:// are compiled in (rustls + webpki-roots), so the image
+# needs no CA bundle.
 # Configuration comes from the environment (ABRIDGE_*, see config/abridge.toml).
 #
 #   docker build -t abridge .

@@ -141,7 +141,7 @@ pub(super) fn check(store: &StoreConfig) -> Result<(), Invalid> {
         if url.contains('#') {
             return Err((
                 key,
-                "carries a URL fragment (such as #insecure), which abridge does not take: to skip certificate verification set store.tls.insecure = true".to_owned(),
+                "contains `#`, which starts a URL fragment: write a `#` in a password as %23; abridge does not take #insecure (to skip certificate verification, set store.tls.insecure = true)".to_owned(),
             ));
         }
     }
