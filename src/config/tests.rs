@@ -320,11 +320,18 @@ fn bad_redis_tls_files_are_config_errors_naming_key_and_file() {
     let not_pem = dir.path().join("notes.txt");
     std::fs::write(&not_pem, "not a certificate").unwrap();
     let not_pem = not_pem.display().to_string();
+    let garbled = dir.path().join("garbled.pem");
+    std::fs::write(
+        &garbled,
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let garbled = garbled.display().to_string();
     let missing = dir.path().join("missing.pem").display().to_string();
     let url = "[store]\nredis_url = \"rediss://:hunter2@h:6380\"\n[store.tls]\n";
     // The file's text, the environment, the key (or variable) and the message named.
     type Case<'a> = (String, &'a [(&'a str, &'a str)], &'a str, &'a str);
-    let cases: [Case; 7] = [
+    let cases: [Case; 8] = [
         (
             format!("{url}ca_file = {missing:?}\n"),
             &[],
@@ -345,6 +352,12 @@ fn bad_redis_tls_files_are_config_errors_naming_key_and_file() {
             &[],
             "store.tls.ca_file",
             "no PEM certificate",
+        ),
+        (
+            format!("{url}ca_file = {garbled:?}\n"),
+            &[],
+            "store.tls.ca_file",
+            "not a usable CA certificate",
         ),
         (
             format!("{url}cert_file = {cert:?}\n"),

@@ -175,7 +175,15 @@ fn check_files(config: &RedisTls) -> Result<(), Invalid> {
         ));
     }
     if let Some(ca) = &config.ca_file {
-        certificates(ca).map_err(|m| ("store.tls.ca_file", m))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in certificates(ca).map_err(|m| ("store.tls.ca_file", m))? {
+            roots.add(cert).map_err(|e| {
+                (
+                    "store.tls.ca_file",
+                    format!("{}: not a usable CA certificate: {e}", ca.path().display()),
+                )
+            })?;
+        }
     }
     match (&config.cert_file, &config.key_file) {
         (None, None) => Ok(()),
