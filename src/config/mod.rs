@@ -219,8 +219,8 @@ pub enum Anonymous {
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     /// A Redis URL (`redis://[:password@]host:port[/db]`, `rediss://` for TLS: see
-    /// `tls`). With none of this,
-    /// `redis_cluster` and `sentinel.nodes`, the in-process store is used.
+    /// `tls`). With none of this, `redis_cluster` and `sentinel.nodes`, the in-process
+    /// store is used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_url: Option<Secret>,
     /// Redis Cluster node URLs (any subset of the nodes; the rest is discovered).
@@ -251,8 +251,8 @@ pub struct StoreConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct SentinelConfig {
     /// Sentinel URLs (`redis://host:26379`, with credentials when the sentinels need
-    /// them; all sentinels take the same). `rediss://`: TLS to the sentinels and to the
-    /// master they name. Empty: Sentinel is not used.
+    /// them). `rediss://`: TLS to the sentinels and to the master they name, and then
+    /// every URL carries the same credentials. Empty: Sentinel is not used.
     pub nodes: Vec<Secret>,
     /// The name the sentinels monitor the master under (`sentinel monitor <name> …`).
     pub master: String,
