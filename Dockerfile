@@ -2,8 +2,9 @@
 #
 # Built exactly as the native build (docs/src/deployment.md: `cargo build --release
 # --locked`, the build step of `cargo run --release`), then copied alone onto a
-# distroless Debian 12 base: glibc and libgcc, no shell, no package manager, a non-root user. TLS roots for
-# the upstream are compiled in (rustls + webpki-roots), so the image needs no CA bundle.
+# distroless Debian 12 base: glibc and libgcc, no shell, no package manager, a non-root
+# user. TLS roots for the upstream and for rediss:// are compiled in (rustls +
+# webpki-roots), so the image needs no CA bundle.
 # Configuration comes from the environment (ABRIDGE_*, see config/abridge.toml).
 #
 #   docker build -t abridge .

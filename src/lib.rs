@@ -24,7 +24,7 @@
 //!   drain on shutdown.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
 //! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (single,
-//!   Cluster or Sentinel), fail-open behind a timeout and a probe gate.
+//!   Cluster or Sentinel, plain or TLS), fail-open behind a timeout and a probe gate.
 //! - [`identity`]  — canonical item form, rolling prefix hashes, tenant namespaces.
 //! - [`tokens`]    — token estimates: the model's own tokenizer for OpenAI families, a
 //!   calibrated byte-class estimate for the rest.

@@ -191,6 +191,7 @@ impl Config {
                 ));
             }
         }
+        super::tls::check(store)?;
         if store.key_prefix.is_empty() || store.key_prefix.contains(['{', '}']) {
             return Err((
                 "store.key_prefix",

@@ -26,8 +26,10 @@ use crate::secret::Secret;
 mod load;
 #[cfg(test)]
 mod tests;
+mod tls;
 
 pub use load::ConfigError;
+pub use tls::{PemFile, RedisTls, is_tls_url};
 
 /// Prefix of every environment variable abridge reads as configuration.
 pub const ENV_PREFIX: &str = "ABRIDGE_";
@@ -216,14 +218,17 @@ pub enum Anonymous {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// A Redis URL (`redis://[:password@]host:port[/db]`). With none of this,
-    /// `redis_cluster` and `sentinel.nodes`, the in-process store is used.
+    /// A Redis URL (`redis://[:password@]host:port[/db]`, `rediss://` for TLS: see
+    /// `tls`). With none of this, `redis_cluster` and `sentinel.nodes`, the in-process
+    /// store is used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_url: Option<Secret>,
     /// Redis Cluster node URLs (any subset of the nodes; the rest is discovered).
     pub redis_cluster: Vec<Secret>,
     /// Redis behind Sentinel: the master is found through the sentinels.
     pub sentinel: SentinelConfig,
+    /// TLS to Redis, for `rediss://` URLs (single, Cluster, Sentinel alike).
+    pub tls: RedisTls,
     /// Prefix of every key abridge writes.
     pub key_prefix: String,
     /// Lifetime of a conversation's keys, refreshed whenever it is used.
@@ -246,7 +251,8 @@ pub struct StoreConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct SentinelConfig {
     /// Sentinel URLs (`redis://host:26379`, with credentials when the sentinels need
-    /// them). Empty: Sentinel is not used.
+    /// them). `rediss://`: TLS to the sentinels and to the master they name, and then
+    /// every URL carries the same credentials. Empty: Sentinel is not used.
     pub nodes: Vec<Secret>,
     /// The name the sentinels monitor the master under (`sentinel monitor <name> …`).
     pub master: String,
@@ -386,6 +392,7 @@ impl Default for StoreConfig {
             redis_url: None,
             redis_cluster: Vec::new(),
             sentinel: SentinelConfig::default(),
+            tls: RedisTls::default(),
             key_prefix: "abridge".to_owned(),
             ttl_secs: 7 * 24 * 3600,
             max_checkpoints: 8,

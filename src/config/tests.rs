@@ -270,3 +270,172 @@ fn anthropic_routes_may_name_their_own_upstream() {
         "one upstream by default"
     );
 }
+
+/// A self-signed certificate and its key, written to `dir` as `<name>.pem`/`<name>.key`.
+fn pem_pair(dir: &Path, name: &str) -> (String, String) {
+    let pair = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert = dir.join(format!("{name}.pem"));
+    let key = dir.join(format!("{name}.key"));
+    std::fs::write(&cert, pair.cert.pem()).unwrap();
+    std::fs::write(&key, pair.signing_key.serialize_pem()).unwrap();
+    (cert.display().to_string(), key.display().to_string())
+}
+
+#[test]
+fn redis_tls_files_are_read_at_load_and_their_contents_never_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = pem_pair(dir.path(), "client");
+    let (ca, _) = pem_pair(dir.path(), "ca");
+    let text = format!(
+        "[store]\nredis_url = \"rediss://:hunter2@cache.example:6380\"\n[store.tls]\nca_file = {ca:?}\ncert_file = {cert:?}\n"
+    );
+    let config = load(&text, &[("ABRIDGE_STORE__TLS__KEY_FILE", &key)]).unwrap();
+    let tls = &config.store.tls;
+    assert_eq!(tls.ca_file.as_ref().unwrap().path(), Path::new(&ca));
+    let key_pem = std::fs::read_to_string(&key).unwrap();
+    assert_eq!(tls.key_file.as_ref().unwrap().pem(), key_pem.as_bytes());
+    let shown = format!("{config:?}");
+    assert!(shown.contains(&key), "the path is shown: {shown}");
+    assert!(
+        !shown.contains("PRIVATE KEY") && !shown.contains(":hunter2@"),
+        "{shown}"
+    );
+    let serialised = toml::to_string(&config).unwrap();
+    assert!(!serialised.contains("PRIVATE KEY"), "{serialised}");
+    // `insecure` from the environment is a boolean.
+    let insecure = load(
+        "[store]\nredis_url = \"rediss://h:6380\"\n",
+        &[("ABRIDGE_STORE__TLS__INSECURE", "true")],
+    )
+    .unwrap();
+    assert!(insecure.store.tls.insecure);
+    assert!(load("[store]\nredis_url = \"rediss://h:6380\"\n", &[]).is_ok());
+}
+
+#[test]
+fn bad_redis_tls_files_are_config_errors_naming_key_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = pem_pair(dir.path(), "client");
+    let (other_cert, other_key) = pem_pair(dir.path(), "other");
+    let not_pem = dir.path().join("notes.txt");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let not_pem = not_pem.display().to_string();
+    let garbled = dir.path().join("garbled.pem");
+    std::fs::write(
+        &garbled,
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let garbled = garbled.display().to_string();
+    let missing = dir.path().join("missing.pem").display().to_string();
+    let url = "[store]\nredis_url = \"rediss://:hunter2@h:6380\"\n[store.tls]\n";
+    // The file's text, the environment, the key (or variable) and the message named.
+    type Case<'a> = (String, &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: [Case; 8] = [
+        (
+            format!("{url}ca_file = {missing:?}\n"),
+            &[],
+            "store.tls.ca_file",
+            "cannot read",
+        ),
+        (
+            String::new(),
+            &[
+                ("ABRIDGE_REDIS_URL", "rediss://h"),
+                ("ABRIDGE_STORE__TLS__CA_FILE", &missing),
+            ],
+            "ABRIDGE_STORE__TLS__CA_FILE",
+            "missing.pem",
+        ),
+        (
+            format!("{url}ca_file = {not_pem:?}\n"),
+            &[],
+            "store.tls.ca_file",
+            "no PEM certificate",
+        ),
+        (
+            format!("{url}ca_file = {garbled:?}\n"),
+            &[],
+            "store.tls.ca_file",
+            "not a usable CA certificate",
+        ),
+        (
+            format!("{url}cert_file = {cert:?}\n"),
+            &[],
+            "store.tls.key_file",
+            "is needed",
+        ),
+        (
+            format!("{url}cert_file = {cert:?}\nkey_file = {other_key:?}\n"),
+            &[],
+            "store.tls.key_file",
+            "cannot be used",
+        ),
+        (
+            format!("{url}key_file = {not_pem:?}\ncert_file = {other_cert:?}\n"),
+            &[],
+            "store.tls.key_file",
+            "no PEM private key",
+        ),
+        (
+            format!("{url}insecure = true\nca_file = {cert:?}\n"),
+            &[],
+            "store.tls.insecure",
+            "cannot go with",
+        ),
+    ];
+    for (text, vars, key_or_var, message) in cases {
+        let err = load(&text, vars).unwrap_err().to_string();
+        assert!(err.contains(key_or_var) && err.contains(message), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+    assert!(
+        load(
+            &format!("{url}cert_file = {cert:?}\nkey_file = {key:?}\n"),
+            &[]
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn redis_tls_settings_need_rediss_urls_all_or_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, _) = pem_pair(dir.path(), "ca");
+    let cases: [(String, &str, &str); 5] = [
+        (
+            format!("[store]\nredis_url = \"redis://:hunter2@h:6379\"\n[store.tls]\nca_file = {ca:?}\n"),
+            "store.tls.ca_file",
+            "not rediss://",
+        ),
+        // The in-process store has no URL at all.
+        ("[store.tls]\ninsecure = true\n".to_owned(), "store.tls.insecure", "not rediss://"),
+        (
+            "[store]\nredis_cluster = [\"rediss://:hunter2@a:1\", \"redis://:hunter2@b:2\"]\n".to_owned(),
+            "store.redis_cluster",
+            "mixes",
+        ),
+        (
+            "[store.sentinel]\nnodes = [\"redis://:hunter2@s1:26379\", \"rediss://:hunter2@s2:26379\"]\n"
+                .to_owned(),
+            "store.sentinel.nodes",
+            "mixes",
+        ),
+        (
+            "[store]\nredis_url = \"rediss://:hunter2@h:6380/#insecure\"\n".to_owned(),
+            "store.redis_url",
+            "store.tls.insecure",
+        ),
+    ];
+    for (text, key, message) in cases {
+        let err = load(&text, &[]).unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains(message), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+    let sentinel = load(
+        "[store.sentinel]\nnodes = [\"rediss://s1:26379\", \"rediss://s2:26379\"]\n[store.tls]\ninsecure = true\n",
+        &[],
+    )
+    .unwrap();
+    assert!(sentinel.store.tls.insecure);
+}

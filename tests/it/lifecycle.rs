@@ -1,6 +1,7 @@
 //! Lifecycle: client disconnects cancel the upstream, the binary drains on SIGTERM,
-//! refuses bad configuration, keeps credentials out of its logs, and serves health on
-//! the admin listener only.
+//! refuses bad configuration (TLS settings for Redis included), keeps credentials out
+//! of its logs, warns about unverified TLS to Redis, and serves health on the admin
+//! listener only.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -416,4 +417,79 @@ async fn json_logs_are_one_object_per_line() {
         messages.iter().any(|m| m.starts_with("abridge ready")),
         "{messages:?}"
     );
+}
+
+#[test]
+fn bad_redis_tls_settings_stop_abridge_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing-ca.pem").display().to_string();
+    let pki = crate::common::redis_tls::pki();
+    let ca = pki.ca.display().to_string();
+    // The environment, and what the error must name.
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+    let cases: [Case; 3] = [
+        (
+            &[
+                ("ABRIDGE_REDIS_URL", "rediss://:hunter2@127.0.0.1:6380"),
+                ("ABRIDGE_STORE__TLS__CA_FILE", &missing),
+            ],
+            &["ABRIDGE_STORE__TLS__CA_FILE", "missing-ca.pem"],
+        ),
+        (
+            &[
+                ("ABRIDGE_REDIS_URL", "redis://:hunter2@127.0.0.1:6379"),
+                ("ABRIDGE_STORE__TLS__CA_FILE", &ca),
+            ],
+            &["store.tls.ca_file", "rediss://"],
+        ),
+        (
+            &[
+                ("ABRIDGE_REDIS_URL", "rediss://:hunter2@127.0.0.1:6380"),
+                ("ABRIDGE_STORE__TLS__CERT_FILE", &ca),
+            ],
+            &["store.tls.key_file"],
+        ),
+    ];
+    for (env, expected) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_abridge"))
+            .env_clear()
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(expected.iter().all(|e| err.contains(e)), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn unverified_tls_to_redis_is_warned_at_start_up() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let redis = crate::common::redis::shared_tls();
+    let (mut binary, base) = start_binary(
+        &provider,
+        &[
+            ("ABRIDGE_REDIS_URL", redis.url()),
+            ("ABRIDGE_STORE__TLS__INSECURE", "true".into()),
+        ],
+    )
+    .await;
+    let response = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .body(chat_body(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    binary.signal("TERM");
+    binary.wait(Duration::from_secs(5)).unwrap();
+    let logs = binary.stderr();
+    let warning = logs
+        .lines()
+        .find(|l| l.contains("store.tls.insecure"))
+        .unwrap_or_else(|| panic!("no warning about insecure: {logs}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    // The store worked over it (the identity secret was agreed through it).
+    assert!(logs.contains("shared through the store"), "{logs}");
 }

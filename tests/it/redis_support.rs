@@ -1,7 +1,10 @@
 //! The Redis test support itself: real servers start on ephemeral ports, a real
-//! 3-node cluster forms, and a stopped server comes back on the same port.
+//! 3-node cluster forms, a stopped server comes back on the same port, and the TLS-only
+//! servers speak nothing but TLS.
 
-use crate::common::redis::{RedisServer, command, shared, shared_cluster};
+use crate::common::redis::{
+    RedisServer, command, shared, shared_cluster, shared_tls, shared_tls_cluster,
+};
 
 #[test]
 fn a_real_redis_answers_on_an_ephemeral_port() {
@@ -59,4 +62,19 @@ fn a_stopped_server_is_down_until_restarted_on_the_same_port() {
     assert_eq!(command(port, &["PING"]).unwrap(), "PONG");
     // No persistence: a restarted server starts empty.
     assert_eq!(command(port, &["GET", "k"]).unwrap(), "");
+}
+
+#[test]
+fn tls_only_servers_answer_over_tls_and_not_in_plain() {
+    let redis = shared_tls();
+    assert!(redis.url().starts_with("rediss://127.0.0.1:"));
+    assert_eq!(redis.command(&["PING"]).unwrap(), "PONG");
+    assert!(command(redis.port, &["PING"]).is_err(), "no plain port");
+    let cluster = shared_tls_cluster();
+    for node in &cluster.nodes {
+        assert!(command(node.port, &["PING"]).is_err(), "no plain port");
+        let info = node.command(&["CLUSTER", "INFO"]).unwrap();
+        assert!(info.contains("cluster_state:ok"), "{info}");
+        assert!(info.contains("cluster_known_nodes:3"), "{info}");
+    }
 }

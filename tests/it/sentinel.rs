@@ -1,5 +1,6 @@
 //! Redis behind Sentinel: abridge finds the master through a real sentinel and follows a
-//! failover; a conversation keeps the checkpoint it had before its master died.
+//! failover; a conversation keeps the checkpoint it had before its master died. The
+//! same over TLS (sentinels, master and replica TLS-only, with mutual TLS).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -8,92 +9,40 @@ use abridge::secret::Secret;
 use abridge::store::Checkpoint;
 use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider};
+use serde_json::json;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
 
 use crate::common::redis::{RedisSentinel, SENTINEL_MASTER, command};
-use crate::common::{Proxy, client, config_for, eventually};
+use crate::common::redis_tls::{ServerTls, pki};
+use crate::common::turns::{last_forwarded, send, until_compacted};
+use crate::common::{Proxy, config_for, eventually};
 
-struct Answer {
-    status: u16,
-    compacted: bool,
-    note: Option<String>,
-    conversation: Option<String>,
-    reply: Value,
-}
-
-async fn send(proxy: &Proxy, messages: &[Value]) -> Answer {
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("authorization", "Bearer sk-sentinel")
-        .body(json!({"model": "fake-model", "messages": messages}).to_string())
-        .send()
-        .await
-        .unwrap();
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-    };
-    let (compacted, note, conversation) = (
-        header("x-abridge-compacted").as_deref() == Some("true"),
-        header("x-abridge-note"),
-        header("x-abridge-conversation"),
-    );
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap();
-    Answer {
-        status,
-        compacted,
-        note,
-        conversation,
-        reply: body["choices"][0]["message"].clone(),
+/// abridge behind the sentinel of `redis`, compacting early, keys under `prefix`.
+async fn proxy_for(redis: &RedisSentinel, provider: &FakeProvider, prefix: &str) -> Proxy {
+    let mut config = config_for(&provider.url());
+    config.store.sentinel.nodes = vec![Secret::new(redis.url())];
+    config.store.sentinel.master = SENTINEL_MASTER.to_owned();
+    config.store.key_prefix = prefix.to_owned();
+    if redis.sentinel.tls.is_some() {
+        config.store.tls = pki().store_tls(true);
     }
-}
-
-/// The raw messages the provider received last.
-fn last_forwarded(provider: &FakeProvider) -> Vec<String> {
-    let last = provider.last_request().unwrap();
-    abridge::formats::chat::parse(&last.body)
-        .unwrap()
-        .messages
-        .iter()
-        .map(|m| m.raw.get().to_owned())
-        .collect()
+    config.compaction.threshold_tokens = 3000;
+    config.compaction.strategy = Strategy::Recency;
+    config.compaction.background = false;
+    let proxy = Proxy::start_with(config).await;
+    assert_eq!(proxy.state.store().backend_name(), "redis-sentinel");
+    proxy
 }
 
 #[tokio::test]
 async fn abridge_follows_a_sentinel_failover_and_keeps_the_checkpoints() {
     let mut redis = RedisSentinel::start();
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
-    let mut config = config_for(&provider.url());
-    config.store.sentinel.nodes = vec![Secret::new(redis.url())];
-    config.store.sentinel.master = SENTINEL_MASTER.to_owned();
-    config.store.key_prefix = "sentinel".to_owned();
-    config.compaction.threshold_tokens = 3000;
-    config.compaction.strategy = Strategy::Recency;
-    config.compaction.background = false;
-    let proxy = Proxy::start_with(config).await;
-    assert_eq!(proxy.state.store().backend_name(), "redis-sentinel");
+    let proxy = proxy_for(&redis, &provider, "sentinel").await;
 
     // A conversation until it is compacted: the checkpoint is on the master.
-    let mut messages = vec![json!({"role": "system", "content": "Be brief."})];
-    let mut turn = 0;
-    let conversation = loop {
-        turn += 1;
-        messages.push(json!({"role": "user", "content": format!(
-            "Turn {turn}: {}", "Tell me more about the harbour and its old lighthouse. ".repeat(20)
-        )}));
-        let answer = send(&proxy, &messages).await;
-        assert_eq!(answer.status, 200);
-        assert_eq!(answer.note, None, "turn {turn}");
-        messages.push(answer.reply.clone());
-        if answer.compacted {
-            break answer.conversation.unwrap();
-        }
-        assert!(turn < 30, "never compacted");
-    };
+    let mut messages = Vec::new();
+    let conversation = until_compacted(&proxy, &mut messages).await;
     let key = format!("sentinel:{{{conversation}}}:ckpt");
     assert_eq!(
         command(redis.master.port, &["HLEN", &key]).as_deref(),
@@ -234,4 +183,74 @@ async fn abridge_follows_a_sentinel_failover_and_keeps_the_checkpoints() {
     })
     .await;
     assert!(recorded, "abridge writes to the master it switched to");
+}
+
+#[tokio::test]
+async fn over_tls_abridge_keeps_its_state_and_follows_a_switchover() {
+    let redis = RedisSentinel::start_with(Some(ServerTls { auth_clients: true }));
+    assert!(redis.url().starts_with("rediss://"));
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let proxy = proxy_for(&redis, &provider, "tls-sentinel").await;
+    let mut messages = Vec::new();
+    let conversation = until_compacted(&proxy, &mut messages).await;
+    let key = format!("tls-sentinel:{{{conversation}}}:ckpt");
+    assert_eq!(redis.master.command(&["HLEN", &key]).as_deref(), Ok("1"));
+    // The next turn is forwarded with that checkpoint, read back from the master.
+    messages.push(json!({"role": "user", "content": "And the lighthouse keeper?"}));
+    let before = send(&proxy, &messages).await;
+    assert!(before.compacted && before.note.is_none());
+    let forwarded_before = last_forwarded(&provider);
+    let mut master = redis.master.client().get_connection().unwrap();
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query(&mut master)
+        .unwrap();
+    assert_eq!(acked, 1, "the replica has everything");
+
+    // A switchover: abridge asks the sentinel again and connects to the new master,
+    // over TLS, with the same trust settings; the checkpoint is still there.
+    // Generous: a switchover takes seconds, more on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while redis.switchover().is_err() {
+        assert!(Instant::now() < deadline, "no switchover");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    loop {
+        let answer = send(&proxy, &messages).await;
+        assert_eq!(answer.status, 200, "never failed by the store");
+        let promoted = redis.master_port() == Some(redis.replica.port);
+        if promoted && answer.note.is_none() && answer.compacted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "abridge did not follow the switchover: {:?}",
+            answer.note
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last_forwarded(&provider), forwarded_before);
+    // A new turn's usage is written to the new master (the first write may still
+    // reach the demoted one, be refused as READONLY and send abridge to the sentinel).
+    messages.push(before.reply);
+    messages.push(json!({"role": "user", "content": "Is it still lit at night?"}));
+    let usage = format!("tls-sentinel:{{{conversation}}}:usage");
+    let count = messages.len().to_string();
+    loop {
+        assert_eq!(send(&proxy, &messages).await.status, 200);
+        let recorded = eventually(Duration::from_secs(1), || {
+            crate::common::redis_tls::command_list(redis.replica.port, &["HVALS", &usage])
+                .iter()
+                .any(|v| v.split(':').nth(1) == Some(count.as_str()))
+        })
+        .await;
+        if recorded {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "abridge does not write to the new master"
+        );
+    }
 }

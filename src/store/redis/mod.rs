@@ -1,8 +1,8 @@
 //! The Redis backend: a single server (through `redis`'s `ConnectionManager`, which
 //! reconnects by itself), a Redis Cluster (`cluster-async`, which follows MOVED/ASK and
 //! topology changes) or a master found through Sentinel (asked again after its
-//! connection fails, so a failover is followed). Connected lazily, so abridge starts
-//! while Redis is down.
+//! connection fails, so a failover is followed), over plain TCP or TLS (`rediss://`,
+//! see `tls`). Connected lazily, so abridge starts while Redis is down.
 //!
 //! Every request-path operation is one round trip: a pipeline or a Lua script over the
 //! keys of one conversation, which share a hash tag and so one Cluster slot. The
@@ -11,6 +11,7 @@
 
 mod scripts;
 mod sentinel;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use tokio::sync::OnceCell;
 
 use self::scripts::{RECORD_USAGE, REFRESH, SAVE_CHECKPOINT, SCHEDULE, UNLOCK};
 use self::sentinel::{Conn, Sentinel};
+use self::tls::Transport;
 use super::{
     Checkpoint, Loaded, Lock, MAX_USAGE, Recent, Saved, State, StoreError, Usage, checkpoint_field,
     now_ms,
@@ -58,12 +60,14 @@ enum Target {
 impl RedisStore {
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
         let sentinel = &config.sentinel;
+        let transport = Transport::new(config);
         let target = match &config.redis_url {
             None if !sentinel.nodes.is_empty() => {
-                Target::Sentinel(Arc::new(Sentinel::new(config)?))
+                Target::Sentinel(Arc::new(Sentinel::new(config, &transport)?))
             }
             Some(url) => {
-                let client = redis::Client::open(url.expose())
+                let client = transport
+                    .client(url.expose())
                     .map_err(|e| StoreError::Backend(format!("store.redis_url: {e}")))?;
                 let manager = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(config.connect_timeout()))
@@ -74,10 +78,12 @@ impl RedisStore {
             }
             None => {
                 let nodes: Vec<&str> = config.redis_cluster.iter().map(Secret::expose).collect();
-                let client = ClusterClient::builder(nodes)
+                let builder = ClusterClient::builder(nodes)
                     .connection_timeout(config.connect_timeout())
                     .response_timeout(config.response_timeout())
-                    .retries(2)
+                    .retries(2);
+                let client = transport
+                    .cluster(builder)
                     .build()
                     .map_err(|e| StoreError::Backend(format!("store.redis_cluster: {e}")))?;
                 Target::Cluster(client)

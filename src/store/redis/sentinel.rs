@@ -13,6 +13,7 @@ use redis::{
     ServerErrorKind, Value,
 };
 
+use super::tls::Transport;
 use crate::config::StoreConfig;
 use crate::secret::Secret;
 use crate::store::StoreError;
@@ -113,22 +114,36 @@ pub(super) struct MasterConn {
 
 impl Sentinel {
     /// The sentinels of `store.sentinel`, not asked yet (connected lazily).
-    pub(super) fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+    pub(super) fn new(config: &StoreConfig, transport: &Transport) -> Result<Self, StoreError> {
         let sentinel = &config.sentinel;
-        let mut master = RedisConnectionInfo::default();
-        if let Some(user) = &sentinel.username {
-            master = master.set_username(user);
+        let failed = |e: String| StoreError::Backend(format!("store.sentinel: {e}"));
+        let client = if transport.is_tls() {
+            let mut builder = transport
+                .sentinel(&sentinel.nodes, &sentinel.master)
+                .map_err(failed)?;
+            if let Some(user) = &sentinel.username {
+                builder = builder.set_client_to_redis_username(user);
+            }
+            if let Some(password) = &sentinel.password {
+                builder = builder.set_client_to_redis_password(password.expose());
+            }
+            builder.build()
+        } else {
+            let mut master = RedisConnectionInfo::default();
+            if let Some(user) = &sentinel.username {
+                master = master.set_username(user);
+            }
+            if let Some(password) = &sentinel.password {
+                master = master.set_password(password.expose());
+            }
+            SentinelClient::build(
+                sentinel.nodes.iter().map(Secret::expose).collect(),
+                sentinel.master.clone(),
+                Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(master)),
+                SentinelServerType::Master,
+            )
         }
-        if let Some(password) = &sentinel.password {
-            master = master.set_password(password.expose());
-        }
-        let client = SentinelClient::build(
-            sentinel.nodes.iter().map(Secret::expose).collect(),
-            sentinel.master.clone(),
-            Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(master)),
-            SentinelServerType::Master,
-        )
-        .map_err(|e| StoreError::Backend(format!("store.sentinel: {e}")))?;
+        .map_err(|e| failed(e.to_string()))?;
         Ok(Self {
             client: tokio::sync::Mutex::new(client),
             config: AsyncConnectionConfig::new()

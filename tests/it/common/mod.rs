@@ -1,5 +1,6 @@
 //! Shared test support: abridge in-process on ephemeral ports in front of the fake
-//! provider, real HTTP clients, and real Redis servers (see [`redis`]).
+//! provider, real HTTP clients, and real Redis servers (see [`redis`]), plain or TLS
+//! ([`redis_tls`]).
 
 #![allow(
     dead_code,
@@ -9,7 +10,9 @@
 pub mod agent;
 pub mod claude;
 pub mod redis;
+pub mod redis_tls;
 pub mod responses;
+pub mod turns;
 
 use std::net::SocketAddr;
 use std::time::Duration;

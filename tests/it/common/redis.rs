@@ -6,7 +6,7 @@
 //! test binary exits for any reason, the pipe closes and the watchdog kills the server,
 //! so nothing is left running. [`shared`] and [`shared_cluster`] start one per test
 //! binary on first use; tests that stop or pause Redis start their own with
-//! [`RedisServer::start`].
+//! [`RedisServer::start`]. Each can be TLS-only instead ([`super::redis_tls`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,6 +15,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use super::redis_tls::{self, ServerTls};
+
 pub struct RedisServer {
     pub port: u16,
     pid: u32,
@@ -22,6 +24,8 @@ pub struct RedisServer {
     stdin: Option<ChildStdin>,
     dir: tempfile::TempDir,
     mode: Mode,
+    /// TLS-only (no plain port) when set.
+    pub tls: Option<ServerTls>,
 }
 
 /// What a server is started as.
@@ -41,23 +45,22 @@ pub const SENTINEL_MASTER: &str = "abridge-test";
 impl RedisServer {
     /// A standalone server on a free port.
     pub fn start() -> Self {
-        Self::spawn(
-            free_port(false),
-            Mode::Standalone,
-            tempfile::tempdir().unwrap(),
-        )
+        Self::start_with(None)
+    }
+
+    /// A standalone server on a free port, TLS-only when `tls` is set.
+    pub fn start_with(tls: Option<ServerTls>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self::spawn(free_port(false), Mode::Standalone, dir, tls)
     }
 
     /// A cluster-enabled node (its bus port, +10000, is free too).
-    fn start_cluster_node() -> Self {
-        Self::spawn(
-            free_port(true),
-            Mode::ClusterNode,
-            tempfile::tempdir().unwrap(),
-        )
+    fn start_cluster_node(tls: Option<ServerTls>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self::spawn(free_port(true), Mode::ClusterNode, dir, tls)
     }
 
-    fn spawn(port: u16, mode: Mode, dir: tempfile::TempDir) -> Self {
+    fn spawn(port: u16, mode: Mode, dir: tempfile::TempDir, tls: Option<ServerTls>) -> Self {
         let server = which("redis-server");
         let mut args: Vec<String> = Vec::new();
         if let Mode::Sentinel(master) = mode {
@@ -76,9 +79,14 @@ impl RedisServer {
             }
             args.extend([conf.display().to_string(), "--sentinel".into()]);
         }
+        match tls {
+            Some(tls) => args.extend(redis_tls::server_args(tls, port)),
+            None => args.extend(["--port".into(), port.to_string()]),
+        }
+        if tls.is_some() && matches!(mode, Mode::ClusterNode) {
+            args.extend(["--tls-cluster".into(), "yes".into()]);
+        }
         args.extend([
-            "--port".into(),
-            port.to_string(),
             "--bind".into(),
             "127.0.0.1".into(),
             "--dir".into(),
@@ -142,13 +150,35 @@ impl RedisServer {
             stdin,
             dir,
             mode,
+            tls,
         };
         server.wait_ready();
         server
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// One command, as [`command`] sends it (over TLS to a TLS server).
+    pub fn command(&self, args: &[&str]) -> Result<String, String> {
+        match self.tls {
+            Some(_) => redis_tls::command(self.port, args),
+            None => command(self.port, args),
+        }
+    }
+
+    /// A client of this server (trusting the test CA, for a TLS server).
+    pub fn client(&self) -> redis::Client {
+        match self.tls {
+            Some(_) => redis_tls::client(self.port),
+            None => redis::Client::open(self.url()).unwrap(),
+        }
     }
 
     pub fn log_path(&self) -> &Path {
@@ -158,7 +188,7 @@ impl RedisServer {
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if command(self.port, &["PING"]).as_deref() == Ok("PONG") {
+            if self.command(&["PING"]).as_deref() == Ok("PONG") {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -178,7 +208,7 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.stop();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        *self = Self::spawn(self.port, self.mode, dir);
+        *self = Self::spawn(self.port, self.mode, dir, self.tls);
     }
 
     /// Starts it again on the same port and data directory, as a replica of `master`.
@@ -212,12 +242,20 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
+        Self::start_with(None)
+    }
+
+    /// A cluster of TLS-only nodes (TLS on the cluster bus too) when `tls` is set.
+    pub fn start_with(tls: Option<ServerTls>) -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_cluster_node(tls))
+            .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         let out = Command::new(which("redis-cli"))
+            .args(tls.map(|_| redis_tls::cli_args()).unwrap_or_default())
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
@@ -232,7 +270,7 @@ impl RedisCluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         for node in &nodes {
             loop {
-                let info = command(node.port, &["CLUSTER", "INFO"]).unwrap_or_default();
+                let info = node.command(&["CLUSTER", "INFO"]).unwrap_or_default();
                 if info.contains("cluster_state:ok") {
                     break;
                 }
@@ -263,16 +301,24 @@ pub struct RedisSentinel {
 
 impl RedisSentinel {
     pub fn start() -> Self {
-        let master = RedisServer::start();
+        Self::start_with(None)
+    }
+
+    /// All three TLS-only (replication and the sentinel's connections too) when `tls`
+    /// is set.
+    pub fn start_with(tls: Option<ServerTls>) -> Self {
+        let master = RedisServer::start_with(tls);
         let replica = RedisServer::spawn(
             free_port(false),
             Mode::Replica(master.port),
             tempfile::tempdir().unwrap(),
+            tls,
         );
         let sentinel = RedisServer::spawn(
             free_port(false),
             Mode::Sentinel(master.port),
             tempfile::tempdir().unwrap(),
+            tls,
         );
         let this = Self {
             master,
@@ -283,7 +329,8 @@ impl RedisSentinel {
         // holds writes back) and the sentinel knows the replica (it can fail over).
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let synced = command(this.master.port, &["INFO", "replication"])
+            let synced = (this.master)
+                .command(&["INFO", "replication"])
                 .unwrap_or_default()
                 .contains("state=online");
             let known = this.sentinel_replicas() > 0;
@@ -305,10 +352,7 @@ impl RedisSentinel {
 
     /// The port of the master according to the sentinel.
     pub fn master_port(&self) -> Option<u16> {
-        let mut con = redis::Client::open(self.sentinel.url())
-            .ok()?
-            .get_connection()
-            .ok()?;
+        let mut con = self.sentinel.client().get_connection().ok()?;
         let addr: Option<(String, String)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(SENTINEL_MASTER)
@@ -319,9 +363,7 @@ impl RedisSentinel {
 
     /// `SENTINEL FAILOVER`: promotes the replica while the master runs (a switchover).
     pub fn switchover(&self) -> Result<(), String> {
-        let mut con = redis::Client::open(self.sentinel.url())
-            .and_then(|c| c.get_connection())
-            .map_err(|e| e.to_string())?;
+        let mut con = (self.sentinel.client().get_connection()).map_err(|e| e.to_string())?;
         redis::cmd("SENTINEL")
             .arg("FAILOVER")
             .arg(SENTINEL_MASTER)
@@ -330,8 +372,7 @@ impl RedisSentinel {
     }
 
     fn sentinel_replicas(&self) -> usize {
-        let Ok(mut con) = redis::Client::open(self.sentinel.url()).and_then(|c| c.get_connection())
-        else {
+        let Ok(mut con) = self.sentinel.client().get_connection() else {
             return 0;
         };
         redis::cmd("SENTINEL")
@@ -361,6 +402,24 @@ pub fn shared() -> &'static RedisServer {
 pub fn shared_cluster() -> &'static RedisCluster {
     static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
     CLUSTER.get_or_init(RedisCluster::start)
+}
+
+/// One TLS-only standalone Redis per test binary (no client certificate needed).
+pub fn shared_tls() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    let tls = ServerTls {
+        auth_clients: false,
+    };
+    SERVER.get_or_init(|| RedisServer::start_with(Some(tls)))
+}
+
+/// One TLS-only Redis Cluster per test binary (no client certificate needed).
+pub fn shared_tls_cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    let tls = ServerTls {
+        auth_clients: false,
+    };
+    CLUSTER.get_or_init(|| RedisCluster::start_with(Some(tls)))
 }
 
 fn which(program: &str) -> String {

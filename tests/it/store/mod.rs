@@ -1,10 +1,13 @@
-//! One store suite, three backends: in-process, a real single Redis, a real 3-node
-//! Redis Cluster. Every scenario runs against each (see `suite!`).
+//! One store suite, five backends: in-process, a real single Redis, a real 3-node
+//! Redis Cluster, and the last two again TLS-only (`rediss://`, the test CA trusted).
+//! Every scenario runs against each (see `suite!`).
 //!
 //! Here: the backends, the fixtures and the suite's scenarios; `live_redis` has what
-//! only a real Redis shows (pipelines, TTLs and hash tags, outages).
+//! only a real Redis shows (pipelines, TTLs and hash tags, outages); `tls` what only
+//! TLS does (verification, mutual TLS).
 
 mod live_redis;
+mod tls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,7 +18,8 @@ use abridge::secret::Secret;
 use abridge::store::{Checkpoint, MAX_USAGE, Saved, Store, Usage};
 use serde_json::value::RawValue;
 
-use crate::common::redis::{shared, shared_cluster};
+use crate::common::redis::{RedisCluster, shared, shared_cluster, shared_tls, shared_tls_cluster};
+use crate::common::redis_tls::pki;
 
 /// A key prefix no other test uses, so tests can share one Redis.
 fn unique_prefix() -> String {
@@ -57,17 +61,38 @@ fn single() -> (Store, StoreConfig) {
 }
 
 fn cluster() -> (Store, StoreConfig) {
+    cluster_of(shared_cluster(), false)
+}
+
+fn cluster_of(nodes: &RedisCluster, tls: bool) -> (Store, StoreConfig) {
     let config = StoreConfig {
-        redis_cluster: shared_cluster()
-            .urls()
-            .into_iter()
-            .map(Secret::new)
-            .collect(),
+        redis_cluster: nodes.urls().into_iter().map(Secret::new).collect(),
+        key_prefix: unique_prefix(),
+        response_timeout_ms: SUITE_TIMEOUT_MS,
+        tls: if tls {
+            pki().store_tls(false)
+        } else {
+            Default::default()
+        },
+        ..StoreConfig::default()
+    };
+    (Store::from_config(&config).unwrap(), config)
+}
+
+/// The shared TLS-only Redis, the test CA trusted.
+fn tls_single() -> (Store, StoreConfig) {
+    let config = StoreConfig {
+        redis_url: Some(Secret::new(shared_tls().url())),
+        tls: pki().store_tls(false),
         key_prefix: unique_prefix(),
         response_timeout_ms: SUITE_TIMEOUT_MS,
         ..StoreConfig::default()
     };
     (Store::from_config(&config).unwrap(), config)
+}
+
+fn tls_cluster() -> (Store, StoreConfig) {
+    cluster_of(shared_tls_cluster(), true)
 }
 
 /// A conversation id as the request path makes it: a keyed hash of the tenant.
@@ -109,12 +134,14 @@ fn usage(prefix: Fingerprint, messages: u32, tokens: u64, applied: Option<u32>) 
     }
 }
 
-/// Runs each scenario on the three backends.
+/// Runs each scenario on the five backends.
 macro_rules! suite {
     ($($scenario:ident),* $(,)?) => {
         mod on_memory { $( #[tokio::test] async fn $scenario() { super::$scenario(super::memory()).await } )* }
         mod on_redis { $( #[tokio::test] async fn $scenario() { super::$scenario(super::single()).await } )* }
         mod on_cluster { $( #[tokio::test] async fn $scenario() { super::$scenario(super::cluster()).await } )* }
+        mod on_tls_redis { $( #[tokio::test] async fn $scenario() { super::$scenario(super::tls_single()).await } )* }
+        mod on_tls_cluster { $( #[tokio::test] async fn $scenario() { super::$scenario(super::tls_cluster()).await } )* }
     };
 }
 
