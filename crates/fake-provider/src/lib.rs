@@ -35,7 +35,13 @@
 //! `x-fake-reset`, `x-fake-reject-stream-options`; a key list that answers 401), `x-fake-leak-headers: 1` (hop-by-hop and
 //! `x-abridge-*` response headers a proxy must not pass on), `x-fake-thinking: 1`
 //! (Responses: a reasoning item first; Messages: a thinking block first),
-//! `x-fake-strict-alternation: 1` (Messages: reject consecutive same-role turns).
+//! `x-fake-strict-alternation: 1` (Messages: reject consecutive same-role turns),
+//! `x-fake-request-id: none` (no request id header; otherwise `x-request-id` as OpenAI
+//! sends it, or `request-id` alone on Anthropic's routes, as Anthropic sends it).
+//!
+//! Azure OpenAI's paths (`/openai/deployments/{deployment}/…?api-version=…`, the v1 base
+//! `/openai/v1/…`) are answered as Azure answers them (`azure.rs`: `api-key` and
+//! `api-version` rules, Azure's error shape, the model taken from the deployment).
 //! The status, stall, delay, latency, words, window, split, multiline, gzip, reset,
 //! prompt-tokens and token-scale knobs apply to all three APIs; `x-fake-usage` and the
 //! summaries are chat's only. Bench mode keeps answers for chat only.
@@ -46,6 +52,7 @@
 //! Responses and Messages counts follow the same scheme ([`count_response_tokens`],
 //! [`count_message_tokens`]; their modules say exactly how).
 
+mod azure;
 mod chat;
 pub mod faults;
 pub mod messages;
@@ -472,12 +479,31 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
 
     let id = shared.next_id();
     let anthropic = messages::is_route(parts.uri.path());
-    let mut response = route(&shared, &behavior, &parts, &body, completion, id);
+    let mut response = match azure::admit(&parts, body) {
+        Ok(body) => route(&shared, &behavior, &parts, &body, completion, id),
+        Err(refusal) => {
+            completion.complete();
+            refusal.response()
+        }
+    };
 
+    // The request id, as each API names it: OpenAI's (and Azure's) `x-request-id`,
+    // Anthropic's `request-id`; none with `x-fake-request-id: none`.
     let headers = response.headers_mut();
-    headers.insert("x-request-id", header::HeaderValue::from(id));
-    if anthropic && let Ok(v) = header::HeaderValue::from_str(&anthropic_request_id(id)) {
-        headers.insert("request-id", v);
+    let unnamed = parts
+        .headers
+        .get("x-fake-request-id")
+        .is_some_and(|v| v == "none");
+    match (unnamed, anthropic) {
+        (true, _) => {}
+        (false, true) => {
+            if let Ok(v) = header::HeaderValue::from_str(&anthropic_request_id(id)) {
+                headers.insert("request-id", v);
+            }
+        }
+        (false, false) => {
+            headers.insert("x-request-id", header::HeaderValue::from(id));
+        }
     }
     if behavior.leak_headers {
         for (name, value) in [
