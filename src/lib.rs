@@ -21,7 +21,8 @@
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads every naming.
 //! - [`serve`]     — one listener: connection and in-flight caps, client deadlines,
-//!   drain on shutdown.
+//!   request ids and the request's log span, drain on shutdown.
+//! - [`request_id`] — which id a request, its upstream call and its response carry.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
 //! - [`azure`]     — Azure OpenAI's paths (the v1 base, the classic deployment paths)
 //!   on the configured upstream, and the deployment a path names.
@@ -91,6 +92,7 @@ pub mod outcome;
 pub mod prepare;
 pub mod proxy;
 pub mod relay;
+pub mod request_id;
 pub mod secret;
 pub mod serve;
 pub mod server;

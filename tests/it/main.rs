@@ -27,6 +27,7 @@ mod llama;
 mod messages;
 mod passthrough;
 mod redis_support;
+mod request_ids;
 mod responses;
 mod scale;
 mod sdk;

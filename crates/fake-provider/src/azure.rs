@@ -34,6 +34,12 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
+    /// Azure's answer, the request complete.
+    pub(crate) fn response_for(self, completion: crate::Completion) -> Response {
+        completion.complete();
+        self.response()
+    }
+
     /// Azure's answer.
     pub(crate) fn response(self) -> Response {
         match self {
