@@ -216,7 +216,7 @@ async fn other_classic_paths_and_azure_refusals_pass_through_untouched() {
 }
 
 #[tokio::test]
-async fn the_v1_base_is_compacted_like_v1() {
+async fn the_v1_base_and_the_classic_responses_path_are_compacted_like_v1() {
     let (provider, proxy) = start().await;
     let key = [("api-key", "azure-key-A")];
     let mut body = json!({ "messages": history() });
@@ -256,6 +256,21 @@ async fn the_v1_base_is_compacted_like_v1() {
     );
     let items = forwarded.json()["input"].as_array().unwrap().len();
     assert!(items < input.len(), "{items} items forwarded");
+
+    // The classic API's preview Responses path is compacted too, its path kept.
+    let classic = post(
+        &proxy,
+        "/openai/responses?api-version=2025-04-01-preview",
+        &[("api-key", "azure-key-R")],
+        responses.to_string(),
+    )
+    .await;
+    assert_eq!(classic.status, 200, "{:?}", classic.body);
+    assert!(classic.compacted(), "{:?}", classic.headers);
+    assert_eq!(
+        provider.last_request().unwrap().uri.to_string(),
+        "/openai/responses?api-version=2025-04-01-preview"
+    );
 }
 
 /// Two tenants whose only difference is their `api-key` send the same history: nothing
