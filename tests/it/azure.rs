@@ -2,7 +2,8 @@
 //! Azure does: the classic deployment path compacted like `/v1/chat/completions` (the
 //! deployment standing in for the model), `api-version` and the other classic paths
 //! passed on untouched, the v1 base compacted like `/v1`, tenants told apart by their
-//! `api-key`, summaries asked of the same deployment with the client's own key, and
+//! `api-key` (which is never stored), summaries asked of the same deployment with the
+//! client's own key, and
 //! 404 for what is not a path abridge serves. The official SDK's `AzureOpenAI` client
 //! is the `#[ignore]`d test at the end (run by `scripts/test`).
 
@@ -302,6 +303,31 @@ async fn tenants_are_told_apart_by_their_api_key() {
     )
     .await;
     assert!(!bearer.compacted());
+}
+
+/// The `api-key` is never stored: the store (Redis, to look at every key and value)
+/// holds only hashes of it, after a compaction on the deployment path wrote a checkpoint.
+#[tokio::test]
+async fn the_api_key_is_never_stored() {
+    let redis = crate::common::redis::RedisServer::start();
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut config = azure_config(&provider);
+    config.store.redis_url = Some(abridge::secret::Secret::new(redis.url()));
+    let proxy = Proxy::start_with(config).await;
+    let key = [("api-key", "azure-SECRET-7741")];
+    let answer = post(&proxy, &deployment("gpt-4o"), &key, chat(&history())).await;
+    assert!(answer.compacted(), "{:?}", answer.headers);
+    let again = post(&proxy, &deployment("gpt-4o"), &key, chat(&history())).await;
+    assert!(again.compacted());
+    let stored = crate::common::redis::contents(redis.port);
+    assert!(stored.len() > 1, "{stored:?}");
+    for (name, values) in stored {
+        assert!(
+            !name.contains("SECRET") && !values.contains("SECRET"),
+            "{name}"
+        );
+        assert!(!values.contains("7741"), "{name}: {values}");
+    }
 }
 
 /// A summary for a conversation on a deployment path goes to that deployment, with the
