@@ -50,6 +50,10 @@ pub enum Error {
     #[error("Unknown path {method} {path}")]
     NotFound { method: String, path: String },
     #[error(
+        "Unknown path {method} {path}: Azure OpenAI's /openai/ paths are served when the upstream is an Azure v1 base, e.g. upstream = \"https://RESOURCE.openai.azure.com/openai/v1\""
+    )]
+    NotAzure { method: String, path: String },
+    #[error(
         "Invalid request path: dot segments, encoded slashes or backslashes, backslashes and `;` parameters are not allowed"
     )]
     BadPath,
@@ -81,6 +85,7 @@ impl Error {
     pub fn origin(&self) -> Origin {
         match self {
             Error::NotFound { .. }
+            | Error::NotAzure { .. }
             | Error::BadPath
             | Error::BadHeader { .. }
             | Error::BodyTooLarge { .. }
@@ -94,7 +99,7 @@ impl Error {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            Error::NotFound { .. } => StatusCode::NOT_FOUND,
+            Error::NotFound { .. } | Error::NotAzure { .. } => StatusCode::NOT_FOUND,
             Error::BadPath | Error::BadHeader { .. } | Error::ClientBody(_) => {
                 StatusCode::BAD_REQUEST
             }
@@ -110,7 +115,9 @@ impl Error {
     /// OpenAI's `type` and a stable machine-readable `code`.
     fn kind(&self) -> (&'static str, &'static str) {
         match self {
-            Error::NotFound { .. } => ("invalid_request_error", "unknown_url"),
+            Error::NotFound { .. } | Error::NotAzure { .. } => {
+                ("invalid_request_error", "unknown_url")
+            }
             Error::BadPath => ("invalid_request_error", "invalid_path"),
             Error::BadHeader { .. } => ("invalid_request_error", "invalid_header"),
             Error::BodyTooLarge { .. } => ("invalid_request_error", "request_too_large"),

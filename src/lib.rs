@@ -21,8 +21,11 @@
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads every naming.
 //! - [`serve`]     — one listener: connection and in-flight caps, client deadlines,
-//!   drain on shutdown.
+//!   request ids and the request's log span, drain on shutdown.
+//! - [`request_id`] — which id a request, its upstream call and its response carry.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
+//! - [`azure`]     — Azure OpenAI's paths (the v1 base, the classic deployment paths)
+//!   on the configured upstream, and the deployment a path names.
 //! - [`store`]     — checkpoints, usage state and locks: in-process or Redis (single,
 //!   Cluster or Sentinel, plain or TLS), fail-open behind a timeout and a probe gate.
 //! - [`identity`]  — canonical item form, rolling prefix hashes, tenant namespaces.
@@ -65,12 +68,14 @@
 //! ```
 //!
 //! The parse stage is the format's (chat completions or Responses); every stage after
-//! it sees the format-neutral items. Every other route under `/v1` is forward → relay
+//! it sees the format-neutral items. Every other route under `/v1` (and Azure's
+//! `/openai/…`, see [`azure`]) is forward → relay
 //! with nothing read. Nothing that can
 //! fail in abridge's own machinery fails the user's request: a body abridge does not
 //! understand is forwarded untouched.
 
 pub mod admin;
+pub mod azure;
 pub mod compactor;
 pub mod config;
 pub mod controls;
@@ -87,6 +92,7 @@ pub mod outcome;
 pub mod prepare;
 pub mod proxy;
 pub mod relay;
+pub mod request_id;
 pub mod secret;
 pub mod serve;
 pub mod server;

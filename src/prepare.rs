@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::azure::{self, Deployment};
 use crate::compactor::{Reason, Turn};
 use crate::config::Anonymous;
 use crate::controls::Controls;
@@ -21,6 +22,8 @@ pub struct Prepared {
     pub request: Arc<Request>,
     pub controls: Controls,
     pub credentials: Credentials,
+    /// The Azure deployment the request's path named (`None`: not a classic Azure path).
+    pub deployment: Option<Deployment>,
     /// `None`: no user message, no identity key (store down), or no credential while
     /// anonymous requests get no state.
     pub identified: Option<Identified>,
@@ -31,6 +34,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The model the request is for (the deployment's name when the body names none).
+    pub fn model(&self) -> &str {
+        azure::model_of(self.request.model(), self.deployment.as_ref())
+    }
+
     /// The view the compactor decides on.
     pub fn turn(&self) -> Turn<'_, '_> {
         Turn {
@@ -42,7 +50,8 @@ impl Prepared {
             conversation: self.identified.as_ref().map(|i| i.conversation),
             loaded: self.loaded.as_ref(),
             controls: &self.controls,
-            model: self.request.model(),
+            model: self.model(),
+            deployment: self.deployment.as_ref(),
             credentials: &self.credentials,
             tenant: self.identified.as_ref().map(|i| i.tenant),
             size: self.request.body().len(),
@@ -54,13 +63,13 @@ impl Prepared {
 /// Parses, identifies and loads. A body abridge does not understand is handed back,
 /// with the reason, to be forwarded untouched; one it must leave to the provider
 /// ([`Request::untouchable`]) is parsed only. For [`Reason::Preview`] nothing is counted
-/// in the stats.
+/// in the stats. `deployment`: the Azure deployment the path named.
 pub async fn prepare(
     state: &AppState,
     reason: Reason,
-    controls: Controls,
-    credentials: Credentials,
+    (controls, credentials): (Controls, Credentials),
     (format, body): (Format, Bytes),
+    deployment: Option<Deployment>,
 ) -> Result<Prepared, (Bytes, Unparseable)> {
     let counted = reason != Reason::Preview;
     let key = state.identity_key().await;
@@ -113,6 +122,7 @@ pub async fn prepare(
         request,
         controls,
         credentials,
+        deployment,
         identified,
         loaded,
         note,

@@ -12,6 +12,8 @@
 //!   (slowloris); a response the client stops reading is dropped after `idle` without
 //!   progress. Request bodies have their own deadline where they are read (see
 //!   `proxy`), so a long generation the client waits for is never cut.
+//! - **Request ids.** Every request gets an id and a log span, and every response an
+//!   `x-request-id` (see [`crate::request_id`]).
 //! - **Drain.** When `stop` fires, accepting stops and every connection is told to
 //!   finish its current request and close; [`serve`] returns once all have.
 
@@ -38,8 +40,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
+use tracing::Instrument;
 
 use crate::error::Error;
+use crate::request_id::RequestId;
 
 /// One listener's bounds (see the module docs).
 #[derive(Debug, Clone, Copy)]
@@ -149,20 +153,49 @@ impl hyper::service::Service<http::Request<Incoming>> for ConnService {
         let state = self.state.clone();
         state.busy.fetch_add(1, Ordering::AcqRel);
         let guard = Finished(state);
+        let id = RequestId::of(request.headers());
+        let span = request_span(&id, &request);
         let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
-            let response = Error::Overloaded("limits.max_inflight_requests").into_response();
-            return Box::pin(async move { Ok(tracked(response, guard, None)) });
+            let mut response =
+                span.in_scope(|| Error::Overloaded("limits.max_inflight_requests").into_response());
+            id.stamp(response.headers_mut());
+            return Box::pin(async move { Ok(tracked(response, guard, None, span)) });
         };
+        id.propagate(request.headers_mut());
         request.extensions_mut().insert(ConnectInfo(self.peer));
         let mut router = self.router.clone();
         Box::pin(async move {
-            let response = match router.call(request.map(Body::new)).await {
+            let mut response = match router
+                .call(request.map(Body::new))
+                .instrument(span.clone())
+                .await
+            {
                 Ok(response) => response,
                 Err(never) => match never {},
             };
-            Ok(tracked(response, guard, Some(permit)))
+            if let Some(theirs) = id.stamp(response.headers_mut())
+                && theirs.as_bytes() != id.as_str().as_bytes()
+            {
+                let theirs = String::from_utf8_lossy(theirs.as_bytes());
+                span.record("upstream_request_id", tracing::field::display(&theirs));
+            }
+            Ok(tracked(response, guard, Some(permit), span))
         })
     }
+}
+
+/// The request's log span: its id (see [`crate::request_id`]), method and path (never
+/// the query, which may carry a key), and the provider's id once the answer names one.
+/// At `error` level so that it exists whenever any line of the request is logged: a
+/// span's level decides whether it is recorded, not how loud it is.
+fn request_span<B>(id: &RequestId, request: &http::Request<B>) -> tracing::Span {
+    tracing::error_span!(
+        "request",
+        request_id = %id,
+        method = %request.method(),
+        path = %request.uri().path(),
+        upstream_request_id = tracing::field::Empty,
+    )
 }
 
 /// Marks the request finished (busy −1, idle from now) when dropped: with the response
@@ -185,22 +218,37 @@ impl Drop for Finished {
     }
 }
 
-fn tracked(response: Response, guard: Finished, permit: Option<OwnedSemaphorePermit>) -> Response {
+fn tracked(
+    response: Response,
+    guard: Finished,
+    permit: Option<OwnedSemaphorePermit>,
+    span: tracing::Span,
+) -> Response {
     let (parts, body) = response.into_parts();
     Response::from_parts(
         parts,
         Body::new(Tracked {
             inner: body,
+            span,
             _held: (guard, permit),
         }),
     )
 }
 
 /// A response body that holds the request's in-flight permit and its [`Finished`]
-/// guard until it ends or is dropped.
+/// guard until it ends or is dropped, and is read (and dropped) in the request's span,
+/// so what the relay logs and records at the end carries the request's id.
 struct Tracked {
     inner: Body,
+    span: tracing::Span,
     _held: (Finished, Option<OwnedSemaphorePermit>),
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let _entered = self.span.enter();
+        drop(std::mem::replace(&mut self.inner, Body::empty()));
+    }
 }
 
 impl HttpBody for Tracked {
@@ -211,7 +259,9 @@ impl HttpBody for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let this = &mut *self;
+        let _entered = this.span.enter();
+        Pin::new(&mut this.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -11,18 +11,20 @@ use tokio::sync::watch;
 use crate::state::AppState;
 use crate::{admin, proxy, serve};
 
-/// The proxy's routes: chat completions, Responses and Anthropic Messages are read; everything else (other
-/// methods on those paths included) passes through.
+/// The proxy's routes: chat completions, Responses and Anthropic Messages are read —
+/// chat completions and Responses also at Azure OpenAI's paths (the v1 base, the classic
+/// deployment path and the classic preview Responses path; see [`crate::azure`]);
+/// everything else (other methods on those paths included) passes through.
 pub fn router(state: AppState) -> Router {
+    let chat = || post(proxy::chat).fallback(proxy::passthrough);
+    let responses = || post(proxy::responses).fallback(proxy::passthrough);
     Router::new()
-        .route(
-            "/v1/chat/completions",
-            post(proxy::chat).fallback(proxy::passthrough),
-        )
-        .route(
-            "/v1/responses",
-            post(proxy::responses).fallback(proxy::passthrough),
-        )
+        .route("/v1/chat/completions", chat())
+        .route("/openai/v1/chat/completions", chat())
+        .route("/openai/deployments/{deployment}/chat/completions", chat())
+        .route("/v1/responses", responses())
+        .route("/openai/v1/responses", responses())
+        .route("/openai/responses", responses())
         .route(
             "/v1/messages",
             post(proxy::messages).fallback(proxy::passthrough),

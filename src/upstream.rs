@@ -2,8 +2,9 @@
 //! configured provider base URL (and, for Anthropic's routes, `anthropic_upstream` when
 //! set), with connect and first-byte timeouts.
 //!
-//! The target is fixed by configuration: a client's path is appended to the base path and
-//! nothing in a request can change scheme, host or port.
+//! The target is fixed by configuration: a client's path is appended to the base path (or,
+//! for Azure's classic `/openai/…` paths, to the base's classic root: see [`crate::azure`])
+//! and nothing in a request can change scheme, host or port.
 
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use crate::azure::{self, Mapped};
 use crate::config::{Config, UpstreamBase};
 use crate::error::{Error, Shape};
 
@@ -74,25 +76,42 @@ impl Upstream {
 
     /// `<base><path>`, for requests abridge makes itself (`path` starts with `/`).
     pub fn endpoint(&self, path: &str) -> Result<Uri, Error> {
-        let path_and_query = PathAndQuery::try_from(format!("{}{path}", self.base.path))
-            .map_err(|_| Error::BadPath)?;
-        Uri::builder()
-            .scheme(self.base.scheme.clone())
-            .authority(self.base.authority.clone())
-            .path_and_query(path_and_query)
-            .build()
-            .map_err(|e| Error::Internal(format!("building upstream URI: {e}")))
+        build(&self.base, format!("{}{path}", self.base.path))
     }
 
-    /// The upstream URI for a client request URI: `/v1/<rest>?<query>` becomes
-    /// `<base>/<rest>?<query>`. Paths outside `/v1` are unknown (404); segments that
-    /// could climb out of the base path or be read differently upstream are refused (400;
-    /// see [`is_unsafe_segment`]).
+    /// `<classic root><path>` (`path` starts with `/`), for requests abridge makes itself
+    /// on Azure's classic API; an error when the base is not an Azure v1 base.
+    pub fn classic_endpoint(&self, path: &str) -> Result<Uri, Error> {
+        let root = azure::classic_root(&self.base.path).ok_or(Error::NotAzure {
+            method: "POST".to_owned(),
+            path: path.to_owned(),
+        })?;
+        build(&self.base, format!("{root}{path}"))
+    }
+
+    /// The upstream URI for a client request URI: `/v1/<rest>?<query>` (or Azure's
+    /// `/openai/v1/<rest>`) becomes `<base>/<rest>?<query>`, and Azure's classic
+    /// `/openai/<rest>` becomes `<classic root>/<rest>?<query>` (see [`crate::azure`]).
+    /// Other paths are unknown (404); segments that could climb out of the base path or
+    /// be read differently upstream are refused (400; see [`is_unsafe_segment`]).
     pub fn uri_for(&self, method: &http::Method, uri: &Uri) -> Result<Uri, Error> {
         let path = uri.path();
-        let rest = match path.strip_prefix(API_PREFIX) {
-            Some(rest) if rest.is_empty() || rest.starts_with('/') => rest,
-            _ => {
+        let base = match &self.anthropic {
+            Some(anthropic) if Shape::for_path(path) == Shape::Anthropic => anthropic,
+            _ => &self.base,
+        };
+        let (root, rest) = match azure::map(path) {
+            Mapped::Base(rest) => (base.path.as_str(), rest),
+            Mapped::Classic(rest) => match azure::classic_root(&base.path) {
+                Some(root) => (root, rest),
+                None => {
+                    return Err(Error::NotAzure {
+                        method: method.to_string(),
+                        path: path.to_owned(),
+                    });
+                }
+            },
+            Mapped::Unknown => {
                 return Err(Error::NotFound {
                     method: method.to_string(),
                     path: path.to_owned(),
@@ -102,14 +121,9 @@ impl Upstream {
         if rest.split('/').any(is_unsafe_segment) {
             return Err(Error::BadPath);
         }
-        let base = match &self.anthropic {
-            Some(anthropic) if Shape::for_path(path) == Shape::Anthropic => anthropic,
-            _ => &self.base,
-        };
-        let mut target = String::with_capacity(
-            base.path.len() + rest.len() + 1 + uri.query().map_or(0, str::len),
-        );
-        target.push_str(&base.path);
+        let mut target =
+            String::with_capacity(root.len() + rest.len() + 1 + uri.query().map_or(0, str::len));
+        target.push_str(root);
         target.push_str(rest);
         if target.is_empty() {
             target.push('/');
@@ -118,13 +132,7 @@ impl Upstream {
             target.push('?');
             target.push_str(query);
         }
-        let path_and_query = PathAndQuery::try_from(target).map_err(|_| Error::BadPath)?;
-        Uri::builder()
-            .scheme(base.scheme.clone())
-            .authority(base.authority.clone())
-            .path_and_query(path_and_query)
-            .build()
-            .map_err(|e| Error::Internal(format!("building upstream URI: {e}")))
+        build(base, target)
     }
 
     /// Sends a request and waits for the response headers, at most
@@ -137,6 +145,17 @@ impl Upstream {
             Err(_) => Err(Error::UpstreamTimeout(self.first_byte)),
         }
     }
+}
+
+/// `path_and_query` on `base`'s scheme and authority.
+fn build(base: &UpstreamBase, path_and_query: String) -> Result<Uri, Error> {
+    let path_and_query = PathAndQuery::try_from(path_and_query).map_err(|_| Error::BadPath)?;
+    Uri::builder()
+        .scheme(base.scheme.clone())
+        .authority(base.authority.clone())
+        .path_and_query(path_and_query)
+        .build()
+        .map_err(|e| Error::Internal(format!("building upstream URI: {e}")))
 }
 
 /// Whether a path segment could climb out of the base path or be read differently by
@@ -268,6 +287,63 @@ mod tests {
         assert_eq!(
             target("http://127.0.0.1:9/v1", "/v1").unwrap(),
             "http://127.0.0.1:9/v1"
+        );
+    }
+
+    #[test]
+    fn azure_paths_keep_their_path_below_an_azure_v1_base() {
+        let azure = "https://res.openai.azure.com/openai/v1";
+        assert_eq!(
+            target(
+                azure,
+                "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21"
+            )
+            .unwrap(),
+            "https://res.openai.azure.com/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(
+            target(azure, "/openai/v1/chat/completions").unwrap(),
+            "https://res.openai.azure.com/openai/v1/chat/completions"
+        );
+        assert_eq!(
+            target(azure, "/v1/responses?api-version=preview").unwrap(),
+            "https://res.openai.azure.com/openai/v1/responses?api-version=preview"
+        );
+        assert_eq!(
+            target(
+                "https://gw.example/team/openai/v1",
+                "/openai/models?api-version=1"
+            )
+            .unwrap(),
+            "https://gw.example/team/openai/models?api-version=1"
+        );
+        // The v1 base is another spelling of /v1 on any upstream; the classic paths
+        // need an Azure base.
+        assert_eq!(
+            target("https://api.openai.com/v1", "/openai/v1/models").unwrap(),
+            "https://api.openai.com/v1/models"
+        );
+        assert!(matches!(
+            target(
+                "https://api.openai.com/v1",
+                "/openai/deployments/d/chat/completions"
+            ),
+            Err(Error::NotAzure { .. })
+        ));
+        assert!(matches!(
+            target(azure, "/openai/deployments/..%2f..%2fx/chat/completions"),
+            Err(Error::BadPath)
+        ));
+        assert!(matches!(
+            target(azure, "/openai"),
+            Err(Error::NotFound { .. })
+        ));
+        assert_eq!(
+            upstream(azure)
+                .classic_endpoint("/deployments/d/chat/completions?api-version=v")
+                .unwrap()
+                .to_string(),
+            "https://res.openai.azure.com/openai/deployments/d/chat/completions?api-version=v"
         );
     }
 

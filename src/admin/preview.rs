@@ -107,9 +107,9 @@ pub(super) async fn preview(State(state): State<AppState>, body: Bytes) -> Respo
     let prepared = match prepare(
         &state,
         Reason::Preview,
-        controls,
-        credentials,
+        (controls, credentials),
         (format, bytes),
+        None,
     )
     .await
     {

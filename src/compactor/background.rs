@@ -128,7 +128,7 @@ impl Compactor {
         let Ok(loaded) = self.store.load(&job.conversation).await else {
             return;
         };
-        let model = job.request.model();
+        let model = crate::azure::model_of(job.request.model(), job.deployment.as_ref());
         let controls = Controls::default();
         let turn = Turn {
             size: job.request.body().len(),
@@ -139,6 +139,7 @@ impl Compactor {
             loaded: Some(&loaded),
             controls: &controls,
             model,
+            deployment: job.deployment.as_ref(),
             credentials: &job.credentials,
             tenant: Some(job.tenant),
         };

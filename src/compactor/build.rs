@@ -246,7 +246,11 @@ impl Compactor {
         // The summariser bounds the call by summary.timeout_ms itself.
         let result = self
             .summariser
-            .summarise((turn.credentials, turn.format), turn.model, &request)
+            .summarise(
+                (turn.credentials, turn.format, turn.deployment),
+                turn.model,
+                &request,
+            )
             .await;
         if let Err(failure) = &result {
             self.stats.summary_failure();

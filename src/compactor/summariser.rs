@@ -4,7 +4,11 @@
 //! By default it calls the same upstream with the client's own credentials and the
 //! request's model (so it needs no configuration and bills the same account): for a
 //! conversation on Anthropic's route, that is `anthropic_upstream` when it is set, so a
-//! client's credential only ever goes to the provider it was meant for. With
+//! client's credential only ever goes to the provider it was meant for; for a
+//! conversation on Azure's classic deployment path, that is the same deployment (or the
+//! deployment `summary.model` names) with the request's `api-version`, so the summary is
+//! asked in the form the client's own request was. The client's credential headers go
+//! as they came (Azure's `api-key` stays `api-key`). With
 //! `summary.upstream` it calls that provider instead with `summary.api_key`, and the
 //! client's credentials are never sent there. A low temperature and a token cap keep
 //! summaries faithful and bounded — in the form each model accepts (see
@@ -17,11 +21,12 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, header};
+use http::{HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
 use super::params::{Learned, Params};
+use crate::azure::Deployment;
 use crate::config::SummaryConfig;
 use crate::formats::Format;
 use crate::headers::Credentials;
@@ -108,11 +113,12 @@ impl Summariser {
 
     /// Asks for a summary. `client` are the credentials of the request being compacted
     /// (used only with the main upstream, or the Anthropic one for a conversation of
-    /// that `format`). A 400 that names a parameter the model does not accept is retried
-    /// once in the other form (per parameter), and the model's form is remembered.
+    /// that `format`); `deployment`, the Azure deployment its path named. A 400 that
+    /// names a parameter the model does not accept is retried once in the other form
+    /// (per parameter), and the model's form is remembered.
     pub async fn summarise(
         &self,
-        (client, format): (&Credentials, Format),
+        (client, format, deployment): (&Credentials, Format, Option<&Deployment>),
         request_model: &str,
         call: &SummaryRequest,
     ) -> Result<String, SummaryFailure> {
@@ -121,12 +127,17 @@ impl Summariser {
             _ => &self.upstream,
         };
         let model = self.model_for(request_model);
+        let uri = self
+            .endpoint(upstream, deployment)
+            .map_err(|e| SummaryFailure::Unreachable(e.to_string()))?;
         let mut params = self.learned.for_model(model);
         // At most one retry per parameter abridge can change (providers name one
         // refused parameter at a time).
         let mut retries = 2;
         loop {
-            let result = self.ask(upstream, client, (model, params), call).await;
+            let result = self
+                .ask((upstream, &uri), client, (model, params), call)
+                .await;
             let next = match &result {
                 Err(SummaryFailure::Status {
                     status: 400,
@@ -149,15 +160,36 @@ impl Summariser {
         }
     }
 
-    /// One summary request to `upstream` for `model`, in the form `params`.
-    async fn ask(
+    /// Where a summary goes: the chat completions of the upstream, or — on the main
+    /// upstream, for a conversation on Azure's classic path — those of the request's
+    /// deployment (`summary.model`'s, when set), with the request's `api-version`.
+    fn endpoint(
         &self,
         upstream: &Upstream,
+        deployment: Option<&Deployment>,
+    ) -> Result<Uri, crate::error::Error> {
+        match deployment {
+            Some(d) if self.separate.is_none() => {
+                let name = if self.model.is_empty() {
+                    &d.name
+                } else {
+                    &self.model
+                };
+                upstream.classic_endpoint(&d.path_for(name, "/chat/completions"))
+            }
+            _ => upstream.endpoint("/chat/completions"),
+        }
+    }
+
+    /// One summary request to `uri` on `upstream` for `model`, in the form `params`.
+    async fn ask(
+        &self,
+        (upstream, uri): (&Upstream, &Uri),
         client: &Credentials,
         (model, params): (&str, Params),
         call: &SummaryRequest,
     ) -> Result<String, SummaryFailure> {
-        let request = self.request(upstream, client, (model, params), call)?;
+        let request = self.request(uri.clone(), client, (model, params), call)?;
         let exchange = async {
             let response = upstream.send(request).await.map_err(|e| match e {
                 crate::error::Error::UpstreamTimeout(after) => SummaryFailure::Timeout(after),
@@ -192,7 +224,7 @@ impl Summariser {
     /// The summary request: body in the model's form, the credentials it carries.
     fn request(
         &self,
-        upstream: &Upstream,
+        uri: Uri,
         client: &Credentials,
         (model, params): (&str, Params),
         call: &SummaryRequest,
@@ -216,9 +248,6 @@ impl Summariser {
         }
         let body =
             serde_json::to_vec(&body).map_err(|e| SummaryFailure::Unreadable(e.to_string()))?;
-        let uri = upstream
-            .endpoint("/chat/completions")
-            .map_err(|e| SummaryFailure::Unreachable(e.to_string()))?;
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(uri)

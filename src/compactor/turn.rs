@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::azure::Deployment;
 use crate::controls::{Controls, Report};
 use crate::conversation::Item;
 use crate::formats::{self, Format};
@@ -23,7 +24,10 @@ pub struct Turn<'t, 'a> {
     /// `None`: the store did not answer (or nothing to load for an unidentified request).
     pub loaded: Option<&'t Loaded>,
     pub controls: &'t Controls,
+    /// The model (the Azure deployment's name when the body names none).
     pub model: &'t str,
+    /// The Azure deployment the path named: summaries go to the same deployment.
+    pub deployment: Option<&'t Deployment>,
     /// The client's credentials (for the summariser on the main upstream).
     pub credentials: &'t Credentials,
     /// The tenant's id (`None`: not identified); summaries are asked for only for a
@@ -105,6 +109,7 @@ pub struct Followup {
     pub request: Arc<formats::Request>,
     pub prefixes: Vec<Fingerprint>,
     pub credentials: Credentials,
+    pub deployment: Option<Deployment>,
     pub tenant: Fingerprint,
     /// The body's share of `limits.max_inflight_body_bytes`, kept while a background
     /// job holds the body.

@@ -42,7 +42,9 @@ pub const MIN_ADMIN_TOKEN: usize = 16;
 pub struct Config {
     /// Address the proxy listens on. Clients use `http://<listen>/v1` as their base URL.
     pub listen: SocketAddr,
-    /// The provider's base URL as its SDKs know it, including `/v1`.
+    /// The provider's base URL as its SDKs know it, including `/v1`. For Azure OpenAI,
+    /// the resource's v1 base, `https://RESOURCE.openai.azure.com/openai/v1`: then
+    /// Azure's classic `/openai/deployments/…` paths are served too (see `azure`).
     pub upstream: UpstreamBase,
     /// Where Anthropic's routes (`/v1/messages` and below) go instead, including `/v1`
     /// (e.g. `https://api.anthropic.com/v1`), so one abridge serves OpenAI-compatible

@@ -1,5 +1,6 @@
 //! The conversation routes — `POST /v1/chat/completions`, `POST /v1/responses` and
-//! `POST /v1/messages` — one handler whatever the wire format: ingress → prepare (parse, identify, load) → plan →
+//! `POST /v1/messages`, and Azure's spellings of the first two (see [`crate::azure`]) —
+//! one handler whatever the wire format: ingress → prepare (parse, identify, load) → plan →
 //! rewrite → forward (→ retry without what abridge added, if the provider refused it →
 //! compact-and-retry, if it said the prompt is too long) → relay → record.
 //!
@@ -16,6 +17,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Uri, Version, header};
 
+use crate::azure::Deployment;
 use crate::compactor::overflow;
 use crate::compactor::{Decision, Followup, Reason, Turn};
 use crate::config::CompactionMode;
@@ -93,12 +95,13 @@ async fn stages(
     );
 
     // prepare: a body abridge does not understand goes untouched.
+    let deployment = Deployment::of(parts.uri.path(), parts.uri.query());
     let prepared = match prepare(
         state,
         Reason::Request,
-        controls,
-        credentials,
+        (controls, credentials),
         (format, body),
+        deployment,
     )
     .await
     {
@@ -347,5 +350,6 @@ fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
         request: Arc::clone(&prepared.request),
         prefixes: identified.hashes.prefixes.clone(),
         credentials: prepared.credentials.clone(),
+        deployment: prepared.deployment.clone(),
     })
 }

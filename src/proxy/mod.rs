@@ -1,7 +1,7 @@
 //! The proxy's request handlers: the conversation routes ([`chat`], [`responses`],
 //! [`messages`]),
 //! which abridge reads, and the transparent pass-through that serves everything else
-//! under `/v1`; and what they share: the bookkeeping of one exchange, sending to the provider, relaying the
+//! under `/v1` (and Azure's `/openai/…`); and what they share: the bookkeeping of one exchange, sending to the provider, relaying the
 //! answer, and the record stage.
 //!
 //! Each handler is a short list of named stages (see the picture in `lib.rs`); the
@@ -72,7 +72,8 @@ impl Exchange {
     }
 }
 
-/// Every other request under `/v1`: method, path, query, headers and body stream through.
+/// Every other request under `/v1` (and Azure's `/openai/…`): method, path, query,
+/// headers and body stream through.
 pub async fn passthrough(State(state): State<AppState>, request: Request) -> Response {
     let mut exchange = Exchange::start(&state);
     let shape = Shape::for_path(request.uri().path());

@@ -493,3 +493,67 @@ async fn unverified_tls_to_redis_is_warned_at_start_up() {
     // The store worked over it (the identity secret was agreed through it).
     assert!(logs.contains("shared through the store"), "{logs}");
 }
+
+/// The request's log lines carry its id (the span field `request_id`), those logged after
+/// the provider answered also the provider's (`upstream_request_id`), even with a base
+/// level above the span's target; never the credential.
+#[tokio::test]
+async fn the_requests_log_lines_carry_its_ids() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let (binary, base) = start_binary(
+        &provider,
+        &[(
+            "ABRIDGE_LOG__FILTER",
+            "warn,abridge::error=debug,abridge::proxy=debug".into(),
+        )],
+    )
+    .await;
+    let unknown = client()
+        .get(format!("{base}/nowhere"))
+        .send()
+        .await
+        .unwrap();
+    let own = unknown.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let answered = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-log-secret")
+        .header("api-key", "azure-log-secret")
+        .header("content-type", "application/json")
+        .body(crate::common::chat_body(false))
+        .send()
+        .await
+        .unwrap();
+    let theirs = answered.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let _ = answered.bytes().await.unwrap();
+    let logged = |what: &str| binary.stderr().lines().any(|l| l.contains(what));
+    assert!(
+        crate::common::eventually(Duration::from_secs(5), || logged("usage")).await,
+        "{}",
+        binary.stderr()
+    );
+    let logs = binary.stderr();
+    let line = |what: &str| {
+        logs.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} line:\n{logs}"))
+            .to_owned()
+    };
+    let rejected = line("rejected request");
+    assert!(
+        rejected.contains(&format!("request_id={own}")),
+        "{rejected}"
+    );
+    let usage = line("usage");
+    assert!(usage.contains("request_id="), "{usage}");
+    assert!(
+        usage.contains(&format!("upstream_request_id={theirs}")),
+        "{usage}"
+    );
+    assert!(!logs.contains("log-secret"), "no credential in the logs");
+}

@@ -10,6 +10,7 @@
 mod common;
 
 mod admin;
+mod azure;
 
 mod compaction;
 
@@ -28,6 +29,7 @@ mod messages;
 mod passthrough;
 mod redis_support;
 mod redis_tls;
+mod request_ids;
 mod responses;
 mod scale;
 mod sdk;

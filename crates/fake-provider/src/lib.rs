@@ -27,15 +27,16 @@
 //! before the response headers / after the first SSE event), `x-fake-delay-ms` (between
 //! SSE events), `x-fake-latency-ms` (before the headers), `x-fake-words` (reply length),
 //! `x-fake-error-bytes` (with `x-fake-status`: an error body that much longer),
-//! `x-fake-window` (context window in tokens),
-//! `x-fake-gzip: 1`, `x-fake-split: 1` (every SSE event in two TCP writes),
-//! `x-fake-multiline: 1` (JSON spread over several `data:` lines),
-//! `x-fake-usage: input` (`input_tokens` naming), `x-fake-prompt-tokens: N` (report N
-//! prompt tokens), the faults of [`faults`] (`x-fake-gzip-bomb`, `x-fake-garbage`,
-//! `x-fake-reset`, `x-fake-reject-stream-options`; a key list that answers 401), `x-fake-leak-headers: 1` (hop-by-hop and
-//! `x-abridge-*` response headers a proxy must not pass on), `x-fake-thinking: 1`
-//! (Responses: a reasoning item first; Messages: a thinking block first),
-//! `x-fake-strict-alternation: 1` (Messages: reject consecutive same-role turns).
+//! `x-fake-window` (context window in tokens), `x-fake-gzip: 1`, `x-fake-split: 1`
+//! (every SSE event in two TCP writes), `x-fake-multiline: 1` (JSON spread over several
+//! `data:` lines), `x-fake-usage: input` (`input_tokens` naming), `x-fake-prompt-tokens:
+//! N` (report N prompt tokens), the faults of [`faults`] (`x-fake-gzip-bomb`,
+//! `x-fake-garbage`, `x-fake-reset`, `x-fake-reject-stream-options`; a key list that
+//! answers 401), `x-fake-leak-headers: 1` (hop-by-hop and `x-abridge-*` response
+//! headers a proxy must not pass on), `x-fake-thinking: 1` (Responses: a reasoning item
+//! first; Messages: a thinking block first), `x-fake-strict-alternation: 1` (Messages:
+//! reject consecutive same-role turns), `x-fake-request-id: none` (no `x-request-id`, or
+//! Anthropic's `request-id`, answered). Azure's `/openai/…` paths: as Azure (`azure.rs`).
 //! The status, stall, delay, latency, words, window, split, multiline, gzip, reset,
 //! prompt-tokens and token-scale knobs apply to all three APIs; `x-fake-usage` and the
 //! summaries are chat's only. Bench mode keeps answers for chat only.
@@ -46,6 +47,7 @@
 //! Responses and Messages counts follow the same scheme ([`count_response_tokens`],
 //! [`count_message_tokens`]; their modules say exactly how).
 
+mod azure;
 mod chat;
 pub mod faults;
 pub mod messages;
@@ -471,14 +473,13 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     }
 
     let id = shared.next_id();
-    let anthropic = messages::is_route(parts.uri.path());
-    let mut response = route(&shared, &behavior, &parts, &body, completion, id);
-
+    let mut response = match azure::admit(&parts, body) {
+        Ok(body) => route(&shared, &behavior, &parts, &body, completion, id),
+        Err(refusal) => refusal.response_for(completion),
+    };
+    let anthropic_id = messages::is_route(parts.uri.path()).then(|| anthropic_request_id(id));
+    transport::name_request(response.headers_mut(), &parts.headers, id, anthropic_id);
     let headers = response.headers_mut();
-    headers.insert("x-request-id", header::HeaderValue::from(id));
-    if anthropic && let Ok(v) = header::HeaderValue::from_str(&anthropic_request_id(id)) {
-        headers.insert("request-id", v);
-    }
     if behavior.leak_headers {
         for (name, value) in [
             ("connection", "x-fake-hop"),

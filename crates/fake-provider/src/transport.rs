@@ -1,7 +1,8 @@
 //! How the fake's answers go out, whatever the wire format: a JSON body (gzipped when
 //! told), or SSE events one write each, honouring the delay, split, stall, reset and gzip
 //! knobs of [`Behavior`]. Also the framing of events: `data:`-only (chat completions) and
-//! typed (`event: <type>` then `data:`, the Responses and Messages APIs).
+//! typed (`event: <type>` then `data:`, the Responses and Messages APIs). And the
+//! request id header each API answers with.
 
 use std::time::Duration;
 
@@ -10,10 +11,37 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use flate2::Compression;
 use flate2::write::GzEncoder;
-use http::{StatusCode, header};
+use http::{HeaderMap, StatusCode, header};
 use serde_json::Value;
 
 use crate::{Behavior, Completion, Stall};
+
+/// The request id, as each API names it: OpenAI's (and Azure's) `x-request-id: <id>`,
+/// or Anthropic's `request-id` alone (`anthropic`, its value); none when the request
+/// says `x-fake-request-id: none`.
+pub(crate) fn name_request(
+    headers: &mut HeaderMap,
+    request: &HeaderMap,
+    id: u64,
+    anthropic: Option<String>,
+) {
+    if request
+        .get("x-fake-request-id")
+        .is_some_and(|v| v == "none")
+    {
+        return;
+    }
+    match anthropic {
+        Some(theirs) => {
+            if let Ok(v) = header::HeaderValue::from_str(&theirs) {
+                headers.insert("request-id", v);
+            }
+        }
+        None => {
+            headers.insert("x-request-id", header::HeaderValue::from(id));
+        }
+    }
+}
 
 /// What the fake answers to one request, worked out before anything is sent: the same
 /// body and behaviour always give the same chat answer, so the bench mode can keep it

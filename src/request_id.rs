@@ -1,0 +1,158 @@
+//! Request ids: one per request, so an operator can find a client's complaint in the
+//! logs. What is decided here is pure (which id, which header); [`crate::serve`] applies
+//! it to every request of both listeners and opens the request's log span.
+//!
+//! - **The request's id** is the client's `x-request-id` when it sent a usable one (1 to
+//!   128 visible ASCII characters: a gateway in front of abridge keeps its own id end to
+//!   end), else abridge's own: 16 random hex characters. It is the `request_id` field of
+//!   the request's log span, so every line logged for the request carries it.
+//! - **Upstream**, the request carries `x-request-id: <the request's id>` (the client's
+//!   passes as it came; abridge's own is added, replacing an unusable one), so a provider
+//!   or gateway that logs it can be joined with abridge's logs.
+//! - **The response** carries `x-request-id`: the provider's when it sent one — its own
+//!   `x-request-id` (OpenAI, Azure), or Anthropic's `request-id`, copied — since that is
+//!   the id the provider's support asks for; else the request's id (abridge's own
+//!   errors, providers that send none). The provider's id is recorded in the span as
+//!   `upstream_request_id`, so both ids appear on the lines logged after the answer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// The header, both directions.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// Anthropic's name for its request id.
+static REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
+
+/// The longest client id adopted.
+const MAX_LEN: usize = 128;
+
+/// The request's id (see the module docs): the client's, or abridge's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(HeaderValue);
+
+impl RequestId {
+    /// The id of a request with `headers`.
+    pub fn of(headers: &HeaderMap) -> Self {
+        match headers.get(&X_REQUEST_ID) {
+            Some(value) if usable(value) => Self(value.clone()),
+            _ => Self::generate(),
+        }
+    }
+
+    /// abridge's own: 16 hex characters from the OS's randomness (a process-wide
+    /// counter in the unlikely case it fails: unique, if guessable).
+    pub fn generate() -> Self {
+        let mut bytes = [0u8; 8];
+        let n = match getrandom::fill(&mut bytes) {
+            Ok(()) => u64::from_le_bytes(bytes),
+            Err(_) => {
+                static COUNTER: AtomicU64 = AtomicU64::new(0);
+                COUNTER.fetch_add(1, Ordering::Relaxed) | (1 << 63)
+            }
+        };
+        // Hex digits are always a valid header value.
+        Self(
+            HeaderValue::try_from(format!("{n:016x}"))
+                .unwrap_or_else(|_| HeaderValue::from_static("0000000000000000")),
+        )
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Usable ids and generated ones are visible ASCII.
+        self.0.to_str().unwrap_or_default()
+    }
+
+    /// The request's headers for the upstream: `x-request-id` is this id.
+    pub fn propagate(&self, headers: &mut HeaderMap) {
+        if headers.get(&X_REQUEST_ID) != Some(&self.0) {
+            headers.insert(X_REQUEST_ID.clone(), self.0.clone());
+        }
+    }
+
+    /// The response's `x-request-id` (see the module docs); returns the provider's id
+    /// when the response carries one.
+    pub fn stamp(&self, headers: &mut HeaderMap) -> Option<HeaderValue> {
+        if let Some(theirs) = headers.get(&X_REQUEST_ID) {
+            return Some(theirs.clone());
+        }
+        if let Some(theirs) = headers.get(&REQUEST_ID).cloned() {
+            headers.insert(X_REQUEST_ID.clone(), theirs.clone());
+            return Some(theirs);
+        }
+        headers.insert(X_REQUEST_ID.clone(), self.0.clone());
+        None
+    }
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a client's id is adopted: 1 to [`MAX_LEN`] visible ASCII characters (no
+/// spaces or control characters, so it reads as one token in a log line).
+fn usable(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty() && bytes.len() <= MAX_LEN && bytes.iter().all(|b| b.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn generated_ids_are_16_hex_and_differ() {
+        let a = RequestId::generate();
+        let b = RequestId::generate();
+        assert_eq!(a.as_str().len(), 16);
+        assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_usable_client_id_is_adopted_and_propagated() {
+        let id = RequestId::of(&headers(&[("x-request-id", "gw-7f3a:42")]));
+        assert_eq!(id.as_str(), "gw-7f3a:42");
+        let mut upstream = headers(&[("x-request-id", "gw-7f3a:42")]);
+        id.propagate(&mut upstream);
+        assert_eq!(upstream.get_all("x-request-id").iter().count(), 1);
+        for unusable in ["", "has space", "x".repeat(129).leak()] {
+            let sent = HeaderValue::from_str(unusable).unwrap();
+            let mut h = HeaderMap::new();
+            h.insert(X_REQUEST_ID.clone(), sent.clone());
+            let id = RequestId::of(&h);
+            assert_eq!(id.as_str().len(), 16, "{unusable:?}");
+            id.propagate(&mut h);
+            assert_eq!(h[&X_REQUEST_ID], id.as_str(), "replaced upstream");
+        }
+        let mut none = HeaderMap::new();
+        let id = RequestId::of(&none);
+        id.propagate(&mut none);
+        assert_eq!(none[&X_REQUEST_ID], id.as_str());
+    }
+
+    #[test]
+    fn the_providers_id_wins_in_the_response() {
+        let ours = RequestId::of(&HeaderMap::new());
+        let mut openai = headers(&[("x-request-id", "req_abc")]);
+        assert_eq!(ours.stamp(&mut openai).unwrap(), "req_abc");
+        assert_eq!(openai[&X_REQUEST_ID], "req_abc");
+        let mut anthropic = headers(&[("request-id", "req_011")]);
+        assert_eq!(ours.stamp(&mut anthropic).unwrap(), "req_011");
+        assert_eq!(anthropic[&X_REQUEST_ID], "req_011");
+        assert_eq!(anthropic["request-id"], "req_011", "theirs is kept");
+        let mut own = HeaderMap::new();
+        assert_eq!(ours.stamp(&mut own), None);
+        assert_eq!(own[&X_REQUEST_ID], ours.as_str());
+    }
+}
