@@ -76,7 +76,7 @@ fn main() -> ExitCode {
         }
         Ok(Command::Version) => {
             println!(
-                "abridge {}\nstore backends: {}",
+                "abridge {}\nstore backends: {}\nstore TLS: rediss:// (rustls)",
                 env!("CARGO_PKG_VERSION"),
                 abridge::store::BACKENDS.join(", ")
             );

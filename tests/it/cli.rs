@@ -32,6 +32,7 @@ fn version_names_the_store_backends() {
     for backend in abridge::store::BACKENDS {
         assert!(stdout.contains(backend), "{stdout}");
     }
+    assert!(stdout.contains("rediss://"), "{stdout}");
 }
 
 #[test]
@@ -42,7 +43,7 @@ fn check_config_prints_the_effective_configuration_with_secrets_masked() {
     let env = [
         (
             "ABRIDGE_STORE__REDIS_URL",
-            "redis://default:pa55-Secret@cache.example:6380/0",
+            "rediss://default:pa55-Secret@cache.example:6380/0",
         ),
         ("ABRIDGE_IDENTITY__SECRET", "identity-Secret-99"),
         ("ABRIDGE_COMPACTION__STRATEGY", "structured"),
@@ -58,7 +59,7 @@ fn check_config_prints_the_effective_configuration_with_secrets_masked() {
     // Where Redis is stays visible; what opens it does not.
     assert_eq!(
         shown["store"]["redis_url"].as_str(),
-        Some("redis://default:*****@cache.example:6380/0")
+        Some("rediss://default:*****@cache.example:6380/0")
     );
     assert_eq!(shown["admin"]["token"].as_str(), Some("*****"));
     for secret in ["adm1n-token", "Secret77", "pa55-Secret", "identity-Secret"] {
