@@ -341,6 +341,16 @@ metrics! {
     summary_refused: "summary_refused",
         "Summaries not asked for: credential not yet accepted by the provider, or its rate spent"
         => fn summary_refused;
+    // The gate's score of each summary written: the share of the covered messages'
+    // identifiers the summariser kept itself.
+    gate_score: Histogram = Histogram::new([0.25, 0.5, 0.75, 0.9, 0.99, 1.0].into_iter()),
+        "summary_gate_score",
+        "Share of the covered messages' identifiers each summary kept before the gate's repairs"
+        => {};
+    /// Summaries the gate repaired (sections put in place, dropped identifiers or the
+    /// latest ask appended) and used.
+    summary_repairs: "summary_repairs",
+        "Summaries used after the gate repaired them (sections, dropped identifiers, latest ask)";
     /// Summarising strategies that fell back to recency.
     fallbacks: "fallbacks", "Summarising strategies that fell back to recency" => fn fallback;
     /// Requests compacted and retried after "context length exceeded".
@@ -428,6 +438,14 @@ impl Stats {
         self.added_latency
             .get_or_create(&RouteLabel { route })
             .observe(spent.as_secs_f64());
+    }
+
+    /// A summary the gate judged: its score, and whether it needed repairs.
+    pub fn summary_gate(&self, verdict: &crate::strategies::Verdict) {
+        self.gate_score.observe(f64::from(verdict.score));
+        if !verdict.repaired.is_empty() {
+            self.summary_repairs.inc();
+        }
     }
 
     pub fn compaction(&self, strategy: Strategy, trigger: Trigger, before: u64, after: u64) {

@@ -125,6 +125,7 @@ fn checkpoint_json(c: &Checkpoint) -> Value {
         "replacement_bytes": c.replacement_bytes(),
         "created_ms": c.created_ms,
         "summary": c.summary,
+        "gate": c.gate,
         "replacement": replacement,
     })
 }

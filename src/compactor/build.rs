@@ -267,6 +267,9 @@ impl Compactor {
         if plan.fallback.is_some() {
             self.stats.fallback();
         }
+        if let Some(verdict) = &plan.verdict {
+            self.stats.summary_gate(verdict);
+        }
         self.stats.compaction(
             plan.strategy,
             trigger,
@@ -376,5 +379,6 @@ fn checkpoint_of(plan: &Plan, prefixes: &[Fingerprint]) -> Result<Checkpoint, Ca
         tokens_before: plan.tokens_before,
         tokens_after: plan.tokens_after,
         created_ms: now_ms(),
+        gate: plan.verdict.clone(),
     })
 }

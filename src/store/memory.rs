@@ -388,6 +388,7 @@ mod tests {
             tokens_before: 0,
             tokens_after: 0,
             created_ms: 0,
+            gate: None,
         }
     }
 

@@ -33,6 +33,9 @@ pub struct Checkpoint {
     pub tokens_after: u64,
     /// Milliseconds since the Unix epoch.
     pub created_ms: u64,
+    /// What the summary gate found and repaired (a summary written for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<crate::strategies::Verdict>,
 }
 
 impl Checkpoint {
@@ -65,6 +68,7 @@ impl PartialEq for Checkpoint {
             && self.tokens_before == other.tokens_before
             && self.tokens_after == other.tokens_after
             && self.created_ms == other.created_ms
+            && self.gate == other.gate
     }
 }
 

@@ -21,9 +21,10 @@ pub(crate) enum Tail {
     /// Within the tail budget, at least `protect_tail_min` messages, the final turn always.
     Budgeted,
     /// Newest first up to the whole budget (what the head and the replacement leave), at
-    /// least `protect_tail_min` messages, the final turn always: `recency`, whose
-    /// replacement is small, spends the budget on what the agent saw last.
-    Filled,
+    /// least `protect_tail_min` messages, the final turn always, and never starting after
+    /// `keep_from` (the head gives way first): `recency`, whose replacement is small,
+    /// spends the budget on what the agent saw last.
+    Filled { keep_from: usize },
     /// The final turn only (and, for role alternation, the assistant message before it).
     FinalTurn,
 }
@@ -123,8 +124,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
     pub fn edges(&self, reserve: u64, tail: Tail, cost_kept: &dyn Fn(usize) -> u64) -> Edges {
         let n = self.layout.len();
         let user_role = self.settings.summary_role == SummaryRole::User;
-        let head = self.preferred_head(user_role);
-        let floor = self.floor(head);
+        let mut head = self.preferred_head(user_role);
 
         // Running sums from the edges inwards, so every estimate below is O(1).
         let mut sums = EdgeSums {
@@ -137,9 +137,14 @@ impl<'i, 'a> Ctx<'i, 'a> {
             fixed: self.estimator().per_request() + reserve,
         };
 
-        let low = floor.max(head + 1);
+        if let Tail::Filled { keep_from } = tail {
+            head = self.head_leaving(&mut sums, head, keep_from);
+        }
+        let low = self.floor(head).max(head + 1);
         let mut start = match tail {
-            Tail::Budgeted | Tail::Filled => self.budgeted_start(&mut sums, (head, low), tail),
+            Tail::Budgeted | Tail::Filled { .. } => {
+                self.budgeted_start(&mut sums, (head, low), tail)
+            }
             Tail::FinalTurn => self.t_min,
         };
         if user_role && is_user(&self.layout.messages[start]) {
@@ -155,10 +160,10 @@ impl<'i, 'a> Ctx<'i, 'a> {
     /// observations, which the agent is working from. (`recency` digests bulky tool
     /// results only before it.)
     pub fn newest_whole(&self, reserve: u64) -> usize {
-        let head = self.preferred_head(self.settings.summary_role == SummaryRole::User);
+        let head = self.smallest_head();
         let mut total = self.total(head, reserve, self.t_min);
         let mut k = self.t_min;
-        while k > head {
+        while k > head + 1 {
             total += self.cost(k - 1..k);
             if total > self.input.budget {
                 break;
@@ -166,6 +171,43 @@ impl<'i, 'a> Ctx<'i, 'a> {
             k -= 1;
         }
         self.cuts(k, self.t_min).next().unwrap_or(self.t_min)
+    }
+
+    /// The largest head, at most `head` and not below [`Self::smallest_head`], that leaves
+    /// room for keeping everything from `keep_from`: preferably one that still holds the
+    /// first ask (the task) and, with the user role, does not end on a user message; else
+    /// any (the smallest when none fits).
+    fn head_leaving(&self, sums: &mut EdgeSums<'_>, head: usize, keep_from: usize) -> usize {
+        let budget = self.input.budget;
+        if sums.total(head, keep_from) <= budget {
+            return head;
+        }
+        let l = &self.layout;
+        let user_role = self.settings.summary_role == SummaryRole::User;
+        let task_end = (l.sys..l.len())
+            .find(|&k| is_user(&l.messages[k]))
+            .map_or(self.h_min, |k| k + 1);
+        let good = |h: usize| h >= task_end && !(user_role && is_user(&l.messages[h - 1]));
+        let candidates: Vec<usize> = self.cuts(self.smallest_head(), head).rev().collect();
+        let preferred = candidates
+            .iter()
+            .copied()
+            .filter(|&h| good(h))
+            .find(|&h| sums.total(h, keep_from) <= budget);
+        preferred
+            .or_else(|| {
+                candidates
+                    .iter()
+                    .copied()
+                    .find(|&h| sums.total(h, keep_from) <= budget)
+            })
+            .unwrap_or(self.smallest_head())
+    }
+
+    /// The smallest head a plan that fills its tail may take: the previous checkpoint's,
+    /// whose bytes the provider has cached, else the leading system messages.
+    fn smallest_head(&self) -> usize {
+        self.previous.map_or(self.h_min, |p| p.head)
     }
 
     /// The turn boundaries (cuts) in `lo..hi`.
@@ -220,7 +262,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
         let n = self.layout.len();
         let tail_budget = self.settings.tail_budget(self.input.budget);
         let mut fits = |k: usize| match tail {
-            Tail::Filled => sums.total(head, k) <= self.input.budget,
+            Tail::Filled { .. } => sums.total(head, k) <= self.input.budget,
             Tail::Budgeted | Tail::FinalTurn => sums.kept(k) <= tail_budget,
         };
         let mut start = self.t_min;
@@ -345,6 +387,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
             tokens_before,
             tokens_after,
             messages_replaced: through + 1 - head,
+            verdict: None,
         }
     }
 

@@ -2,8 +2,10 @@
 //! still knows what was asked, done and decided. Each user ask (its first line), the tool
 //! calls made (name, key argument, outcome), the files and paths touched, identifiers and
 //! URLs and numbers with units, and the decisions and constraints stated — each list
-//! deduplicated, most recent first, within a token budget. No LLM; the same messages give
-//! the same bytes.
+//! deduplicated, most recent first, within a token budget. Paths and identifiers are read
+//! from what the user and the assistant wrote and from tool-call arguments, not from tool
+//! outputs (each output is its call's line). No LLM; the same messages give the same
+//! bytes.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -14,7 +16,6 @@ use regex::Regex;
 use super::recency::{exit_status, key_argument, quoted};
 use super::text::{first_line, identifiers, paths, scanned, truncate_chars};
 use crate::conversation::{Item, Role};
-use crate::tokens::approx_text;
 
 /// Longest line of an ask, a decision or a tool call, in characters.
 const LINE_CHARS: usize = 160;
@@ -28,33 +29,59 @@ const SECTIONS: [(&str, u64); 5] = [
     ("Decisions and constraints", 15),
 ];
 
-/// The index of `elided` within about `max_tokens`, or `None` when it holds nothing.
-pub(super) fn index(elided: &[Item<'_>], max_tokens: u64) -> Option<String> {
+/// The index of `elided` within about `max_tokens` as `tokens` counts them (the
+/// request's estimator), or `None` when it holds nothing.
+pub(super) fn index(
+    elided: &[Item<'_>],
+    max_tokens: u64,
+    tokens: &dyn Fn(&str) -> u64,
+) -> Option<String> {
     if max_tokens == 0 {
         return None;
     }
     let lists = collect(elided);
-    let mut out = String::from("Index of the elided messages (most recent first):");
-    let mut any = false;
-    for ((heading, share), entries) in SECTIONS.iter().zip(lists) {
-        let room = max_tokens * share / 100;
-        let mut used = approx_text(heading) + 2;
-        let mut section = String::new();
-        for entry in entries {
-            let cost = approx_text(&entry) + 2;
-            if used + cost > room {
-                break;
+    // Each entry is a line of its own: "- " and the line break.
+    let cost = |text: &str| tokens(text) + 2;
+    // Each section first takes entries within its share; what a section leaves is then
+    // spent in section order, so a quiet section does not waste the budget.
+    let mut taken = [0usize; 5];
+    let mut used = 0;
+    for pass in [Pass::Share, Pass::Spare] {
+        for (i, (heading, share)) in SECTIONS.iter().enumerate() {
+            let room = match pass {
+                Pass::Share => max_tokens * share / 100,
+                Pass::Spare => max_tokens.saturating_sub(used),
+            };
+            let mut spent = if taken[i] == 0 { cost(heading) } else { 0 };
+            let before = taken[i];
+            while let Some(entry) = lists[i].get(taken[i]) {
+                if spent + cost(entry) > room {
+                    break;
+                }
+                spent += cost(entry);
+                taken[i] += 1;
             }
-            used += cost;
-            if section.is_empty() {
-                let _ = write!(section, "\n{heading}:");
+            if taken[i] > before {
+                used += spent;
             }
-            let _ = write!(section, "\n- {entry}");
         }
-        any |= !section.is_empty();
-        out.push_str(&section);
     }
-    any.then_some(out)
+    let mut out = String::from("Index of the elided messages (most recent first):");
+    for (((heading, _), entries), n) in SECTIONS.iter().zip(&lists).zip(taken) {
+        if n > 0 {
+            let _ = write!(out, "\n{heading}:");
+        }
+        for entry in &entries[..n] {
+            let _ = write!(out, "\n- {entry}");
+        }
+    }
+    (taken.iter().sum::<usize>() > 0).then_some(out)
+}
+
+#[derive(Clone, Copy)]
+enum Pass {
+    Share,
+    Spare,
 }
 
 /// The five lists, most recent first, each entry once.
@@ -83,8 +110,12 @@ fn collect(elided: &[Item<'_>]) -> [Vec<String>; 5] {
                 tools.add(format!("{call} → {}", outcome(&text)));
             }
         }
+        // What was said and what calls were made with; a tool's output is represented by
+        // its call and outcome (a search's hundred paths would crowd out the ones that
+        // matter).
         let arguments: Vec<&str> = m.calls.iter().map(|c| c.arguments.as_ref()).collect();
-        for piece in arguments.into_iter().rev().chain([b, a]) {
+        let said: &[&str] = if m.is_result() { &[] } else { &[b, a] };
+        for piece in arguments.into_iter().rev().chain(said.iter().copied()) {
             let found: HashSet<&str> = paths(piece).into_iter().collect();
             for p in paths(piece).into_iter().rev() {
                 files.add(p.to_owned());
@@ -146,6 +177,7 @@ fn decision_pattern() -> &'static Regex {
 mod tests {
     use super::*;
     use crate::formats::chat;
+    use crate::tokens::approx_text;
 
     fn items(body: &str) -> Vec<Item<'_>> {
         chat::parse(body.as_bytes()).unwrap().messages
@@ -163,7 +195,7 @@ mod tests {
         ]})
         .to_string();
         let elided = items(&body);
-        let text = index(&elided, 2000).unwrap();
+        let text = index(&elided, 2000, &approx_text).unwrap();
         for fact in [
             "Deploy the billing service to eu-west-1",
             "bash(command=\"kubectl apply -f deploy/billing.yaml\") → exit status 0",
@@ -181,7 +213,7 @@ mod tests {
         let earlier = text.find("Deploy the billing").unwrap();
         assert!(later < earlier, "{text}");
         // Same messages, same bytes.
-        assert_eq!(index(&elided, 2000).unwrap(), text);
+        assert_eq!(index(&elided, 2000, &approx_text).unwrap(), text);
     }
 
     #[test]
@@ -192,16 +224,20 @@ mod tests {
         let body = serde_json::json!({ "messages": turns }).to_string();
         let elided = items(&body);
         for budget in [50, 400, 3000] {
-            let text = index(&elided, budget).unwrap_or_default();
+            let text = index(&elided, budget, &approx_text).unwrap_or_default();
             assert!(
                 approx_text(&text) <= budget + 20,
                 "{budget}: {}",
                 approx_text(&text)
             );
         }
-        assert!(index(&elided, 3000).unwrap().contains("src/mod_399.rs"));
-        assert_eq!(index(&elided, 0), None);
+        assert!(
+            index(&elided, 3000, &approx_text)
+                .unwrap()
+                .contains("src/mod_399.rs")
+        );
+        assert_eq!(index(&elided, 0, &approx_text), None);
         let quiet = items(r#"{"messages":[{"role":"assistant","content":""}]}"#);
-        assert_eq!(index(&quiet, 1000), None);
+        assert_eq!(index(&quiet, 1000, &approx_text), None);
     }
 }

@@ -60,6 +60,7 @@
 
 mod ctx;
 mod deterministic;
+pub(crate) mod gate;
 mod index;
 mod layout;
 mod recency;
@@ -83,6 +84,7 @@ use crate::formats::{Author, Format};
 use crate::tokens::Estimator;
 
 pub(crate) use ctx::{Ctx, Edges, Tail};
+pub use gate::Verdict;
 pub(crate) use layout::Layout;
 use layout::is_result;
 use validate::validate_with;
@@ -184,7 +186,7 @@ pub struct Settings {
     /// (default 2000).
     pub tool_prune_chars: usize,
     /// Recency: fraction of the budget the marker's index of the elided messages may take
-    /// (default 0.05; 0: a marker that only counts them).
+    /// (default 0.1; 0: a marker that only counts them).
     pub index_budget_ratio: f64,
     /// Role of the injected marker or summary (default user).
     pub summary_role: SummaryRole,
@@ -204,8 +206,9 @@ pub struct Settings {
     /// Summariser transcript: most characters in all; the oldest messages are left out
     /// beyond it (and counted) (default 400000).
     pub transcript_max_chars: usize,
-    /// Fidelity check: the fraction of the covered range's identifiers (paths, IDs, URLs,
-    /// numbers with units) the summary must contain (default 0.5).
+    /// Summary gate: below this fraction of the covered range's identifiers (paths, IDs,
+    /// URLs, numbers with units) kept, the summary is asked for once more with what it
+    /// dropped, and what is still missing is appended (default 0.5).
     pub min_identifier_ratio: f64,
 }
 
@@ -216,7 +219,7 @@ impl Default for Settings {
             tail_budget_ratio: 0.2,
             protect_tail_min: 4,
             tool_prune_chars: 2000,
-            index_budget_ratio: 0.05,
+            index_budget_ratio: 0.1,
             summary_role: SummaryRole::User,
             summary_max_tokens: 2000,
             message_head_chars: 6000,
@@ -334,7 +337,7 @@ pub enum Fallback {
     Summariser(SummaryError),
     #[error("the summariser returned an empty summary")]
     EmptySummary,
-    #[error("the summary failed the fidelity check: {0}")]
+    #[error("the summary gate rejected it: {0}")]
     Fidelity(Fidelity),
     #[error("the summary would make the request {estimate} tokens, over the budget of {budget}")]
     OverBudget { estimate: u64, budget: u64 },
@@ -342,15 +345,12 @@ pub enum Fallback {
     Invalid(Violation),
 }
 
-/// What the fidelity check found missing in a summary.
+/// Why the summary gate rejected a summary.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Fidelity {
-    #[error("sections missing: {}", .0.join(", "))]
-    MissingSections(Vec<&'static str>),
-    #[error("only {kept} of {of} identifiers kept")]
-    Identifiers { kept: usize, of: usize },
-    #[error("the latest user request is not reflected")]
-    LatestAsk,
+    /// Most of the paths and URLs it names appear nowhere in the covered messages.
+    #[error("{invented} of the {of} paths and URLs it names are not in the conversation")]
+    Invented { invented: usize, of: usize },
 }
 
 /// Why nothing can be compacted.
@@ -408,6 +408,8 @@ pub struct Plan {
     pub tokens_after: u64,
     /// Original messages no longer forwarded as they were (`through + 1 - head`).
     pub messages_replaced: usize,
+    /// What the summary gate found and repaired, for a summary written for this plan.
+    pub verdict: Option<Verdict>,
 }
 
 impl Plan {
@@ -461,7 +463,7 @@ impl Cpu for Inline {
 }
 
 /// Compacts `input` with `strategy`. `summarise` is called at most once, and only by the
-/// summarising strategies; any failure of it (or of the summary's fidelity check, or a
+/// summarising strategies; any failure of it (or of the summary gate, or a
 /// summary that does not fit the budget) falls back to recency and says so in
 /// [`Plan::fallback`]. The returned plan has passed [`validate`]. The work around the
 /// summary runs on `cpu`.

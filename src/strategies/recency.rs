@@ -52,7 +52,7 @@ pub(super) fn plan(
         Some((_, tokens)) => tokens,
         None => ctx.cost(k..k + 1),
     };
-    let Edges { head, start } = ctx.edges(reserve, Tail::Filled, &cost_kept);
+    let Edges { head, start } = ctx.edges(reserve, Tail::Filled { keep_from: whole }, &cost_kept);
 
     // Digests in the kept part before the whole part; the replacement runs through the
     // end of the last digested tool exchange.
@@ -77,7 +77,9 @@ pub(super) fn plan(
         count(Role::Assistant),
         elided.iter().filter(|m| is_result(m)).count(),
     );
-    let indexed = index::index(elided, index_budget).map(|index| format!("{counts}\n{index}"));
+    let tokens = |text: &str| ctx.estimator().text(text);
+    let indexed =
+        index::index(elided, index_budget, &tokens).map(|index| format!("{counts}\n{index}"));
     let mut kept: Vec<(Box<RawValue>, Origin)> = Vec::with_capacity(through + 1 - start);
     let mut digests = digests.into_iter().peekable();
     for (k, message) in messages.iter().enumerate().take(through + 1).skip(start) {

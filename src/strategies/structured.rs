@@ -9,38 +9,25 @@
 //! - A later compaction with the previous summary at hand sends `PREVIOUS SUMMARY` plus
 //!   only the messages since, and asks for an update: never a summary of a summary, and
 //!   the cost of an update does not grow with the conversation.
-//! - Before use, the fidelity check: every section present, at least
-//!   `min_identifier_ratio` of the covered messages' identifiers (paths, IDs, URLs,
-//!   numbers with units; the 30 most frequent) present, and the latest user request
-//!   reflected (a quarter of its keywords). A summary failing it, an empty answer, any
-//!   summariser error or timeout, or a summary that does not fit the budget: the caller
-//!   gets recency instead, with the reason in [`super::Plan::fallback`].
+//! - Before use, the gate ([`super::gate`]): sections repaired, what the summary dropped
+//!   appended, rejected only for inventing. A summary keeping fewer than
+//!   `min_identifier_ratio` of the covered messages' identifiers is asked for once more,
+//!   listing what it dropped; the better answer is used. A rejected summary, an empty
+//!   answer, any summariser error or timeout, or a summary that does not fit the budget:
+//!   the caller gets recency instead, with the reason in [`super::Plan::fallback`].
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::ops::RangeInclusive;
 
+use super::gate::{self, Covered, Verdict};
 use super::redact::redact;
-use super::text::{head_tail, identifiers, keywords, mentions, truncate_chars, without_spaces};
+use super::text::{head_tail, identifiers, truncate_chars};
 use super::{
-    Cpu, Ctx, Edges, Fallback, Fidelity, Origin, Plan, Strategy, SummaryError, SummaryRequest,
-    Tail, authored,
+    Cpu, Ctx, Edges, Fallback, Origin, Plan, Strategy, SummaryError, SummaryRequest, Tail, authored,
 };
 use crate::conversation::{Content, Item, Part, Role};
-
-/// The sections every summary has, as (heading, what the check looks for at the start
-/// of a heading line, lower-cased).
-const SECTIONS: [(&str, &str); 7] = [
-    ("Goal", "goal"),
-    ("Constraints & Preferences", "constraints"),
-    ("Progress", "progress"),
-    ("Key Decisions", "key decisions"),
-    ("Relevant Files", "relevant files"),
-    ("Next Steps", "next steps"),
-    ("Critical Context", "critical context"),
-];
 
 const TEMPLATE: &str = "\
 ## Goal
@@ -86,10 +73,6 @@ status clear. Write only the summary.";
 
 /// Tokens set aside for the framing around the summary body.
 const FRAMING_TOKENS: u64 = 96;
-/// Identifiers the fidelity check looks for at most (the most frequent).
-const MAX_IDENTIFIERS: usize = 30;
-/// Keywords of the latest request considered at most.
-const MAX_KEYWORDS: usize = 12;
 
 pub(super) async fn plan<F, Fut>(
     ctx: &Ctx<'_, '_>,
@@ -102,7 +85,7 @@ where
     Fut: Future<Output = Result<String, SummaryError>>,
 {
     let strategy = match tail {
-        Tail::Budgeted | Tail::Filled => Strategy::Structured,
+        Tail::Budgeted | Tail::Filled { .. } => Strategy::Structured,
         Tail::FinalTurn => Strategy::LlmReplace,
     };
     let budget = ctx.input.budget;
@@ -110,20 +93,15 @@ where
     let permit = cpu.acquire().await;
     let prepared = cpu.run(&permit, || prepare(ctx, tail, max_tokens));
     drop(permit);
-    let body = match prepared.ask {
-        None => prepared.previous.unwrap_or_default().trim().to_owned(),
+    let (body, verdict) = match prepared.ask {
+        None => (
+            prepared.previous.unwrap_or_default().trim().to_owned(),
+            None,
+        ),
         Some((transcript, request)) => {
-            let answer = summarise(request).await.map_err(Fallback::Summariser)?;
-            let permit = cpu.acquire().await;
-            cpu.run(&permit, || {
-                let body = answer.trim();
-                if body.is_empty() {
-                    return Err(Fallback::EmptySummary);
-                }
-                fidelity(body, &transcript, ctx.settings.min_identifier_ratio)
-                    .map_err(Fallback::Fidelity)?;
-                Ok(body.to_owned())
-            })?
+            let covered = (&transcript, prepared.previous);
+            let (body, verdict) = ask(ctx, covered, request, summarise, cpu).await?;
+            (body, Some(verdict))
         }
     };
     let (head, through) = (prepared.head, prepared.through);
@@ -136,13 +114,14 @@ where
             through + 1 - head
         );
         let raw = authored(ctx.input.format, ctx.settings.summary_role, &framed);
-        let plan = ctx.plan(
+        let mut plan = ctx.plan(
             strategy,
             strategy,
             (head, through),
             vec![(raw, Origin::Authored)],
             Some(body),
         );
+        plan.verdict = verdict;
         if plan.tokens_after > budget {
             return Err(Fallback::OverBudget {
                 estimate: plan.tokens_after,
@@ -151,6 +130,66 @@ where
         }
         Ok(plan)
     })
+}
+
+/// Asks the summariser and puts the answer through the gate. An answer that kept fewer
+/// than `min_identifier_ratio` of the covered identifiers — the new messages' and, for
+/// an update, the previous summary's, so nothing it carried silently disappears — is
+/// followed by one more request that lists what it dropped; the answer that kept more is
+/// used, repaired.
+async fn ask<F, Fut>(
+    ctx: &Ctx<'_, '_>,
+    (transcript, previous): (&Transcript, Option<&str>),
+    request: SummaryRequest,
+    summarise: &F,
+    cpu: &impl Cpu,
+) -> Result<(String, Verdict), Fallback>
+where
+    F: Fn(SummaryRequest) -> Fut,
+    Fut: Future<Output = Result<String, SummaryError>>,
+{
+    let retry = request.clone();
+    // What the summary may name without inventing: the transcript and, for an update,
+    // the previous summary — the prompt holds both.
+    let carried = previous.map(identifiers).unwrap_or_default();
+    let covered = Covered {
+        text: &retry.prompt,
+        identifiers: &transcript.identifiers,
+        carried: &carried,
+        latest_ask: transcript.latest_ask.as_deref(),
+    };
+    let answer = summarise(request).await.map_err(Fallback::Summariser)?;
+    let answer = answer.trim().to_owned();
+    if answer.is_empty() {
+        return Err(Fallback::EmptySummary);
+    }
+    let permit = cpu.acquire().await;
+    let (dropped, of) = cpu.run(&permit, || gate::dropped(&answer, &covered));
+    drop(permit);
+    let kept = of - dropped.len();
+    let mut best = answer;
+    if of > 0 && (kept as f64) < ctx.settings.min_identifier_ratio * of as f64 {
+        let again = SummaryRequest {
+            prompt: format!(
+                "{}\n\nA first summary left out these identifiers of the transcript; write \
+                 the summary again and keep each exactly as written: {}",
+                retry.prompt,
+                dropped.join(", ")
+            ),
+            ..retry.clone()
+        };
+        if let Ok(second) = summarise(again).await {
+            let second = second.trim().to_owned();
+            let permit = cpu.acquire().await;
+            let (still, _) = cpu.run(&permit, || gate::dropped(&second, &covered));
+            if !second.is_empty() && still.len() < dropped.len() {
+                best = second;
+            }
+        }
+    }
+    let permit = cpu.acquire().await;
+    cpu.run(&permit, || gate::judge(&best, &covered))
+        .map_err(Fallback::Fidelity)
 }
 
 /// The edges of a summary plan and what to ask the summariser (`None`: the previous
@@ -194,7 +233,7 @@ fn prepare<'p>(ctx: &Ctx<'_, 'p>, tail: Tail, max_tokens: u32) -> Prepared<'p> {
     }
 }
 
-/// The messages as the summariser sees them, and what the fidelity check needs.
+/// The messages as the summariser sees them, and what the summary gate needs.
 struct Transcript {
     text: String,
     /// Messages in the range.
@@ -384,74 +423,12 @@ fn prompt(transcript: &Transcript, previous: Option<&str>, focus: Option<&str>) 
     p
 }
 
-/// The fidelity check (see the module docs).
-fn fidelity(body: &str, transcript: &Transcript, min_ratio: f64) -> Result<(), Fidelity> {
-    let missing = missing_sections(body);
-    if !missing.is_empty() {
-        return Err(Fidelity::MissingSections(missing));
-    }
-    let compact = without_spaces(body);
-    // The most frequent identifiers, ties broken by first appearance.
-    let mut seen: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for (at, id) in transcript.identifiers.iter().enumerate() {
-        seen.entry(id).or_insert((0, at)).0 += 1;
-    }
-    let mut counted: Vec<(&str, usize, usize)> =
-        seen.into_iter().map(|(id, (n, at))| (id, n, at)).collect();
-    counted.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
-    counted.truncate(MAX_IDENTIFIERS);
-    let of = counted.len();
-    let kept = counted
-        .iter()
-        .filter(|(id, _, _)| mentions(&compact, id))
-        .count();
-    if of > 0 && (kept as f64) < min_ratio * of as f64 {
-        return Err(Fidelity::Identifiers { kept, of });
-    }
-    if let Some(ask) = &transcript.latest_ask {
-        let words = keywords(ask, MAX_KEYWORDS);
-        if !words.is_empty() {
-            let lower = body.to_lowercase();
-            // Stems: the first five letters match inflections (refactor/refactoring).
-            let found = words
-                .iter()
-                .filter(|w| lower.contains(&w[..w.len().min(5)]))
-                .count();
-            if found * 4 < words.len() || found == 0 {
-                return Err(Fidelity::LatestAsk);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The template's sections a summary lacks: a section is present when a line starts
-/// with its name once Markdown markers (`#`, `*`, numbering) are stripped.
-fn missing_sections(body: &str) -> Vec<&'static str> {
-    let headings: Vec<String> = body
-        .lines()
-        .map(|l| {
-            l.trim_start_matches(|c: char| {
-                c.is_whitespace()
-                    || matches!(c, '#' | '*' | '_' | '-' | '.' | ')')
-                    || c.is_ascii_digit()
-            })
-            .to_lowercase()
-        })
-        .collect();
-    SECTIONS
-        .iter()
-        .filter(|(_, key)| !headings.iter().any(|h| h.starts_with(key)))
-        .map(|(name, _)| *name)
-        .collect()
-}
-
 /// A compact summary that passes the check for `request`: every section, the prompt's
 /// distinct identifiers and the start of its last user message. For the tests.
 #[cfg(test)]
 pub(crate) fn echo_summary(request: &SummaryRequest) -> String {
     let mut out = String::new();
-    for (name, _) in SECTIONS {
+    for (name, _) in gate::SECTIONS {
         let _ = writeln!(out, "## {name}\n(none)\n");
     }
     let mut ids = identifiers(&request.prompt);
@@ -473,9 +450,9 @@ mod tests {
     fn sections_are_found_in_common_markdown_shapes() {
         let full = "## Goal\nx\n**Constraints & Preferences**\n### Progress\n1. Key Decisions\n\
                     # Relevant Files\n- Next Steps:\nCRITICAL CONTEXT\n";
-        assert!(missing_sections(full).is_empty());
+        assert!(gate::sections(full).1.is_empty());
         assert_eq!(
-            missing_sections("## Goal\n## Progress"),
+            gate::sections("## Goal\n## Progress").1,
             vec![
                 "Constraints & Preferences",
                 "Key Decisions",
@@ -484,6 +461,6 @@ mod tests {
                 "Critical Context"
             ]
         );
-        assert!(missing_sections(TEMPLATE).is_empty());
+        assert!(gate::sections(TEMPLATE).1.is_empty());
     }
 }

@@ -45,6 +45,7 @@ try {
     tokens_saved_estimated: c.tokens_saved_estimated,
     prompt_tokens_reported: c.prompt_tokens_reported,
     summary_calls: c.summary_calls,
+    summary_repairs: c.summary_repairs,
     active_conversations: stats.active_conversations,
   };
   for (const [key, value] of Object.entries(expected)) {

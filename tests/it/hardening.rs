@@ -261,7 +261,10 @@ async fn summaries_are_paid_only_for_accepted_credentials_within_their_rate() {
     let answer = post(&proxy, &[good, force], &longer.to_string()).await;
     assert_eq!(
         answer.header("x-abridge-strategy").as_deref(),
-        Some("recency")
+        Some("recency"),
+        "{:?} {:?}",
+        answer.header("x-abridge-note"),
+        answer.header("x-abridge-messages-replaced")
     );
     assert!(
         answer

@@ -22,6 +22,7 @@ mod conversations;
 mod dashboard;
 mod errors;
 mod faults;
+mod fidelity;
 mod hardening;
 mod lifecycle;
 mod llama;

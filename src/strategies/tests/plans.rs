@@ -31,10 +31,12 @@ fn recency_keeps_head_and_tail_and_digests_bulky_results() {
     let last_big = messages.len() - 4;
     assert!(plan.through < last_big, "{plan:?}");
     assert_eq!(plan.tokens_before, total);
-    // Head: system, first user message, and (turn boundary) the first tool exchange.
-    assert_eq!(plan.head, 5, "{plan:?}");
+    // Head: the system message and the first ask. protect_head would keep the first tool
+    // exchange too; the latest turns, kept whole, come first.
+    assert_eq!(plan.head, 2, "{plan:?}");
     let out = forwarded_json(&messages, &plan);
     assert_eq!(out[0], msgs[0]);
+    assert_eq!(out[1], msgs[1]);
     assert_eq!(out.last().unwrap(), msgs.last().unwrap());
     let marker = out[plan.head]["content"].as_str().unwrap();
     assert!(marker.starts_with(FRAME), "{marker}");

@@ -54,11 +54,7 @@ async fn a_provider_window_below_the_threshold_means_exactly_one_compact_and_ret
 
 #[tokio::test]
 async fn summariser_failures_fall_back_and_the_request_succeeds() {
-    for mode in [
-        SummaryMode::Error,
-        SummaryMode::Empty,
-        SummaryMode::MissingSections,
-    ] {
+    for mode in [SummaryMode::Error, SummaryMode::Empty] {
         let provider = FakeProvider::start(Behavior {
             summary: mode,
             ..Behavior::default()
@@ -107,6 +103,80 @@ async fn summariser_failures_fall_back_and_the_request_succeeds() {
         }
         assert!(proxy.stats().fallbacks >= 1);
     }
+}
+
+/// A summary that leaves out sections of the template (and what they would hold) is
+/// repaired and used, not thrown away; the checkpoint, the admin API and the metrics say
+/// what the gate found.
+#[tokio::test]
+async fn a_summary_missing_sections_is_repaired_and_used() {
+    let provider = FakeProvider::start(Behavior {
+        summary: SummaryMode::MissingSections,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Structured);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = Agent::new(&proxy, "sk-repair");
+    let mut compacted = None;
+    for n in 1..=12 {
+        let answers = agent.turn(n).await;
+        if let Some(a) = answers.into_iter().find(Answer::compacted) {
+            compacted = Some(a);
+            break;
+        }
+    }
+    let answer = compacted.expect("compacted");
+    assert_eq!(
+        answer.header("x-abridge-strategy").as_deref(),
+        Some("structured"),
+        "{:?}",
+        answer.header("x-abridge-note")
+    );
+    let id = answer.header("x-abridge-conversation").unwrap();
+    let loaded = proxy
+        .state
+        .store()
+        .load(&abridge::identity::Fingerprint::from_hex(&id).unwrap())
+        .await
+        .unwrap();
+    let checkpoint = &loaded.checkpoints[0];
+    let summary = checkpoint.summary.as_deref().unwrap();
+    for heading in [
+        "## Goal",
+        "## Constraints & Preferences",
+        "## Critical Context",
+    ] {
+        assert!(summary.contains(heading), "{heading}: {summary}");
+    }
+    let gate = checkpoint
+        .gate
+        .as_ref()
+        .expect("the gate's verdict is kept");
+    assert!(
+        gate.repaired.iter().any(|r| r.starts_with("sections")),
+        "{gate:?}"
+    );
+    let sent = main_requests(&provider);
+    let forwarded = serde_json::to_string(&messages_of(sent.last().unwrap())).unwrap();
+    assert!(
+        forwarded.contains("(none recorded)"),
+        "the repaired summary went upstream"
+    );
+    let text = reqwest::get(format!("http://{}/metrics", proxy.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("abridge_summary_repairs_total 1"), "{text}");
+    assert!(
+        text.contains("abridge_summary_gate_score_count 1"),
+        "{text}"
+    );
+    assert_eq!(proxy.stats().fallbacks, 0);
 }
 
 #[tokio::test]

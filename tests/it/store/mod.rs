@@ -118,6 +118,10 @@ fn checkpoint(through: u32, prefix: Fingerprint, text: &str) -> Checkpoint {
         tokens_before: 1000 + u64::from(through),
         tokens_after: 100,
         created_ms: 1_700_000_000_000,
+        gate: Some(abridge::strategies::Verdict {
+            score: 0.5,
+            repaired: vec!["sections: Goal".to_owned()],
+        }),
     }
 }
 

@@ -1,0 +1,162 @@
+//! What a compaction keeps, measured on the long conversations shipped in
+//! `tests/data/conversations/` (written by `scripts/gen-conversations`): each is replayed
+//! through the request path one user turn at a time, as its client sent it, and at the
+//! final turn the facts planted in its history (identifiers, paths, URLs, quantities,
+//! decisions, constraints) are looked for in what the provider received. The facts are
+//! counted here, by the test, not by anything abridge computes.
+
+use abridge::config::Config;
+use abridge::strategies::Strategy;
+use fake_provider::{Behavior, FakeProvider};
+use serde_json::{Value, json};
+
+use crate::common::agent::{idle, main_requests};
+use crate::common::{Proxy, client, compacting};
+
+/// A shipped conversation.
+struct Shipped {
+    name: &'static str,
+    messages: Vec<Value>,
+    facts: Vec<String>,
+}
+
+fn shipped() -> Vec<Shipped> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/conversations");
+    ["coding-agent", "support-chat", "research"]
+        .into_iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap();
+            let doc: Value = serde_json::from_str(&text).unwrap();
+            Shipped {
+                name,
+                messages: doc["request"]["messages"].as_array().unwrap().clone(),
+                facts: doc["facts"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|f| f.as_str().unwrap().to_owned())
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// Every text of a forwarded request's messages: contents and tool-call arguments.
+fn texts(request: &Value) -> String {
+    let mut out = String::new();
+    for m in request["messages"].as_array().unwrap() {
+        if let Some(s) = m["content"].as_str() {
+            out.push_str(s);
+            out.push('\n');
+        }
+        for call in m["tool_calls"].as_array().into_iter().flatten() {
+            out.push_str(call["function"]["arguments"].as_str().unwrap_or_default());
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// What one replay showed.
+struct Replay {
+    compacted_turns: usize,
+    kept: usize,
+    missing: Vec<String>,
+    last_prompt_tokens: u64,
+}
+
+/// Replays `conversation` with `strategy` at `threshold` tokens: one request per user
+/// message after the first, each with the history up to it.
+async fn replay(conversation: &Shipped, config: Config) -> Replay {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut config = config;
+    config.upstream = provider.url().parse().unwrap();
+    let proxy = Proxy::start_with(config).await;
+    let asks: Vec<usize> = (0..conversation.messages.len())
+        .filter(|&k| conversation.messages[k]["role"] == "user")
+        .skip(1)
+        .collect();
+    let mut compacted_turns = 0;
+    let mut last_prompt_tokens = 0;
+    for &k in &asks {
+        let body = json!({"model": "gpt-4o", "messages": conversation.messages[..=k]});
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth(format!("sk-fidelity-{}", conversation.name))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{} turn {k}", conversation.name);
+        if response.headers()["x-abridge-compacted"] == "true" {
+            compacted_turns += 1;
+        }
+        let answer: Value = response.json().await.unwrap();
+        last_prompt_tokens = answer["usage"]["prompt_tokens"].as_u64().unwrap();
+        idle(&proxy).await;
+    }
+    let last = main_requests(&provider).pop().unwrap().json();
+    let received = texts(&last);
+    let missing: Vec<String> = conversation
+        .facts
+        .iter()
+        .filter(|f| !received.contains(f.as_str()))
+        .cloned()
+        .collect();
+    Replay {
+        compacted_turns,
+        kept: conversation.facts.len() - missing.len(),
+        missing,
+        last_prompt_tokens,
+    }
+}
+
+/// Facts kept of those planted over all shipped conversations, and a line per
+/// conversation.
+async fn measure(threshold: u64, index_budget_ratio: f64) -> (usize, usize, Vec<String>) {
+    let (mut kept, mut planted) = (0, 0);
+    let mut report = Vec::new();
+    for conversation in shipped() {
+        let mut config = compacting("http://127.0.0.1:9/v1", Strategy::Recency, threshold);
+        config.strategies.index_budget_ratio = index_budget_ratio;
+        let r = replay(&conversation, config).await;
+        assert!(r.compacted_turns > 0, "{} was compacted", conversation.name);
+        assert!(
+            r.last_prompt_tokens <= threshold,
+            "{}: {} prompt tokens at the final turn",
+            conversation.name,
+            r.last_prompt_tokens
+        );
+        kept += r.kept;
+        planted += conversation.facts.len();
+        report.push(format!(
+            "{}: {}/{} kept, missing {:?}",
+            conversation.name,
+            r.kept,
+            conversation.facts.len(),
+            r.missing
+        ));
+    }
+    (kept, planted, report)
+}
+
+/// Recency, with no model at all, keeps at least 80 % of the planted facts in all; the
+/// marker's index is what carries those of the elided middle.
+#[tokio::test]
+async fn recency_keeps_four_fifths_of_the_planted_facts() {
+    let threshold = 16000;
+    let (kept, planted, report) = measure(threshold, 0.1).await;
+    eprintln!("recency at {threshold} tokens:\n{}", report.join("\n"));
+    assert!(
+        kept * 100 >= planted * 80,
+        "{kept} of {planted} facts kept:\n{}",
+        report.join("\n")
+    );
+    let (bare, _, report) = measure(threshold, 0.0).await;
+    eprintln!("without the index:\n{}", report.join("\n"));
+    assert!(
+        bare * 100 < planted * 50,
+        "{bare} of {planted} kept by a marker that only counts:\n{}",
+        report.join("\n")
+    );
+}
