@@ -27,8 +27,10 @@ pub(super) const SECTIONS: [(&str, &str); 7] = [
     ("Critical Context", "critical context"),
 ];
 
-/// Identifiers the gate looks for at most (the most frequent).
-pub(super) const MAX_IDENTIFIERS: usize = 30;
+/// Identifiers of what the user and the assistant wrote the gate looks for at most (the
+/// most frequent), and of tool outputs.
+pub(super) const MAX_SAID: usize = 60;
+pub(super) const MAX_OBSERVED: usize = 20;
 /// Keywords of the latest request considered at most.
 const MAX_KEYWORDS: usize = 12;
 /// Fewest invented paths and URLs that can reject a summary.
@@ -49,8 +51,12 @@ pub struct Verdict {
 pub(super) struct Covered<'t> {
     /// Their text, for telling kept identifiers from invented ones.
     pub text: &'t str,
-    /// Their identifiers, repeats included, in order (the most frequent are looked for).
-    pub identifiers: &'t [String],
+    /// Identifiers of what the user and the assistant wrote there, repeats included, in
+    /// order (the most frequent are looked for).
+    pub said: &'t [String],
+    /// Identifiers of the tool outputs there, the same way (fewer are looked for: a
+    /// search's hundred paths are not a hundred facts).
+    pub observed: &'t [String],
     /// Identifiers the previous summary carried: an update keeps every one.
     pub carried: &'t [String],
     /// The last user message among them.
@@ -62,18 +68,9 @@ pub(super) struct Covered<'t> {
 /// how many it should name.
 pub(super) fn dropped(body: &str, covered: &Covered<'_>) -> (Vec<String>, usize) {
     let compact = without_spaces(body);
-    let mut seen: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for (at, id) in covered.identifiers.iter().enumerate() {
-        seen.entry(id).or_insert((0, at)).0 += 1;
-    }
-    let mut counted: Vec<(&str, usize, usize)> =
-        seen.into_iter().map(|(id, (n, at))| (id, n, at)).collect();
-    // The most frequent first, ties by first appearance.
-    counted.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
-    counted.truncate(MAX_IDENTIFIERS);
     let mut wanted: Vec<&str> = covered.carried.iter().map(String::as_str).collect();
-    counted.sort_by_key(|&(_, _, at)| at);
-    wanted.extend(counted.into_iter().map(|(id, _, _)| id));
+    wanted.extend(most_frequent(covered.said, MAX_SAID));
+    wanted.extend(most_frequent(covered.observed, MAX_OBSERVED));
     let mut unique = std::collections::HashSet::new();
     wanted.retain(|id| unique.insert(*id));
     let of = wanted.len();
@@ -83,6 +80,20 @@ pub(super) fn dropped(body: &str, covered: &Covered<'_>) -> (Vec<String>, usize)
         .map(str::to_owned)
         .collect();
     (missing, of)
+}
+
+/// The `max` most frequent of `ids` (ties by first appearance), in order of appearance.
+fn most_frequent(ids: &[String], max: usize) -> Vec<&str> {
+    let mut seen: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (at, id) in ids.iter().enumerate() {
+        seen.entry(id).or_insert((0, at)).0 += 1;
+    }
+    let mut counted: Vec<(&str, usize, usize)> =
+        seen.into_iter().map(|(id, (n, at))| (id, n, at)).collect();
+    counted.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+    counted.truncate(max);
+    counted.sort_by_key(|&(_, _, at)| at);
+    counted.into_iter().map(|(id, _, _)| id).collect()
 }
 
 /// Judges and repairs `body`: the summary to use, and what was found and done.
@@ -218,7 +229,8 @@ mod tests {
     fn covered<'t>(text: &'t str, ids: &'t [String], ask: Option<&'t str>) -> Covered<'t> {
         Covered {
             text,
-            identifiers: ids,
+            said: ids,
+            observed: &[],
             carried: &[],
             latest_ask: ask,
         }

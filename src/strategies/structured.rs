@@ -154,7 +154,8 @@ where
     let carried = previous.map(identifiers).unwrap_or_default();
     let covered = Covered {
         text: &retry.prompt,
-        identifiers: &transcript.identifiers,
+        said: &transcript.said,
+        observed: &transcript.observed,
         carried: &carried,
         latest_ask: transcript.latest_ask.as_deref(),
     };
@@ -238,8 +239,11 @@ struct Transcript {
     text: String,
     /// Messages in the range.
     messages: usize,
-    /// Identifiers of the included bodies, repeats included, in order.
-    identifiers: Vec<String>,
+    /// Identifiers of what the user and the assistant wrote (calls' arguments included),
+    /// repeats included, in order.
+    said: Vec<String>,
+    /// Identifiers of the tool outputs, the same way.
+    observed: Vec<String>,
     /// The last user message of the range, as included.
     latest_ask: Option<String>,
 }
@@ -249,7 +253,7 @@ impl Transcript {
         let s = ctx.settings;
         let messages = ctx.messages();
         let count = range.clone().count();
-        let mut blocks: Vec<(String, Vec<String>)> = Vec::new();
+        let mut blocks: Vec<(String, Vec<String>, bool)> = Vec::new();
         let mut chars = 0;
         let mut latest_ask = None;
         // Newest first, so the length limit drops the oldest.
@@ -264,7 +268,7 @@ impl Transcript {
             if latest_ask.is_none() && m.role == Role::User {
                 latest_ask = bodies.first().cloned();
             }
-            blocks.push((block, bodies));
+            blocks.push((block, bodies, m.is_result()));
         }
         blocks.reverse();
         let left_out = count - blocks.len();
@@ -275,10 +279,11 @@ impl Transcript {
                 "[… {left_out} earlier messages left out of this transcript for length …]\n"
             );
         }
-        let mut ids = Vec::new();
-        for (block, bodies) in &blocks {
+        let (mut said, mut observed) = (Vec::new(), Vec::new());
+        for (block, bodies, result) in &blocks {
             text.push_str(block);
             text.push('\n');
+            let ids = if *result { &mut observed } else { &mut said };
             for body in bodies {
                 ids.extend(identifiers(body));
             }
@@ -286,7 +291,8 @@ impl Transcript {
         Self {
             text,
             messages: count,
-            identifiers: ids,
+            said,
+            observed,
             latest_ask,
         }
     }

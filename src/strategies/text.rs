@@ -168,7 +168,8 @@ fn url_pattern() -> &'static Regex {
 }
 
 /// Identifiers other than paths: URLs, UUIDs, hex hashes, ticket-like IDs (`ABC-123`),
-/// numbers with units, amounts of money, DOIs and model codes (`R290`, `H100`).
+/// numbers with units, amounts of money, DOIs, model codes (`R290`, `H100`) and
+/// account-style IDs (`acct_7Q2ZK9`: a prefix, then letters and digits mixed).
 fn identifier_patterns() -> &'static [Regex] {
     static P: OnceLock<Vec<Regex>> = OnceLock::new();
     P.get_or_init(|| {
@@ -176,10 +177,11 @@ fn identifier_patterns() -> &'static [Regex] {
             r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",
             r"\b[0-9a-f]*[0-9][0-9a-f]*[a-f][0-9a-f]*\b|\b[0-9a-f]*[a-f][0-9a-f]*[0-9][0-9a-f]*\b",
             r"\b[A-Z][A-Z0-9]+-[0-9]+\b",
-            r"\b[0-9]+(?:\.[0-9]+)?(?:%| ?(?:ms|s|sec|secs|seconds|min|mins|minutes|h|hours|days|B|KB|MB|GB|TB|KiB|MiB|GiB|k|K|M|px|tokens)\b)",
+            r"\b[0-9]+(?:\.[0-9]+)?(?:%| ?(?:ms|s|sec|secs|seconds|min|mins|minutes|h|hours|days|B|KB|MB|GB|TB|KiB|MiB|GiB|k|K|M|px|tokens|dB|Hz|kHz|MHz|GHz|W|kW|MW|kWh|V|mA|°C|°F)\b)",
             r"[$€£] ?[0-9][0-9,]*(?:\.[0-9]+)?\b|\b[0-9][0-9,]*(?:\.[0-9]+)? ?(?:EUR|USD|GBP|CHF|JPY)\b",
             r"\bdoi:10\.[0-9]{4,9}/[A-Za-z0-9._;()/:-]*[A-Za-z0-9]",
             r"\b[A-Z]{1,4}[0-9]{2,6}\b",
+            r"\b[a-z]{2,}_[A-Za-z0-9]*(?:[0-9][A-Za-z0-9]*[A-Z]|[A-Z][A-Za-z0-9]*[0-9])[A-Za-z0-9]*\b",
         ])
     })
 }
@@ -293,9 +295,14 @@ mod tests {
             assert!(ids.iter().any(|i| i == want), "{want} in {ids:?}");
         }
         let ids = identifiers(
-            "It cost 11,400 EUR ($12,300.50), see doi:10.5555/hp.2023.118; uses R290; 4.2% fail.",
+            "It cost 11,400 EUR ($12,300.50), see doi:10.5555/hp.2023.118; uses R290; 4.2% \
+             fail; 48 dB at 1.8 kW for acct_7Q2ZK9 (not call_1_a).",
         );
+        assert!(!ids.iter().any(|i| i.contains("call_1_a")), "{ids:?}");
         for want in [
+            "48 dB",
+            "1.8 kW",
+            "acct_7Q2ZK9",
             "11,400 EUR",
             "$12,300.50",
             "doi:10.5555/hp.2023.118",

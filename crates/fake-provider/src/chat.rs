@@ -476,7 +476,7 @@ fn summarise(messages: &[Value], mode: SummaryMode) -> String {
         if looks_like_id
             && t.len() > 1
             && !identifiers.iter().any(|i| i == t)
-            && identifiers.len() < 60
+            && identifiers.len() < 120
         {
             identifiers.push(t.to_owned());
         }
@@ -496,11 +496,33 @@ fn summarise(messages: &[Value], mode: SummaryMode) -> String {
                 .join("\n")
         }
     };
+    // As a model following the template does: sentences that state a decision or a
+    // constraint go under their sections.
+    let stated = |cues: &[&str]| {
+        let found: Vec<String> = transcript
+            .split(['.', '\n'])
+            .map(str::trim)
+            .filter(|l| !l.starts_with('[') && l.len() > 8)
+            .filter(|l| {
+                let lower = l.to_lowercase();
+                cues.iter().any(|c| lower.contains(c))
+            })
+            .take(10)
+            .map(|l| format!("- {}", l.chars().take(200).collect::<String>()))
+            .collect();
+        if found.is_empty() {
+            "- none recorded".to_owned()
+        } else {
+            found.join("\n")
+        }
+    };
+    let constraints = stated(&["must", "never", "do not", "only ", "constraint", "exclude"]);
+    let decisions = stated(&["decided", "agreed", "going with", "we will", "we'll"]);
     match mode {
         SummaryMode::Empty => String::new(),
         SummaryMode::MissingSections => format!("## Goal\n{goal}\n"),
         SummaryMode::Good | SummaryMode::Error => format!(
-            "## Goal\n{goal}\n\n## Constraints & Preferences\n- none recorded\n\n## Progress\n### Done\n- {} user requests handled\n### In Progress\n- {latest}\n### Blocked\n- none\n\n## Key Decisions\n- none recorded\n\n## Relevant Files\n{}\n\n## Next Steps\n- {latest}\n\n## Critical Context\n{}\n",
+            "## Goal\n{goal}\n\n## Constraints & Preferences\n{constraints}\n\n## Progress\n### Done\n- {} user requests handled\n### In Progress\n- {latest}\n### Blocked\n- none\n\n## Key Decisions\n{decisions}\n\n## Relevant Files\n{}\n\n## Next Steps\n- {latest}\n\n## Critical Context\n{}\n",
             user_lines.len(),
             list(&files),
             list(&identifiers.iter().collect::<Vec<_>>()),
