@@ -1,7 +1,8 @@
 //! `deterministic`: one summary message built without an LLM — message counts, tools
-//! used, file paths mentioned, the latest user requests, pending-work cues and a
-//! timeline of the first 3 and last 5 replaced messages — between the head and a
-//! token-budgeted tail. Same input, same bytes: lists keep first-appearance order.
+//! used, the recency index of the replaced messages (asks, tool calls, files,
+//! identifiers, decisions and constraints), pending-work cues and a timeline of the
+//! first 3 and last 5 replaced messages — between the head and a token-budgeted tail.
+//! Same input, same bytes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -9,6 +10,7 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
+use super::index;
 use super::text::{first_line, paths, scanned, thousands, truncate_chars};
 use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
 use crate::conversation::{Item, Role};
@@ -23,11 +25,17 @@ const MAX_CUES: usize = 8;
 const LINE_CHARS: usize = 200;
 
 pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
-    let mut reserve = RESERVE;
+    // The digest is the whole replacement here, so its index may take more than
+    // recency's share of a small budget (a quarter of it at most).
+    let budget = ctx.input.budget;
+    let index_budget = ctx.settings.index_budget(budget).max(512).min(budget / 4);
+    let tokens = |text: &str| ctx.estimator().text(text);
+    let mut reserve = RESERVE + index_budget;
     let mut attempt = 0;
     loop {
         let Edges { head, start } = ctx.edges(reserve, Tail::Budgeted, &|k| ctx.cost(k..k + 1));
-        let body = summary(&ctx.messages()[head..start]);
+        let range = &ctx.messages()[head..start];
+        let body = summary(range, index::index(range, index_budget, &tokens));
         let raw = authored(ctx.input.format, ctx.settings.summary_role, &body);
         let plan = ctx.plan(
             Strategy::Deterministic,
@@ -36,7 +44,6 @@ pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
             vec![(raw, Origin::Authored)],
             None,
         );
-        let budget = ctx.input.budget;
         if plan.tokens_after <= budget {
             return Ok(plan);
         }
@@ -121,8 +128,9 @@ impl Tally {
     }
 }
 
-/// The summary body of `range` (the replaced messages).
-fn summary(range: &[Item<'_>]) -> String {
+/// The summary body of `range` (the replaced messages), with its index (which then
+/// lists the files and the asks).
+fn summary(range: &[Item<'_>], index: Option<String>) -> String {
     let mut tally = Tally::default();
     for m in range {
         tally.add(m);
@@ -160,14 +168,20 @@ fn summary(range: &[Item<'_>]) -> String {
             .collect();
         let _ = writeln!(out, "Tools used: {}.", list.join(", "));
     }
-    if !files.is_empty() {
+    if index.is_none() && !files.is_empty() {
         let mut files: Vec<(usize, String)> = files.into_iter().map(|(p, at)| (at, p)).collect();
         files.sort_unstable();
         let from = files.len().saturating_sub(MAX_PATHS);
         let list: Vec<&str> = files[from..].iter().map(|(_, p)| p.as_str()).collect();
         let _ = writeln!(out, "Files mentioned: {}.", list.join(", "));
     }
-    section(&mut out, "Latest user requests", &requests, MAX_REQUESTS);
+    match &index {
+        Some(index) => {
+            out.push_str(index);
+            out.push('\n');
+        }
+        None => section(&mut out, "Latest user requests", &requests, MAX_REQUESTS),
+    }
     section(&mut out, "Pending work mentioned", &cues, MAX_CUES);
     out.push_str("Timeline:\n");
     let n = range.len();

@@ -42,27 +42,37 @@ pub(super) fn index(
     let lists = collect(elided);
     // Each entry is a line of its own: "- " and the line break.
     let cost = |text: &str| tokens(text) + 2;
-    // Each section first takes entries within its share; what a section leaves is then
-    // spent in section order, so a quiet section does not waste the budget.
+    // Each section first takes entries within its share; what the sections leave is then
+    // spent one entry per section in turn, so a quiet section wastes nothing and a busy
+    // one does not crowd out the rest.
     let mut taken = [0usize; 5];
     let mut used = 0;
-    for pass in [Pass::Share, Pass::Spare] {
-        for (i, (heading, share)) in SECTIONS.iter().enumerate() {
-            let room = match pass {
-                Pass::Share => max_tokens * share / 100,
-                Pass::Spare => max_tokens.saturating_sub(used),
-            };
-            let mut spent = if taken[i] == 0 { cost(heading) } else { 0 };
-            let before = taken[i];
-            while let Some(entry) = lists[i].get(taken[i]) {
-                if spent + cost(entry) > room {
-                    break;
-                }
-                spent += cost(entry);
-                taken[i] += 1;
+    for (i, (heading, share)) in SECTIONS.iter().enumerate() {
+        let room = max_tokens * share / 100;
+        let mut spent = cost(heading);
+        while let Some(entry) = lists[i].get(taken[i]) {
+            if spent + cost(entry) > room {
+                break;
             }
-            if taken[i] > before {
-                used += spent;
+            spent += cost(entry);
+            taken[i] += 1;
+        }
+        if taken[i] > 0 {
+            used += spent;
+        }
+    }
+    let mut progress = true;
+    while progress {
+        progress = false;
+        for (i, (heading, _)) in SECTIONS.iter().enumerate() {
+            let Some(entry) = lists[i].get(taken[i]) else {
+                continue;
+            };
+            let extra = cost(entry) + if taken[i] == 0 { cost(heading) } else { 0 };
+            if used + extra <= max_tokens {
+                used += extra;
+                taken[i] += 1;
+                progress = true;
             }
         }
     }
@@ -76,12 +86,6 @@ pub(super) fn index(
         }
     }
     (taken.iter().sum::<usize>() > 0).then_some(out)
-}
-
-#[derive(Clone, Copy)]
-enum Pass {
-    Share,
-    Spare,
 }
 
 /// The five lists, most recent first, each entry once.
