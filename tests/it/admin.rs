@@ -23,6 +23,18 @@ fn admin_config(url: &str) -> Config {
     config
 }
 
+/// The admin listener's `/metrics` text.
+async fn metrics(proxy: &Proxy) -> String {
+    client()
+        .get(format!("http://{}/metrics", proxy.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 async fn admin(
     proxy: &Proxy,
     method: &str,
@@ -205,14 +217,7 @@ async fn stats_and_metrics_match_the_traffic() {
     assert!(stats["uptime_secs"].is_u64());
 
     // The Prometheus text parses, and says the same.
-    let text = client()
-        .get(format!("http://{}/metrics", proxy.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics(&proxy).await;
     let lines = text.lines().map(|l| Ok(l.to_owned()));
     let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
     let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
@@ -263,21 +268,11 @@ async fn stats_and_metrics_match_the_traffic() {
 async fn reading_the_stats_adds_no_series_to_the_metrics() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
     let proxy = Proxy::start_with(admin_config(&provider.url())).await;
-    let metrics = || async {
-        client()
-            .get(format!("http://{}/metrics", proxy.admin))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
-    let before = metrics().await;
+    let before = metrics(&proxy).await;
     let (status, stats, _) = admin(&proxy, "GET", "/admin/stats", Some(TOKEN), None).await;
     assert_eq!(status, 200);
     assert_eq!(stats["counters"]["requests"], 0, "{stats}");
-    assert_eq!(metrics().await, before, "no zero series appeared");
+    assert_eq!(metrics(&proxy).await, before, "no zero series appeared");
     assert!(!before.contains("abridge_compactions_total{"), "{before}");
 }
 
@@ -296,14 +291,7 @@ async fn the_metrics_page_documents_every_metric_exposed() {
         .bytes()
         .await
         .unwrap();
-    let text = client()
-        .get(format!("http://{}/metrics", proxy.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics(&proxy).await;
     let exposed: Vec<String> = text
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

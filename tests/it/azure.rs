@@ -7,8 +7,6 @@
 //! 404 for what is not a path abridge serves. The official SDK's `AzureOpenAI` client
 //! is the `#[ignore]`d test at the end (run by `scripts/test`).
 
-use std::time::Duration;
-
 use abridge::config::Config;
 use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider, is_summary_request};
@@ -421,13 +419,6 @@ async fn what_abridge_does_not_serve_is_404() {
     );
 }
 
-fn sdk_python() -> std::path::PathBuf {
-    std::env::var_os("ABRIDGE_SDK_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/sdk"))
-        .join("venv/bin/python")
-}
-
 /// The official Python SDK's `AzureOpenAI` client, classic (`azure_endpoint` +
 /// `api_version`) and on the v1 base, through abridge and straight to the fake: the
 /// same answers both ways, and the long conversation compacted on the deployment path.
@@ -435,30 +426,15 @@ fn sdk_python() -> std::path::PathBuf {
 #[ignore = "needs the openai Python SDK that scripts/test installs"]
 async fn the_python_sdks_azure_client_sees_no_difference() {
     let (provider, proxy) = start().await;
-    let python = sdk_python();
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/test, which installs the SDKs",
-        python.display()
-    );
-    let script =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/azure_check.py");
-    let child = tokio::process::Command::new(&python)
-        .arg(&script)
-        .arg(format!("http://{}", provider.addr()))
-        .arg(proxy.url(""))
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), child)
-        .await
-        .expect("the SDK check finishes within 2 minutes")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "azure_check.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = crate::sdk::run(
+        crate::sdk::sdk_dir().join("venv/bin/python"),
+        vec![
+            crate::sdk::script("azure_check.py").display().to_string(),
+            format!("http://{}", provider.addr()),
+            proxy.url(""),
+        ],
+    )
+    .await;
     for line in [
         "ok classic chat",
         "ok classic stream",

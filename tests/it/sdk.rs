@@ -21,20 +21,20 @@ async fn setup() -> (FakeProvider, Proxy) {
     (provider, proxy)
 }
 
-fn sdk_dir() -> PathBuf {
+pub(crate) fn sdk_dir() -> PathBuf {
     std::env::var_os("ABRIDGE_SDK_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/sdk"))
 }
 
-fn script(name: &str) -> PathBuf {
+pub(crate) fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/sdk")
         .join(name)
 }
 
 /// Runs `program args` with a deadline and returns its output, failing loudly.
-async fn run(program: PathBuf, args: Vec<String>) -> String {
+pub(crate) async fn run(program: PathBuf, args: Vec<String>) -> String {
     assert!(
         program.exists(),
         "{} is missing: run scripts/test, which installs the SDKs",

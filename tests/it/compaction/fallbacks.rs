@@ -52,6 +52,16 @@ async fn a_provider_window_below_the_threshold_means_exactly_one_compact_and_ret
     );
 }
 
+/// The first compacted answer in up to twelve turns of `agent`.
+async fn first_compaction(agent: &mut Agent) -> Option<Answer> {
+    for n in 1..=12 {
+        if let Some(a) = agent.turn(n).await.into_iter().find(Answer::compacted) {
+            return Some(a);
+        }
+    }
+    None
+}
+
 #[tokio::test]
 async fn summariser_failures_fall_back_and_the_request_succeeds() {
     for mode in [SummaryMode::Error, SummaryMode::Empty] {
@@ -65,15 +75,9 @@ async fn summariser_failures_fall_back_and_the_request_succeeds() {
         cfg.compaction.background = false;
         let proxy = Proxy::start_with(cfg).await;
         let mut agent = Agent::new(&proxy, "sk-fallback");
-        let mut compacted = None;
-        for n in 1..=12 {
-            let answers = agent.turn(n).await;
-            if let Some(a) = answers.into_iter().find(Answer::compacted) {
-                compacted = Some(a);
-                break;
-            }
-        }
-        let answer = compacted.unwrap_or_else(|| panic!("{mode:?}: never compacted"));
+        let answer = first_compaction(&mut agent)
+            .await
+            .unwrap_or_else(|| panic!("{mode:?}: never compacted"));
         assert_eq!(
             answer.header("x-abridge-strategy").as_deref(),
             Some("recency"),
@@ -120,15 +124,7 @@ async fn a_summary_missing_sections_is_repaired_and_used() {
     cfg.compaction.background = false;
     let proxy = Proxy::start_with(cfg).await;
     let mut agent = Agent::new(&proxy, "sk-repair");
-    let mut compacted = None;
-    for n in 1..=12 {
-        let answers = agent.turn(n).await;
-        if let Some(a) = answers.into_iter().find(Answer::compacted) {
-            compacted = Some(a);
-            break;
-        }
-    }
-    let answer = compacted.expect("compacted");
+    let answer = first_compaction(&mut agent).await.expect("compacted");
     assert_eq!(
         answer.header("x-abridge-strategy").as_deref(),
         Some("structured"),
