@@ -20,6 +20,8 @@
 //!   plan passes.
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads every naming.
+//! - [`replay`]    — `abridge replay`: conversations through the real request path against
+//!   a simulated provider, figures per strategy (it stands above everything else).
 //! - [`serve`]     — one listener: connection and in-flight caps, client deadlines,
 //!   request ids and the request's log span, drain on shutdown.
 //! - [`request_id`] — which id a request, its upstream call and its response carry.
@@ -92,6 +94,7 @@ pub mod outcome;
 pub mod prepare;
 pub mod proxy;
 pub mod relay;
+pub mod replay;
 pub mod request_id;
 pub mod secret;
 pub mod serve;

@@ -12,6 +12,7 @@ abridge — OpenAI-compatible proxy that keeps long conversations inside the con
 
 USAGE:
     abridge [--config FILE] [--healthcheck | --check-config]
+    abridge replay [--strategy S ...] [--threshold TOKENS] [--json] [--html OUT] FILE...
 
 OPTIONS:
     -c, --config FILE   TOML configuration (see config/abridge.toml for every key)
@@ -68,6 +69,9 @@ fn parse_args() -> Result<Command, lexopt::Error> {
     reason = "errors before logging is set up go to stderr"
 )]
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "replay") {
+        return replay();
+    }
     let (config_path, mode) = match parse_args() {
         Ok(Command::Run { config, mode }) => (config, mode),
         Ok(Command::Help) => {
@@ -112,6 +116,33 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// `abridge replay …`: its figures on stdout; 2 for bad arguments, 1 when it failed.
+#[expect(clippy::print_stdout, reason = "the report is the answer")]
+#[expect(clippy::print_stderr, reason = "logging is not set up in this mode")]
+fn replay() -> ExitCode {
+    let parser = lexopt::Parser::from_args(std::env::args_os().skip(2));
+    let options = match abridge::replay::parse_args(parser) {
+        Ok(options) => options,
+        Err(e) => {
+            eprintln!("abridge replay: {e}\n\n{}", abridge::replay::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| rt.block_on(abridge::replay::run(options)));
+    match result {
+        Ok(report) => {
+            print!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("abridge replay: {e}");
+            ExitCode::FAILURE
         }
     }
 }

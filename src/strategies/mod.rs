@@ -66,7 +66,7 @@ mod layout;
 mod recency;
 pub mod redact;
 mod structured;
-mod text;
+pub(crate) mod text;
 mod validate;
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ mod messages;
 mod passthrough;
 mod redis_support;
 mod redis_tls;
+mod replay;
 mod request_ids;
 mod responses;
 mod scale;

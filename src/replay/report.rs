@@ -1,0 +1,207 @@
+//! What `abridge replay` reports per strategy: turns, compactions, client-side and
+//! provider-side prompt tokens, the largest forwarded request against the threshold,
+//! whether every request succeeded, how often the forwarded prefix stayed byte-stable
+//! (the prompt cache's view) and how much of the history's identifiers reached the
+//! provider at the final turn — as a table, as JSON, or as one self-contained HTML page
+//! with a plot per strategy.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::strategies::Strategy;
+
+/// What one turn showed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Turn {
+    pub status: u16,
+    pub compacted: bool,
+    /// Prompt tokens of the request as the client sent it (abridge's estimate).
+    pub client_tokens: u64,
+    /// Prompt tokens the (simulated) provider reported for what abridge forwarded.
+    pub provider_tokens: u64,
+    /// The forwarded messages began with the previous turn's forwarded messages.
+    pub stable_prefix: bool,
+    /// Share of the history's identifiers present in what was forwarded.
+    pub kept_identifiers: f64,
+}
+
+/// One strategy's figures over every input.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    pub strategy: Strategy,
+    pub turns: usize,
+    /// Compactions run.
+    pub compactions: u64,
+    /// Turns forwarded compacted (a checkpoint applied or made).
+    pub compacted_turns: usize,
+    pub client_tokens: u64,
+    pub provider_tokens: u64,
+    pub saved_percent: f64,
+    pub largest_forwarded: u64,
+    /// `compaction.threshold_tokens` (0: a share of each model's window).
+    pub threshold: u64,
+    pub all_succeeded: bool,
+    pub stable_prefix_share: f64,
+    /// At each input's final turn, averaged over inputs.
+    pub final_identifier_share: f64,
+    /// Every turn of every input, in order (the plot).
+    #[serde(skip)]
+    pub series: Vec<Turn>,
+}
+
+impl Figures {
+    pub fn of(
+        strategy: Strategy,
+        (threshold, compactions): (u64, u64),
+        inputs: &[Vec<Turn>],
+    ) -> Self {
+        let all: Vec<Turn> = inputs.iter().flatten().cloned().collect();
+        let client: u64 = all.iter().map(|t| t.client_tokens).sum();
+        let provider: u64 = all.iter().map(|t| t.provider_tokens).sum();
+        let finals: Vec<f64> = inputs
+            .iter()
+            .filter_map(|turns| turns.last().map(|t| t.kept_identifiers))
+            .collect();
+        let share = |n: usize| {
+            if all.is_empty() {
+                1.0
+            } else {
+                n as f64 / all.len() as f64
+            }
+        };
+        Self {
+            strategy,
+            turns: all.len(),
+            compactions,
+            compacted_turns: all.iter().filter(|t| t.compacted).count(),
+            client_tokens: client,
+            provider_tokens: provider,
+            saved_percent: if client == 0 {
+                0.0
+            } else {
+                100.0 * (client.saturating_sub(provider)) as f64 / client as f64
+            },
+            largest_forwarded: all.iter().map(|t| t.provider_tokens).max().unwrap_or(0),
+            threshold,
+            all_succeeded: all.iter().all(|t| t.status == 200),
+            stable_prefix_share: share(all.iter().filter(|t| t.stable_prefix).count()),
+            final_identifier_share: if finals.is_empty() {
+                1.0
+            } else {
+                finals.iter().sum::<f64>() / finals.len() as f64
+            },
+            series: all,
+        }
+    }
+}
+
+/// One line per strategy.
+pub fn text(figures: &[Figures]) -> String {
+    let mut out = String::from(
+        "strategy       turns  compactions  compacted turns  client tokens  provider tokens  \
+         saved  largest  all 2xx  stable prefix  identifiers kept\n",
+    );
+    for f in figures {
+        let _ = writeln!(
+            out,
+            "{:<14} {:>5}  {:>11}  {:>15}  {:>13}  {:>15}  {:>4.1}%  {:>7}  {:>7}  {:>12.0}%  {:>15.0}%",
+            f.strategy.to_string(),
+            f.turns,
+            f.compactions,
+            f.compacted_turns,
+            f.client_tokens,
+            f.provider_tokens,
+            f.saved_percent,
+            f.largest_forwarded,
+            if f.all_succeeded { "yes" } else { "NO" },
+            100.0 * f.stable_prefix_share,
+            100.0 * f.final_identifier_share,
+        );
+    }
+    out
+}
+
+/// `{"strategies": {"<name>": {...}}}`.
+pub fn json(figures: &[Figures]) -> String {
+    let strategies: serde_json::Map<String, serde_json::Value> = figures
+        .iter()
+        .map(|f| (f.strategy.to_string(), json!(f)))
+        .collect();
+    json!({ "strategies": strategies }).to_string()
+}
+
+/// One page, no external assets: the table, and per strategy a plot of client-side
+/// against provider-side prompt tokens per turn.
+pub fn html(figures: &[Figures]) -> String {
+    let mut page = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>abridge replay</title>\
+         <style>body{font:14px system-ui,sans-serif;margin:24px;color:#222}\
+         pre{background:#f6f6f6;padding:12px;font-size:12px;overflow-x:auto}svg{background:#fcfcfc;border:1px solid #ddd}\
+         .c{stroke:#999;fill:none;stroke-width:1.5}.p{stroke:#1565c0;fill:none;stroke-width:2}\
+         .t{stroke:#c62828;stroke-dasharray:4 3}</style></head><body><h1>abridge replay</h1>",
+    );
+    let _ = write!(page, "<pre>{}</pre>", escape(&text(figures)));
+    page.push_str(
+        "<p><span style=\"color:#999\">grey</span>: prompt tokens the client sent; \
+         <span style=\"color:#1565c0\">blue</span>: what the provider received; \
+         <span style=\"color:#c62828\">red</span>: the threshold. Inputs are replayed one \
+         after another.</p>",
+    );
+    for f in figures {
+        let _ = write!(page, "<h2>{}</h2>{}", f.strategy, plot(f));
+    }
+    page.push_str("</body></html>\n");
+    page
+}
+
+fn plot(f: &Figures) -> String {
+    let (w, h, pad) = (720.0, 220.0, 30.0);
+    let top = f
+        .series
+        .iter()
+        .map(|t| t.client_tokens.max(t.provider_tokens))
+        .chain([f.threshold])
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let n = f.series.len().max(2) as f64 - 1.0;
+    let x = |i: usize| pad + (w - 2.0 * pad) * i as f64 / n;
+    let y = |v: u64| h - pad - (h - 2.0 * pad) * v as f64 / top;
+    let line = |pick: fn(&Turn) -> u64| {
+        f.series
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("{:.1},{:.1}", x(i), y(pick(t))))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut svg = format!("<svg width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\">");
+    if f.threshold > 0 {
+        let ty = y(f.threshold);
+        let _ = write!(
+            svg,
+            "<line class=\"t\" x1=\"{pad}\" y1=\"{ty:.1}\" x2=\"{:.1}\" y2=\"{ty:.1}\"/>",
+            w - pad
+        );
+    }
+    let _ = write!(
+        svg,
+        "<polyline class=\"c\" points=\"{}\"/><polyline class=\"p\" points=\"{}\"/>\
+         <text x=\"{pad}\" y=\"16\">{} tokens</text><text x=\"{:.0}\" y=\"{:.0}\">turn {}</text></svg>",
+        line(|t| t.client_tokens),
+        line(|t| t.provider_tokens),
+        top as u64,
+        w - pad - 60.0,
+        h - 8.0,
+        f.series.len()
+    );
+    svg
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
