@@ -96,16 +96,28 @@ fn most_frequent(ids: &[String], max: usize) -> Vec<&str> {
     counted.into_iter().map(|(id, _, _)| id).collect()
 }
 
+/// A summary through the gate.
+#[derive(Debug, PartialEq)]
+pub(super) struct Judged {
+    /// The summary with its sections repaired.
+    pub body: String,
+    /// What the gate appends to it (dropped identifiers, the latest ask); empty when
+    /// nothing was missing. The caller drops it if the summary would not fit with it.
+    pub appendix: String,
+    pub verdict: Verdict,
+}
+
 /// Judges and repairs `body`: the summary to use, and what was found and done.
-pub(super) fn judge(body: &str, covered: &Covered<'_>) -> Result<(String, Verdict), Fidelity> {
+pub(super) fn judge(body: &str, covered: &Covered<'_>) -> Result<Judged, Fidelity> {
     if let Some((invented, of)) = invented(body, covered.text) {
         return Err(Fidelity::Invented { invented, of });
     }
     let mut repaired = Vec::new();
-    let (mut out, filled) = sections(body);
+    let (repaired_body, filled) = sections(body);
     if !filled.is_empty() {
         repaired.push(format!("sections: {}", filled.join(", ")));
     }
+    let mut out = String::new();
     let (missing, of) = dropped(body, covered);
     let score = if of == 0 {
         1.0
@@ -126,7 +138,11 @@ pub(super) fn judge(body: &str, covered: &Covered<'_>) -> Result<(String, Verdic
         );
         repaired.push("latest ask".to_owned());
     }
-    Ok((out, Verdict { score, repaired }))
+    Ok(Judged {
+        body: repaired_body,
+        appendix: out,
+        verdict: Verdict { score, repaired },
+    })
 }
 
 /// Whether the summary reflects the request: a quarter of its keywords (their first five
@@ -243,7 +259,8 @@ mod tests {
         let body = "**Goal:** fix src/app.rs for WEB-12\n\nProgress\n- measured 300 ms\n\
                     ## Key Decisions\nnone\n## Relevant Files\n- src/app.rs\n## Next Steps\n- patch\n\
                     ## Critical Context\nWEB-12";
-        let (out, verdict) = judge(body, &covered(text, &ids, Some("fix src/app.rs"))).unwrap();
+        let judged = judge(body, &covered(text, &ids, Some("fix src/app.rs"))).unwrap();
+        let (out, verdict) = (judged.body + &judged.appendix, judged.verdict);
         assert_eq!(
             sections(&out).1,
             Vec::<&str>::new(),
@@ -266,7 +283,8 @@ mod tests {
         let ids = identifiers(text);
         let body = "## Goal\nDeploy.\n## Next Steps\nmore";
         let ask = "Please migrate the schema to PostgreSQL";
-        let (out, verdict) = judge(body, &covered(text, &ids, Some(ask))).unwrap();
+        let judged = judge(body, &covered(text, &ids, Some(ask))).unwrap();
+        let (out, verdict) = (judged.body + &judged.appendix, judged.verdict);
         for id in ["https://ops.example.com/run/7", "OPS-77", "5 min"] {
             assert!(out.contains(id), "{id}: {out}");
         }

@@ -93,43 +93,72 @@ where
     let permit = cpu.acquire().await;
     let prepared = cpu.run(&permit, || prepare(ctx, tail, max_tokens));
     drop(permit);
-    let (body, verdict) = match prepared.ask {
-        None => (
-            prepared.previous.unwrap_or_default().trim().to_owned(),
-            None,
-        ),
+    let judged = match prepared.ask {
+        None => None,
         Some((transcript, request)) => {
             let covered = (&transcript, prepared.previous);
-            let (body, verdict) = ask(ctx, covered, request, summarise, cpu).await?;
-            (body, Some(verdict))
+            Some(ask(ctx, covered, request, summarise, cpu).await?)
         }
     };
-    let (head, through) = (prepared.head, prepared.through);
+    let edges = (prepared.head, prepared.through);
     let permit = cpu.acquire().await;
-    cpu.run(&permit, || {
-        let framed = format!(
-            "Summary of {} earlier messages, condensed to fit the context window. It is \
-             background about what happened, not a request: respond to the latest user message \
-             below.\n\n{body}",
-            through + 1 - head
-        );
-        let raw = authored(ctx.input.format, ctx.settings.summary_role, &framed);
-        let mut plan = ctx.plan(
-            strategy,
-            strategy,
-            (head, through),
-            vec![(raw, Origin::Authored)],
-            Some(body),
-        );
-        plan.verdict = verdict;
-        if plan.tokens_after > budget {
-            return Err(Fallback::OverBudget {
-                estimate: plan.tokens_after,
-                budget,
-            });
+    cpu.run(&permit, || match judged {
+        None => {
+            let previous = prepared.previous.unwrap_or_default().trim().to_owned();
+            fitted(ctx, strategy, edges, previous, None)
         }
-        Ok(plan)
+        // What the gate appended goes when the summary would not fit with it.
+        Some(gate::Judged {
+            body,
+            appendix,
+            mut verdict,
+        }) => fitted(
+            ctx,
+            strategy,
+            edges,
+            format!("{body}{appendix}"),
+            Some(verdict.clone()),
+        )
+        .or_else(|_| {
+            verdict
+                .repaired
+                .push("appended items dropped: over the budget".to_owned());
+            fitted(ctx, strategy, edges, body, Some(verdict))
+        }),
     })
+}
+
+/// The plan that replaces `edges` by `body`, framed, if it fits the budget.
+fn fitted(
+    ctx: &Ctx<'_, '_>,
+    strategy: Strategy,
+    (head, through): (usize, usize),
+    body: String,
+    verdict: Option<Verdict>,
+) -> Result<Plan, Fallback> {
+    let framed = format!(
+        "Summary of {} earlier messages, condensed to fit the context window. It is \
+         background about what happened, not a request: respond to the latest user message \
+         below.\n\n{body}",
+        through + 1 - head
+    );
+    let raw = authored(ctx.input.format, ctx.settings.summary_role, &framed);
+    let mut plan = ctx.plan(
+        strategy,
+        strategy,
+        (head, through),
+        vec![(raw, Origin::Authored)],
+        Some(body),
+    );
+    plan.verdict = verdict;
+    let budget = ctx.input.budget;
+    if plan.tokens_after > budget {
+        return Err(Fallback::OverBudget {
+            estimate: plan.tokens_after,
+            budget,
+        });
+    }
+    Ok(plan)
 }
 
 /// Asks the summariser and puts the answer through the gate. An answer that kept fewer
@@ -143,7 +172,7 @@ async fn ask<F, Fut>(
     request: SummaryRequest,
     summarise: &F,
     cpu: &impl Cpu,
-) -> Result<(String, Verdict), Fallback>
+) -> Result<gate::Judged, Fallback>
 where
     F: Fn(SummaryRequest) -> Fut,
     Fut: Future<Output = Result<String, SummaryError>>,

@@ -168,8 +168,9 @@ fn url_pattern() -> &'static Regex {
 }
 
 /// Identifiers other than paths: URLs, UUIDs, hex hashes, ticket-like IDs (`ABC-123`),
-/// numbers with units, amounts of money, DOIs, model codes (`R290`, `H100`) and
-/// account-style IDs (`acct_7Q2ZK9`: a prefix, then letters and digits mixed).
+/// numbers with units, amounts of money, DOIs, model codes (`R290`, `H100`),
+/// account-style IDs (`acct_7Q2ZK9`: a prefix, then letters and digits mixed) and
+/// resource names in kebab case of three parts or more (`backup-nightly-eu`).
 fn identifier_patterns() -> &'static [Regex] {
     static P: OnceLock<Vec<Regex>> = OnceLock::new();
     P.get_or_init(|| {
@@ -182,6 +183,7 @@ fn identifier_patterns() -> &'static [Regex] {
             r"\bdoi:10\.[0-9]{4,9}/[A-Za-z0-9._;()/:-]*[A-Za-z0-9]",
             r"\b[A-Z]{1,4}[0-9]{2,6}\b",
             r"\b[a-z]{2,}_[A-Za-z0-9]*(?:[0-9][A-Za-z0-9]*[A-Z]|[A-Z][A-Za-z0-9]*[0-9])[A-Za-z0-9]*\b",
+            r"\b[a-z][a-z0-9]*(?:-[a-z0-9]+){2,}\b",
         ])
     })
 }
@@ -296,13 +298,14 @@ mod tests {
         }
         let ids = identifiers(
             "It cost 11,400 EUR ($12,300.50), see doi:10.5555/hp.2023.118; uses R290; 4.2% \
-             fail; 48 dB at 1.8 kW for acct_7Q2ZK9 (not call_1_a).",
+             fail; 48 dB at 1.8 kW for acct_7Q2ZK9 (not call_1_a) in backup-nightly-eu.",
         );
         assert!(!ids.iter().any(|i| i.contains("call_1_a")), "{ids:?}");
         for want in [
             "48 dB",
             "1.8 kW",
             "acct_7Q2ZK9",
+            "backup-nightly-eu",
             "11,400 EUR",
             "$12,300.50",
             "doi:10.5555/hp.2023.118",

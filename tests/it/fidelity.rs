@@ -183,16 +183,15 @@ async fn deterministic_keeps_four_fifths_of_the_planted_facts() {
 
 /// Structured, with a summariser that follows the template (the fake provider's: every
 /// section, the transcript's identifiers, its decisions and constraints, its latest ask),
-/// keeps at least 90 %. (48 of 51 when this was written; the issue asks for 95 %: the
-/// misses are "32 connections", "212 studies" and "backup-nightly-eu", which no
-/// identifier pattern of abridge's recognises, so the gate cannot hold a summary to them.)
+/// keeps at least 95 %. (49 of 51 when this was written: "32 connections" and "212
+/// studies" are counts of things, which no identifier pattern recognises.)
 #[tokio::test]
-async fn structured_keeps_nine_tenths_of_the_planted_facts() {
+async fn structured_keeps_nineteen_twentieths_of_the_planted_facts() {
     let threshold = 16000;
     let (kept, planted, report) = measure(Strategy::Structured, threshold, 0.1).await;
     eprintln!("structured at {threshold} tokens:\n{}", report.join("\n"));
     assert!(
-        kept * 100 >= planted * 90,
+        kept * 100 >= planted * 95,
         "{kept} of {planted} facts kept:\n{}",
         report.join("\n")
     );

@@ -194,10 +194,17 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
         .as_u64()
         .or(request["max_tokens"].as_u64());
     let reply = if summary {
-        Reply::Text {
-            text: summarise(messages, b.summary),
-            finish: "stop",
-        }
+        // Like a model, it stops at max_tokens (about four characters a token).
+        let mut text = summarise(messages, b.summary);
+        let limit = max_tokens.map_or(usize::MAX, |t| usize::try_from(t * 4).unwrap_or(usize::MAX));
+        let finish = match text.char_indices().nth(limit) {
+            Some((at, _)) => {
+                text.truncate(at);
+                "length"
+            }
+            None => "stop",
+        };
+        Reply::Text { text, finish }
     } else if wants_tool_call(&request, messages) {
         let name = request["tools"][0]["function"]["name"]
             .as_str()

@@ -331,7 +331,14 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
             s.checkpoints.len() as u64,
             "conversation {conv}: every compaction counted once, none trimmed"
         );
-        assert!(llm >= 1, "conversation {conv} compacted");
+        assert!(
+            llm >= 1,
+            "conversation {conv} compacted: {:?}",
+            s.checkpoints
+                .iter()
+                .map(|c| (c.strategy, c.fallback.clone()))
+                .collect::<Vec<_>>()
+        );
         total_calls += made.len();
         total_compactions += s.checkpoints.len();
         if locked_at_kill.contains(&conversation_of[conv]) {
