@@ -122,6 +122,7 @@ async fn a_summary_missing_sections_is_repaired_and_used() {
     .unwrap();
     let mut cfg = config(&provider.url(), Strategy::Structured);
     cfg.compaction.background = false;
+    cfg.admin.token = Some(Secret::new("admin-token-for-the-gate"));
     let proxy = Proxy::start_with(cfg).await;
     let mut agent = Agent::new(&proxy, "sk-repair");
     let answer = first_compaction(&mut agent).await.expect("compacted");
@@ -168,6 +169,27 @@ async fn a_summary_missing_sections_is_repaired_and_used() {
         .await
         .unwrap();
     assert!(text.contains("abridge_summary_repairs_total 1"), "{text}");
+    let shown: serde_json::Value = crate::common::client()
+        .get(format!("http://{}/admin/conversations/{id}", proxy.admin))
+        .bearer_auth("admin-token-for-the-gate")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let gate = &shown["checkpoints"][0]["gate"];
+    assert!(
+        gate["score"].is_number(),
+        "the admin API shows the verdict: {shown}"
+    );
+    assert!(
+        gate["repaired"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("sections"),
+        "{shown}"
+    );
     assert!(
         text.contains("abridge_summary_gate_score_count 1"),
         "{text}"
