@@ -52,6 +52,13 @@ async fn a_provider_window_below_the_threshold_means_exactly_one_compact_and_ret
     );
 }
 
+/// The stored checkpoints of the conversation `answer` belongs to.
+async fn checkpoints_of(proxy: &Proxy, answer: &Answer) -> Vec<abridge::store::Checkpoint> {
+    let id = answer.header("x-abridge-conversation").unwrap();
+    let key = abridge::identity::Fingerprint::from_hex(&id).unwrap();
+    proxy.state.store().load(&key).await.unwrap().checkpoints
+}
+
 /// The first compacted answer in up to twelve turns of `agent`.
 async fn first_compaction(agent: &mut Agent) -> Option<Answer> {
     for n in 1..=12 {
@@ -87,14 +94,10 @@ async fn summariser_failures_fall_back_and_the_request_succeeds() {
         assert!(note.contains("fell back"), "{mode:?}: {note}");
         // The class of the failure, never the provider's own text, reaches the client
         // and the store.
-        let id = answer.header("x-abridge-conversation").unwrap();
-        let loaded = proxy
-            .state
-            .store()
-            .load(&abridge::identity::Fingerprint::from_hex(&id).unwrap())
-            .await
+        let stored = checkpoints_of(&proxy, &answer).await[0]
+            .fallback
+            .clone()
             .unwrap();
-        let stored = loaded.checkpoints[0].fallback.clone().unwrap();
         for text in [&note, &stored] {
             assert!(
                 !text.contains("as told") && !text.contains("The summariser failed"),
@@ -133,13 +136,8 @@ async fn a_summary_missing_sections_is_repaired_and_used() {
         answer.header("x-abridge-note")
     );
     let id = answer.header("x-abridge-conversation").unwrap();
-    let loaded = proxy
-        .state
-        .store()
-        .load(&abridge::identity::Fingerprint::from_hex(&id).unwrap())
-        .await
-        .unwrap();
-    let checkpoint = &loaded.checkpoints[0];
+    let checkpoints = checkpoints_of(&proxy, &answer).await;
+    let checkpoint = &checkpoints[0];
     let summary = checkpoint.summary.as_deref().unwrap();
     for heading in [
         "## Goal",
