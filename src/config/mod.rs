@@ -24,11 +24,13 @@ use serde::{Deserialize, Serialize};
 use crate::secret::Secret;
 
 mod load;
+mod log;
 #[cfg(test)]
 mod tests;
 mod tls;
 
 pub use load::ConfigError;
+pub use log::{LogConfig, LogFilter, LogFormat};
 pub use tls::{PemFile, RedisTls, is_tls_url};
 
 /// Prefix of every environment variable abridge reads as configuration.
@@ -335,26 +337,6 @@ pub struct Limits {
     pub admin_max_inflight_requests: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogConfig {
-    /// Log filter: a level (`info`) or per-target directives (`warn,abridge=debug`).
-    pub filter: LogFilter,
-    /// Colour codes in log lines (stderr; `text` only).
-    pub ansi: bool,
-    /// `text` (human-readable lines) or `json` (one object per line, for log shippers).
-    pub format: LogFormat,
-}
-
-/// How log lines are written to stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -480,16 +462,6 @@ impl Default for Limits {
     }
 }
 
-impl Default for LogConfig {
-    fn default() -> Self {
-        Self {
-            filter: LogFilter("info".to_owned()),
-            ansi: false,
-            format: LogFormat::Text,
-        }
-    }
-}
-
 /// The provider base URL, split once at load time: scheme, authority and the path prefix
 /// (without trailing slash) that the part of a client's path after `/v1` is appended to.
 #[derive(Clone, PartialEq, Eq)]
@@ -576,27 +548,6 @@ impl<'de> Deserialize<'de> for HeaderName {
 impl Serialize for HeaderName {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(self.0.as_str())
-    }
-}
-
-/// A tracing filter (`info`, `warn,abridge=debug`), checked at load time.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct LogFilter(String);
-
-impl LogFilter {
-    pub fn targets(&self) -> tracing_subscriber::filter::Targets {
-        // Checked in `Deserialize`; the default is valid.
-        self.0.parse().unwrap_or_default()
-    }
-}
-
-impl<'de> Deserialize<'de> for LogFilter {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse::<tracing_subscriber::filter::Targets>()
-            .map_err(|e| serde::de::Error::custom(format!("invalid log filter `{s}`: {e}")))?;
-        Ok(Self(s))
     }
 }
 

@@ -20,6 +20,7 @@ mod codex;
 mod connections;
 mod conversations;
 mod dashboard;
+mod docs;
 mod errors;
 mod faults;
 mod fidelity;

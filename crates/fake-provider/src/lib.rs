@@ -53,6 +53,7 @@ pub mod faults;
 pub mod messages;
 pub mod prompt_cache;
 pub mod responses;
+mod summary;
 mod transport;
 
 use std::collections::VecDeque;
