@@ -96,13 +96,16 @@ async fn answer(State(seen): State<Arc<Mutex<Vec<Seen>>>>, body: Bytes) -> Respo
         let prompt = messages.last().and_then(|m| m["content"].as_str());
         (stand_in(prompt.unwrap_or_default()), 0)
     } else {
-        let tokens = match chat::parse(&body) {
-            Ok(parsed) => Estimator::for_model(&model).messages(&parsed.messages),
-            Err(_) => 0,
-        };
-        let raw: Vec<String> = match serde_json::from_slice::<RawMessages>(&body) {
-            Ok(r) => r.messages.iter().map(|m| m.get().to_owned()).collect(),
-            Err(_) => Vec::new(),
+        let (tokens, raw) = match chat::parse(&body) {
+            Ok(parsed) => (
+                Estimator::for_model(&model).messages(&parsed.messages),
+                parsed
+                    .messages
+                    .iter()
+                    .map(|m| m.raw.get().to_owned())
+                    .collect(),
+            ),
+            Err(_) => (0, Vec::new()),
         };
         lock(&seen).push(Seen { messages: raw });
         ("Noted; carrying on.".to_owned(), tokens)
@@ -117,11 +120,4 @@ async fn answer(State(seen): State<Arc<Mutex<Vec<Seen>>>>, body: Bytes) -> Respo
                   "total_tokens": prompt_tokens + 5},
     });
     axum::Json(reply).into_response()
-}
-
-/// The messages of a request, each as its exact bytes.
-#[derive(serde::Deserialize)]
-struct RawMessages<'a> {
-    #[serde(borrow)]
-    messages: Vec<&'a serde_json::value::RawValue>,
 }

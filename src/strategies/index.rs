@@ -120,10 +120,11 @@ fn collect(elided: &[Item<'_>]) -> [Vec<String>; 5] {
         let arguments: Vec<&str> = m.calls.iter().map(|c| c.arguments.as_ref()).collect();
         let said: &[&str] = if m.is_result() { &[] } else { &[b, a] };
         for piece in arguments.into_iter().rev().chain(said.iter().copied()) {
-            let found: HashSet<&str> = paths(piece).into_iter().collect();
-            for p in paths(piece).into_iter().rev() {
-                files.add(p.to_owned());
+            let found = paths(piece);
+            for p in found.iter().rev() {
+                files.add((*p).to_owned());
             }
+            let found: HashSet<&str> = found.into_iter().collect();
             for id in identifiers(piece).into_iter().rev() {
                 if !found.contains(id.as_str()) {
                     ids.add(id);
