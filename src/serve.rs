@@ -159,7 +159,7 @@ impl hyper::service::Service<http::Request<Incoming>> for ConnService {
             let mut response =
                 span.in_scope(|| Error::Overloaded("limits.max_inflight_requests").into_response());
             id.stamp(response.headers_mut());
-            return Box::pin(async move { Ok(tracked(response, guard, None, span)) });
+            return Box::pin(async move { Ok(tracked(response, guard, None)) });
         };
         id.propagate(request.headers_mut());
         request.extensions_mut().insert(ConnectInfo(self.peer));
@@ -179,7 +179,7 @@ impl hyper::service::Service<http::Request<Incoming>> for ConnService {
                 let theirs = String::from_utf8_lossy(theirs.as_bytes());
                 span.record("upstream_request_id", tracing::field::display(&theirs));
             }
-            Ok(tracked(response, guard, Some(permit), span))
+            Ok(tracked(response, guard, Some(permit)))
         })
     }
 }
@@ -218,37 +218,24 @@ impl Drop for Finished {
     }
 }
 
-fn tracked(
-    response: Response,
-    guard: Finished,
-    permit: Option<OwnedSemaphorePermit>,
-    span: tracing::Span,
-) -> Response {
+fn tracked(response: Response, guard: Finished, permit: Option<OwnedSemaphorePermit>) -> Response {
     let (parts, body) = response.into_parts();
     Response::from_parts(
         parts,
         Body::new(Tracked {
             inner: body,
-            span,
             _held: (guard, permit),
         }),
     )
 }
 
 /// A response body that holds the request's in-flight permit and its [`Finished`]
-/// guard until it ends or is dropped, and is read (and dropped) in the request's span,
-/// so what the relay logs and records at the end carries the request's id.
+/// guard until it ends or is dropped. It is not read in the request's span: the relay
+/// enters that span itself where it logs and records at the end (entering it on every
+/// poll of a stream cost more than the relay's own work per event).
 struct Tracked {
     inner: Body,
-    span: tracing::Span,
     _held: (Finished, Option<OwnedSemaphorePermit>),
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        let _entered = self.span.enter();
-        drop(std::mem::replace(&mut self.inner, Body::empty()));
-    }
 }
 
 impl HttpBody for Tracked {
@@ -259,9 +246,7 @@ impl HttpBody for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let this = &mut *self;
-        let _entered = this.span.enter();
-        Pin::new(&mut this.inner).poll_frame(cx)
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

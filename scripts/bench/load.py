@@ -577,6 +577,11 @@ ROWS = [
 ]
 
 
+# Rows by group, for --rows: the plain and streamed bodies, the usage row, the paced
+# row, the compacted long conversation, the open streams.
+ROW_GROUPS = ("plain", "strip", "paced", "long", "streams")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -591,6 +596,8 @@ def main():
                         help="LOADGEN_CORE,PROXY_CORE: wrk + provider on the first, the proxy on the second")
     parser.add_argument("--targets", default="direct,nginx,abridge,abridge-redis",
                         help="which targets to run (default all that are installed)")
+    parser.add_argument("--rows", default=",".join(ROW_GROUPS),
+                        help="which rows to run, of " + ", ".join(ROW_GROUPS) + " (default all)")
     parser.add_argument("--out", default=str(ROOT / "target" / "bench" / "report.md"),
                         help="where to write the Markdown report")
     args = parser.parse_args()
@@ -600,6 +607,9 @@ def main():
     args.cores = [int(c) for c in args.cores.split(",")]
     concurrency = [int(c) for c in args.concurrency.split(",")]
     wanted = set(args.targets.split(","))
+    groups = set(args.rows.split(","))
+    if groups - set(ROW_GROUPS):
+        parser.error(f"--rows: unknown {', '.join(sorted(groups - set(ROW_GROUPS)))}")
 
     workdir = Path(tempfile.mkdtemp(prefix="abridge-bench-"))
     bench = Bench(args, workdir)
@@ -630,7 +640,7 @@ def main():
             else:
                 notes.append("redis-server is not installed: the abridge + Redis rows are missing.")
 
-        for label, body, _ in ROWS:
+        for label, body, _ in ROWS if "plain" in groups else ():
             for c in concurrency:
                 log(f"[{time.monotonic() - started:5.0f} s] {label}, {c} connections")
                 rows.append({"label": label, "connections": c, "results": [
@@ -638,34 +648,36 @@ def main():
 
         # abridge adds stream_options.include_usage and strips it again: one row.
         c = 16 if 16 in concurrency else concurrency[-1]
-        log(f"[{time.monotonic() - started:5.0f} s] 2 KB stream, abridge adds usage, {c} connections")
-        rows.append({"label": "2 KB stream, usage added + stripped", "connections": c, "results": [
-            bench.measure(t, bodies["2k-stream-strip"], c, duration, warmup) for t in targets]})
+        for _ in range(1 if "strip" in groups else 0):
+            log(f"[{time.monotonic() - started:5.0f} s] 2 KB stream, abridge adds usage, {c} connections")
+            rows.append({"label": "2 KB stream, usage added + stripped", "connections": c, "results": [
+                bench.measure(t, bodies["2k-stream-strip"], c, duration, warmup) for t in targets]})
 
         # Streams at a pace closer to a model's: every event its own read and write (the
         # unpaced rows let a proxy that reads several events at once write them at once).
         c = concurrency[-1]
-        log(f"[{time.monotonic() - started:5.0f} s] 2 KB stream, {PACED_MS} ms between events, {c} connections")
-        rows.append({"label": PACED_LABEL, "connections": c, "results": [
-            bench.measure(t, bodies["2k-stream"], c, duration, warmup,
-                          headers=[f"x-fake-delay-ms: {PACED_MS}"]) for t in targets]})
+        for _ in range(1 if "paced" in groups else 0):
+            log(f"[{time.monotonic() - started:5.0f} s] 2 KB stream, {PACED_MS} ms between events, {c} connections")
+            rows.append({"label": PACED_LABEL, "connections": c, "results": [
+                bench.measure(t, bodies["2k-stream"], c, duration, warmup,
+                              headers=[f"x-fake-delay-ms: {PACED_MS}"]) for t in targets]})
 
         # The long conversation: compacted once, its checkpoint applied on every request.
-        abridges = [t for t in targets if t.name.startswith("abridge")]
+        abridges = [t for t in targets if t.name.startswith("abridge") and "long" in groups]
         for t in abridges:
             report = check_long_conversation(t, bodies["long"])
             notes.append(f"{t.name}, long conversation: " + ", ".join(f"{k}: {v}" for k, v in sorted(report.items())
                                                                      if k != "x-abridge-conversation"))
-        for c in [c for c in concurrency if c <= 16] or concurrency[:1]:
+        for c in ([c for c in concurrency if c <= 16] or concurrency[:1]) if "long" in groups else ():
             log(f"[{time.monotonic() - started:5.0f} s] long conversation, {c} connections")
             rows.append({"label": "200 KB, compacted (checkpoint reused)", "connections": c, "results": [
                 bench.measure(t, bodies["long"], c, duration, warmup) for t in targets]})
 
         # Many open streams: a second fake provider that pauses between events.
         delay = SLOW_DELAY_MS
-        slow = bench.fake("fake-provider-slow", delay_ms=delay)
+        slow = bench.fake("fake-provider-slow", delay_ms=delay) if "streams" in groups else None
         slow_targets = []
-        for t in targets:
+        for t in targets if slow else ():
             if t.name == "direct":
                 slow_targets.append(Target("direct", slow + "/chat/completions"))
             elif t.name == "nginx":
@@ -679,10 +691,11 @@ def main():
                 s.name = t.name
                 s.helpers = t.helpers  # the same Redis, its CPU reported beside
                 slow_targets.append(s)
-        log(f"[{time.monotonic() - started:5.0f} s] {streams} concurrent streams")
-        long_duration = max(duration, 5)
-        rows.append({"label": f"stream, {delay} ms between events", "connections": streams, "results": [
-            bench.measure(t, bodies["2k-stream"], streams, long_duration, 0) for t in slow_targets]})
+        if slow:
+            log(f"[{time.monotonic() - started:5.0f} s] {streams} concurrent streams")
+            long_duration = max(duration, 5)
+            rows.append({"label": f"stream, {delay} ms between events", "connections": streams, "results": [
+                bench.measure(t, bodies["2k-stream"], streams, long_duration, 0) for t in slow_targets]})
     finally:
         bench.stop_all()
 
