@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use http::{HeaderMap, HeaderName, header};
+use http::{HeaderMap, HeaderName, HeaderValue, header};
 
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
@@ -83,6 +83,16 @@ pub struct Credentials {
     headers: HeaderMap,
 }
 
+/// A copy of `value` in an allocation of its own. A parsed header's value is a slice
+/// of the connection's read buffer (8 KiB); credentials are kept for as long as the
+/// request's response streams (for the summary call that may follow), and a clone
+/// would keep that buffer alive with them.
+fn owned(value: &HeaderValue) -> HeaderValue {
+    let mut copy = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+    copy.set_sensitive(value.is_sensitive());
+    copy
+}
+
 impl Credentials {
     /// The credentials among `headers` (already stripped for the upstream), looking for
     /// `tenant_headers`.
@@ -93,7 +103,7 @@ impl Credentials {
         let mut out = HeaderMap::new();
         for name in tenant_headers.into_iter().chain(&ACCOUNT_HEADERS) {
             for value in headers.get_all(name) {
-                out.append(name.clone(), value.clone());
+                out.append(name.clone(), owned(value));
             }
         }
         Self { headers: out }
