@@ -2,8 +2,9 @@
 //! usage tee on the side.
 //!
 //! [`respond`] turns the upstream response into the client's: hop-by-hop and
-//! `x-abridge-*` headers removed, the body wrapped in [`RelayBody`], which forwards each
-//! frame the moment it arrives (no buffering), cuts the stream after
+//! `x-abridge-*` headers removed, the body wrapped in [`RelayBody`], which forwards
+//! what arrives as soon as the upstream has nothing more ready (frames that arrived
+//! together go in one write: [`burst`]), cuts the stream after
 //! `timeouts.stream_idle_ms` of silence, and feeds a [`Tap`] that reads `usage`:
 //! - JSON bodies: the chunks are kept as cheap `Bytes` clones and parsed once at the end;
 //! - SSE bodies: [`sse::SseTap`] scans events as they pass (and strips what abridge added).
@@ -21,6 +22,7 @@
 //! When the body ends, errors or is dropped (client gone) the `on_done` callback gets
 //! the [`Outcome`] once — the "record" stage of the request path.
 
+mod burst;
 pub mod sse;
 pub mod usage;
 
@@ -37,6 +39,7 @@ use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::headers;
+use burst::Burst;
 use sse::SseTap;
 pub use usage::Usage;
 
@@ -143,6 +146,8 @@ pub fn respond(
         usage_unreadable,
         on_done: Some(on_done),
         span: tracing::Span::current(),
+        burst: Burst::default(),
+        then: None,
     };
     // A response without a body (HEAD, 204, 304) may never be polled: it is complete now.
     if relay.inner.is_end_stream() {
@@ -350,6 +355,10 @@ pub struct RelayBody {
     /// to report the end: entering it on every poll cost the streams ~1,700
     /// instructions per event in the subscriber.
     span: tracing::Span,
+    /// What goes to the client next, gathered from frames that arrived together.
+    burst: Burst,
+    /// What comes after the burst: trailers, or the error that ended the body.
+    then: Option<Result<Frame<Bytes>, RelayError>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -422,6 +431,44 @@ impl RelayBody {
     }
 }
 
+impl RelayBody {
+    /// `next` for the client, after the burst gathered so far when there is one.
+    fn after_burst(
+        &mut self,
+        next: Result<Frame<Bytes>, RelayError>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        match self.burst.take() {
+            Some(bytes) => {
+                self.then = Some(next);
+                Poll::Ready(Some(Ok(Frame::data(bytes))))
+            }
+            None => Poll::Ready(Some(next)),
+        }
+    }
+
+    /// Nothing gathered and nothing ready: wait, at most `idle` after the last frame.
+    fn poll_idle(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        let (last_data, idle) = (self.last_data, self.idle);
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(last_data + idle)));
+        loop {
+            ready!(timer.as_mut().poll(cx));
+            let deadline = last_data + idle;
+            if timer.deadline() >= deadline {
+                break;
+            }
+            // Data came after the timer was set: wait out the rest.
+            timer.as_mut().reset(deadline);
+        }
+        self.abort(End::IdleTimeout);
+        Poll::Ready(Some(Err(RelayError::Idle(self.idle))))
+    }
+}
+
 fn join(a: Bytes, b: Bytes) -> Bytes {
     match (a.is_empty(), b.is_empty()) {
         (_, true) => a,
@@ -440,56 +487,48 @@ impl HttpBody for RelayBody {
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         let this = &mut *self;
         loop {
+            if let Some(next) = this.then.take() {
+                return Poll::Ready(Some(next));
+            }
             if this.ended {
-                return Poll::Ready(None);
+                return Poll::Ready(this.burst.take().map(|b| Ok(Frame::data(b))));
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     this.last_data = Instant::now();
-                    let data = match frame.into_data() {
-                        Ok(data) => data,
-                        Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
-                    };
-                    match this.on_data(data) {
-                        Ok(out) if out.is_empty() => continue,
-                        Ok(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
-                        Err(e) => return Poll::Ready(Some(Err(e))),
+                    match frame.into_data() {
+                        Ok(data) => match this.on_data(data) {
+                            Ok(out) => this.burst.push(out),
+                            Err(e) => return this.after_burst(Err(e)),
+                        },
+                        Err(trailers) => return this.after_burst(Ok(trailers)),
+                    }
+                    if this.burst.is_full() {
+                        return Poll::Ready(this.burst.take().map(|b| Ok(Frame::data(b))));
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
                     this.abort(End::UpstreamError);
-                    return Poll::Ready(Some(Err(e.into())));
+                    return this.after_burst(Err(e.into()));
                 }
-                Poll::Ready(None) => {
-                    return match this.finish() {
-                        Ok(tail) if tail.is_empty() => Poll::Ready(None),
-                        Ok(tail) => Poll::Ready(Some(Ok(Frame::data(tail)))),
-                        Err(e) => Poll::Ready(Some(Err(e))),
-                    };
-                }
-                Poll::Pending => {
-                    let (last_data, idle) = (this.last_data, this.idle);
-                    let timer = this.timer.get_or_insert_with(|| {
-                        Box::pin(tokio::time::sleep_until(last_data + idle))
-                    });
-                    loop {
-                        ready!(timer.as_mut().poll(cx));
-                        let deadline = last_data + idle;
-                        if timer.deadline() >= deadline {
-                            break;
-                        }
-                        // Data came after the timer was set: wait out the rest.
-                        timer.as_mut().reset(deadline);
+                Poll::Ready(None) => match this.finish() {
+                    // Ended: the next turn of the loop sends what is left.
+                    Ok(tail) => this.burst.push(tail),
+                    Err(e) => return this.after_burst(Err(e)),
+                },
+                Poll::Pending if !this.burst.is_empty() => {
+                    if this.burst.wait_once(cx) {
+                        return Poll::Pending;
                     }
-                    this.abort(End::IdleTimeout);
-                    return Poll::Ready(Some(Err(RelayError::Idle(this.idle))));
+                    return Poll::Ready(this.burst.take().map(|b| Ok(Frame::data(b))));
                 }
+                Poll::Pending => return this.poll_idle(cx),
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended
+        self.ended && self.burst.is_empty() && self.then.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use fake_provider::Behavior;
 
-use crate::common::{chat_body, client, setup, setup_with};
+use crate::common::{Proxy, chat_body, client, setup, setup_with};
 
 /// Sends `body` with `headers` to `url` and returns the whole streamed body.
 async fn fetch(url: &str, body: &str, headers: &[(&str, &str)]) -> (u16, String, Vec<u8>) {
@@ -220,4 +220,97 @@ async fn streamed_tool_calls_pass_intact() {
     assert!(String::from_utf8_lossy(&via).contains(r#""finish_reason":"tool_calls""#));
     assert_eq!(via, direct);
     assert_eq!(proxy.stats().usage_reports, 1);
+}
+
+/// The chunks of an HTTP/1.1 chunked response to a raw request: `(chunks, body)`.
+async fn raw_chunks(addr: std::net::SocketAddr, body: &str, headers: &str) -> (usize, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: abridge\r\nconnection: close\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n{headers}\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tcp.read_to_end(&mut raw).await.unwrap();
+    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let head = String::from_utf8_lossy(&raw[..head_end]).to_lowercase();
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    let (mut rest, mut chunks, mut out) = (&raw[head_end..], 0, Vec::new());
+    loop {
+        let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap(), 16);
+        let size = size.unwrap();
+        if size == 0 {
+            return (chunks, out);
+        }
+        chunks += 1;
+        out.extend_from_slice(&rest[line_end + 2..line_end + 2 + size]);
+        rest = &rest[line_end + 2 + size + 2..];
+    }
+}
+
+/// A provider that answers one request with `events` as an SSE stream whose chunks
+/// (one per event) all leave in a single write, as a fast model's reach a proxy.
+async fn one_write_provider(events: Vec<String>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The head, then the body its content-length announces.
+        let body_at = loop {
+            let n = tcp.read(&mut buf).await.unwrap();
+            request.extend_from_slice(&buf[..n]);
+            if let Some(i) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&request[..body_at]).to_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        while request.len() < body_at + length {
+            let n = tcp.read(&mut buf).await.unwrap();
+            request.extend_from_slice(&buf[..n]);
+        }
+        let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+            transfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+        for event in &events {
+            out.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        tcp.write_all(&out).await.unwrap();
+        tcp.flush().await.unwrap();
+    });
+    url
+}
+
+/// Events that reach abridge together leave it together: a stream whose chunks arrived
+/// in one read is not relayed as one write per event (it was: one chunk, one `writev`,
+/// per event), and arrives whole and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_that_arrive_together_are_relayed_in_few_writes() {
+    let mut events: Vec<String> = (0..40)
+        .map(|i| {
+            format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"w{i} \"}}}}]}}\n\n"
+            )
+        })
+        .collect();
+    events.push("data: [DONE]\n\n".to_owned());
+    let upstream = one_write_provider(events.clone()).await;
+    let proxy = Proxy::start(&upstream).await;
+    let (chunks, body) = raw_chunks(proxy.addr, &chat_body(true), "").await;
+    assert_eq!(String::from_utf8(body).unwrap(), events.concat());
+    assert!(
+        chunks * 4 <= events.len(),
+        "{chunks} chunks for {} events: relayed one write per event",
+        events.len()
+    );
 }
