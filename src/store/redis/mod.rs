@@ -156,17 +156,11 @@ impl RedisStore {
             self.key(conversation, "state"),
             self.key(conversation, "usage"),
         );
-        let ttl = self.inner.ttl_ms as i64;
+        // No TTL refresh here: the turn's usage record (RECORD_USAGE) refreshes all three
+        // keys, so a read-time PEXPIRE of each was half the pipeline's commands and
+        // replies for nothing.
         let mut pipe = redis::pipe();
-        pipe.hgetall(&ckpt)
-            .hgetall(&state)
-            .hgetall(&usage)
-            .pexpire(&ckpt, ttl)
-            .ignore()
-            .pexpire(&state, ttl)
-            .ignore()
-            .pexpire(&usage, ttl)
-            .ignore();
+        pipe.hgetall(&ckpt).hgetall(&state).hgetall(&usage);
         // Field/value pairs, not maps: a handful of fields, looked up once each, are
         // cheaper scanned than hashed.
         let (mut fields, state, usage): (Fields, Fields, Fields) =

@@ -1,5 +1,6 @@
 //! What only a real Redis shows: a load is one pipeline on one node, every key has a
-//! TTL and a conversation's keys share one hash tag, and outages (a killed, a paused, a
+//! TTL (refreshed by a turn's record, not by the read) and a conversation's keys share
+//! one hash tag, and outages (a killed, a paused, a
 //! not-yet-started server) fail fast and heal.
 
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ fn delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)
 }
 
 #[tokio::test]
-async fn a_load_is_one_pipeline_of_six_commands_on_one_node() {
+async fn a_load_is_one_pipeline_of_three_commands_on_one_node() {
     // Single Redis (its own server, so no other test's commands are counted).
     let server = RedisServer::start();
     let (store, _) = redis_at(server.url());
@@ -41,19 +42,16 @@ async fn a_load_is_one_pipeline_of_six_commands_on_one_node() {
     let before = command_calls(server.port);
     store.load(&conv).await.unwrap();
     let after = command_calls(server.port);
-    assert_eq!(
-        delta(&before, &after),
-        vec![("hgetall".to_owned(), 3), ("pexpire".to_owned(), 3)]
-    );
+    assert_eq!(delta(&before, &after), vec![("hgetall".to_owned(), 3)]);
 
-    // Cluster: the same six commands, all on the one node that owns the slot.
+    // Cluster: the same three commands, all on the one node that owns the slot.
     let cluster_nodes = &shared_cluster().nodes;
     let (store, _) = cluster();
     store.load(&conv).await.unwrap(); // connect and learn the slots first
     // Other tests use the same cluster at the same time and their commands add to the
     // counts; they can only add, so one clean attempt out of a few shows what one load
     // sends (a load that sent more, or to two nodes, fails every attempt).
-    let expected = vec![("hgetall".to_owned(), 3), ("pexpire".to_owned(), 3)];
+    let expected = vec![("hgetall".to_owned(), 3)];
     let mut seen = Vec::new();
     for _ in 0..10 {
         let before: Vec<_> = cluster_nodes
@@ -78,6 +76,49 @@ async fn a_load_is_one_pipeline_of_six_commands_on_one_node() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("no load was one pipeline of {expected:?} on one node: {seen:?}");
+}
+
+/// A conversation's TTL is refreshed when a turn is recorded, and not by the read at
+/// the start of a request (which is three `HGETALL`s and nothing else).
+#[tokio::test]
+async fn a_record_refreshes_the_ttl_a_load_does_not() {
+    let server = RedisServer::start();
+    let (store, config) = redis_at(server.url());
+    let conv = conversation("t", 8);
+    store
+        .save_checkpoint(&conv, &checkpoint(1, fingerprint(1), "x"), &[])
+        .await
+        .unwrap();
+    store
+        .record_usage(&conv, usage(fingerprint(1), 2, 10, None), None, false)
+        .await
+        .unwrap();
+    let keys: Vec<String> = ["ckpt", "state", "usage"]
+        .iter()
+        .map(|part| format!("{}:{{{conv}}}:{part}", config.key_prefix))
+        .collect();
+    let pttl = |key: &str| -> i64 {
+        command(server.port, &["PTTL", key])
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    for key in &keys {
+        command(server.port, &["PEXPIRE", key, "100000"]).unwrap();
+    }
+    store.load(&conv).await.unwrap();
+    for key in &keys {
+        let ttl = pttl(key);
+        assert!(ttl > 0 && ttl <= 100_000, "{key}: a load set TTL {ttl}");
+    }
+    store
+        .record_usage(&conv, usage(fingerprint(2), 4, 20, None), None, false)
+        .await
+        .unwrap();
+    for key in &keys {
+        let ttl = pttl(key);
+        assert!(ttl > 100_000, "{key}: the record left TTL {ttl}");
+    }
 }
 
 #[tokio::test]
