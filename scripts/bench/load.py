@@ -298,6 +298,7 @@ class Bench:
         self.dir = workdir
         self.procs = []
         self.lg_core, self.proxy_core = args.cores
+        self.binary = Path(args.abridge) if args.abridge else RELEASE / "abridge"
 
     def start(self, name, argv, core, env=None):
         proc = Proc(name, argv, core, self.dir / f"{name}.log", env)
@@ -364,7 +365,7 @@ class Bench:
         }
         if redis_url:
             env["ABRIDGE_REDIS_URL"] = redis_url
-        proc = self.start(name, [str(RELEASE / "abridge"), "--config", str(config)],
+        proc = self.start(name, [str(self.binary), "--config", str(config)],
                           self.proxy_core, env)
         wait_ready(f"http://127.0.0.1:{admin}/healthz", proc)
         return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", proc)
@@ -598,6 +599,8 @@ def main():
                         help="which targets to run (default all that are installed)")
     parser.add_argument("--rows", default=",".join(ROW_GROUPS),
                         help="which rows to run, of " + ", ".join(ROW_GROUPS) + " (default all)")
+    parser.add_argument("--abridge", help="the abridge binary to measure (e.g. one built from "
+                        "an older commit; default target/release/abridge)")
     parser.add_argument("--out", default=str(ROOT / "target" / "bench" / "report.md"),
                         help="where to write the Markdown report")
     args = parser.parse_args()
