@@ -6,10 +6,12 @@
 //! stream) the relay used to get them one task switch apart and hyper's server wrote
 //! each on its own: one `writev` per SSE event, most of the relay's CPU per event.
 //! The relay now gathers: when the upstream has nothing ready right after a frame, it
-//! lets the connection task run ([`yield_once`], up to [`TURNS`] times) and takes
-//! whatever came meanwhile; only when those turns bring nothing new does it hand the
-//! burst to hyper. Events that arrive apart (a model's pace) cost two extra polls each
-//! (no wait on a timer: they are sent as soon as the scheduler comes back). A burst is bounded ([`MAX_BYTES`], [`MAX_PARTS`]): it never
+//! lets the connection task run ([`yield_once`], see [`TURNS`]) and takes whatever came
+//! meanwhile; only when that brings nothing new does it hand the burst to hyper. Events
+//! that arrive apart (a model's pace) cost two extra polls each (no wait on a timer:
+//! they are sent as soon as the scheduler comes back). An error that ends the stream
+//! goes after a pending poll of its own, so hyper writes the burst before it (hyper
+//! closes the connection on a body error without flushing what it buffered). A burst is bounded ([`MAX_BYTES`], [`MAX_PARTS`]): it never
 //! holds more than one write's worth.
 
 use std::future::Future;
@@ -22,8 +24,9 @@ use bytes::{Bytes, BytesMut};
 pub const MAX_BYTES: usize = 64 * 1024;
 /// …or this many frames.
 pub const MAX_PARTS: usize = 64;
-/// Turns the relay lets the connection task have, after a frame, before it sends what
-/// it has: the connection task may be running on the other worker, or behind others.
+/// Waits after a frame before the relay sends what it has. hyper's server polls a body
+/// again at once when it returned pending and there was nothing to flush, which takes
+/// the first; the second is a turn of the scheduler, in which the connection task runs.
 const TURNS: u8 = 2;
 
 /// The bytes gathered so far (see the module docs).
@@ -38,11 +41,14 @@ pub struct Burst {
 impl Burst {
     /// Adds the bytes of one frame (nothing when empty).
     pub fn push(&mut self, bytes: Bytes) {
-        self.yielded = 0;
-        if !bytes.is_empty() {
-            self.len += bytes.len();
-            self.parts.push(bytes);
+        // A frame that gave nothing to send (an event the tap still holds) does not
+        // restart the wait: a provider dribbling fragments cannot hold a burst back.
+        if bytes.is_empty() {
+            return;
         }
+        self.yielded = 0;
+        self.len += bytes.len();
+        self.parts.push(bytes);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -139,6 +145,11 @@ mod tests {
             );
         }
         assert!(!burst.wait_once(&mut cx), "nothing came: send");
+        burst.push(Bytes::new());
+        assert!(
+            !burst.wait_once(&mut cx),
+            "an empty frame does not restart the wait"
+        );
         burst.push(Bytes::from_static(b"b"));
         assert!(burst.wait_once(&mut cx), "a new frame: wait again");
     }

@@ -148,6 +148,7 @@ pub fn respond(
         span: tracing::Span::current(),
         burst: Burst::default(),
         then: None,
+        flush_first: false,
     };
     // A response without a body (HEAD, 204, 304) may never be polled: it is complete now.
     if relay.inner.is_end_stream() {
@@ -188,6 +189,14 @@ enum Tap {
 }
 
 impl Tap {
+    /// Whether an SSE tap is still reading events (it stops at an oversized one).
+    fn scanning(&self) -> bool {
+        match self {
+            Tap::Sse(sse) => sse.scanning(),
+            Tap::None | Tap::Json { .. } => false,
+        }
+    }
+
     fn for_content_type(headers: &HeaderMap, strip: bool) -> Tap {
         let content_type = headers
             .get(header::CONTENT_TYPE)
@@ -359,6 +368,9 @@ pub struct RelayBody {
     burst: Burst,
     /// What comes after the burst: trailers, or the error that ended the body.
     then: Option<Result<Frame<Bytes>, RelayError>>,
+    /// The burst before `then`'s error went out: one pending poll first, so hyper
+    /// flushes it (a body error closes the connection without a flush).
+    flush_first: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -421,7 +433,15 @@ impl RelayBody {
                 }
             },
         };
+        let scanning = self.tap.scanning();
         let out = self.tap.feed(data);
+        if scanning && !self.tap.scanning() {
+            let _entered = self.span.enter();
+            tracing::debug!(
+                "SSE event over {} bytes; usage scanning stopped",
+                sse::MAX_EVENT_BYTES
+            );
+        }
         // With a known length the last frame is known: finish now, so usage is recorded
         // even if the server never polls again.
         if self.inner.is_end_stream() {
@@ -439,6 +459,7 @@ impl RelayBody {
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         match self.burst.take() {
             Some(bytes) => {
+                self.flush_first = next.is_err();
                 self.then = Some(next);
                 Poll::Ready(Some(Ok(Frame::data(bytes))))
             }
@@ -487,6 +508,10 @@ impl HttpBody for RelayBody {
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         let this = &mut *self;
         loop {
+            if std::mem::take(&mut this.flush_first) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             if let Some(next) = this.then.take() {
                 return Poll::Ready(Some(next));
             }
@@ -503,8 +528,10 @@ impl HttpBody for RelayBody {
                         },
                         Err(trailers) => return this.after_burst(Ok(trailers)),
                     }
-                    if this.burst.is_full() {
-                        return Poll::Ready(this.burst.take().map(|b| Ok(Frame::data(b))));
+                    if this.burst.is_full()
+                        && let Some(bytes) = this.burst.take()
+                    {
+                        return Poll::Ready(Some(Ok(Frame::data(bytes))));
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -520,7 +547,9 @@ impl HttpBody for RelayBody {
                     if this.burst.wait_once(cx) {
                         return Poll::Pending;
                     }
-                    return Poll::Ready(this.burst.take().map(|b| Ok(Frame::data(b))));
+                    if let Some(bytes) = this.burst.take() {
+                        return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                    }
                 }
                 Poll::Pending => return this.poll_idle(cx),
             }

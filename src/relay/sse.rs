@@ -25,7 +25,7 @@ use super::usage::{Envelope, Usage};
 
 /// Longest event kept for inspection; a stream with longer "events" is not SSE as
 /// abridge knows it, so scanning stops and bytes flow on untouched.
-const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
 
 const NULL_MEMBER: &[u8] = br#","usage":null"#;
 
@@ -79,6 +79,11 @@ impl SseTap {
     }
 
     /// Whether this tap removes what abridge added (strip mode).
+    /// Whether it still reads events (it stops at one over [`MAX_EVENT_BYTES`]).
+    pub fn scanning(&self) -> bool {
+        !self.disabled
+    }
+
     pub fn strips(&self) -> bool {
         self.strip
     }
@@ -223,7 +228,7 @@ impl SseTap {
     /// An event grew past the limit: release everything held (after `released`, what
     /// strip mode had not yet sent of earlier events) and stop scanning.
     fn give_up(&mut self, mut released: BytesMut) -> Bytes {
-        tracing::debug!("SSE event over {MAX_EVENT_BYTES} bytes; usage scanning stopped");
+        // The relay logs it, in the request's span.
         self.disabled = true;
         released.extend_from_slice(&self.partial);
         self.partial = Vec::new();

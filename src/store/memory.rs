@@ -75,13 +75,15 @@ impl MemoryStore {
     pub fn load(&self, id: &Fingerprint) -> Loaded {
         let mut inner = lock(&self.inner);
         let now = Instant::now();
-        // As in Redis, a read does not extend the TTL: the turn's usage record does.
         match live(&mut inner, id, now) {
-            Some(c) => Loaded {
-                checkpoints: c.checkpoints.values().rev().cloned().collect(),
-                usage: c.usage.iter().rev().copied().collect(),
-                state: c.state.clone(),
-            },
+            Some(c) => {
+                c.expires = now + self.ttl;
+                Loaded {
+                    checkpoints: c.checkpoints.values().rev().cloned().collect(),
+                    usage: c.usage.iter().rev().copied().collect(),
+                    state: c.state.clone(),
+                }
+            }
             None => Loaded::default(),
         }
     }
@@ -388,42 +390,6 @@ mod tests {
             created_ms: 0,
             gate: None,
         }
-    }
-
-    /// As in Redis: a turn's record (or a checkpoint) extends the TTL, a read does not.
-    #[test]
-    fn a_record_extends_the_ttl_a_load_does_not() {
-        let store = MemoryStore::new(&StoreConfig {
-            ttl_secs: 1,
-            ..StoreConfig::default()
-        });
-        let usage = |n| Usage {
-            prefix: id(n),
-            messages: 2,
-            tokens: 10,
-            applied: None,
-            head_tokens: 0,
-            growth: 0,
-            ratio_permille: 0,
-            at_ms: 0,
-        };
-        store.save_checkpoint(&id(1), &checkpoint(3, 10), &[]);
-        std::thread::sleep(Duration::from_millis(600));
-        assert!(!store.load(&id(1)).checkpoints.is_empty());
-        std::thread::sleep(Duration::from_millis(600));
-        assert!(
-            store.load(&id(1)).checkpoints.is_empty(),
-            "the read kept it alive"
-        );
-
-        store.save_checkpoint(&id(2), &checkpoint(3, 10), &[]);
-        std::thread::sleep(Duration::from_millis(600));
-        store.record_usage(&id(2), usage(7), None);
-        std::thread::sleep(Duration::from_millis(600));
-        assert!(
-            !store.load(&id(2)).checkpoints.is_empty(),
-            "the record extended it"
-        );
     }
 
     #[test]

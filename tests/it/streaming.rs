@@ -238,22 +238,27 @@ async fn raw_chunks(addr: std::net::SocketAddr, body: &str, headers: &str) -> (u
     let head = String::from_utf8_lossy(&raw[..head_end]).to_lowercase();
     assert!(head.contains("transfer-encoding: chunked"), "{head}");
     let (mut rest, mut chunks, mut out) = (&raw[head_end..], 0, Vec::new());
-    loop {
-        let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size = usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap(), 16);
-        let size = size.unwrap();
+    // Until the last chunk, or where a cut connection left it.
+    while let Some(line_end) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&rest[..line_end]).unwrap();
+        let size = usize::from_str_radix(size, 16).unwrap();
+        let Some(data) = rest.get(line_end + 2..line_end + 2 + size) else {
+            break;
+        };
         if size == 0 {
-            return (chunks, out);
+            break;
         }
         chunks += 1;
-        out.extend_from_slice(&rest[line_end + 2..line_end + 2 + size]);
-        rest = &rest[line_end + 2 + size + 2..];
+        out.extend_from_slice(data);
+        rest = rest.get(line_end + 2 + size + 2..).unwrap_or_default();
     }
+    (chunks, out)
 }
 
 /// A provider that answers one request with `events` as an SSE stream whose chunks
-/// (one per event) all leave in a single write, as a fast model's reach a proxy.
-async fn one_write_provider(events: Vec<String>) -> String {
+/// (one per event) all leave in a single write, as a fast model's reach a proxy, then
+/// `end` (the last chunk, or bytes that break the chunked framing).
+async fn one_write_provider(events: Vec<String>, end: &'static [u8]) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
@@ -284,7 +289,7 @@ async fn one_write_provider(events: Vec<String>) -> String {
         for event in &events {
             out.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
         }
-        out.extend_from_slice(b"0\r\n\r\n");
+        out.extend_from_slice(end);
         tcp.write_all(&out).await.unwrap();
         tcp.flush().await.unwrap();
     });
@@ -304,7 +309,7 @@ async fn events_that_arrive_together_are_relayed_in_few_writes() {
         })
         .collect();
     events.push("data: [DONE]\n\n".to_owned());
-    let upstream = one_write_provider(events.clone()).await;
+    let upstream = one_write_provider(events.clone(), b"0\r\n\r\n").await;
     let proxy = Proxy::start(&upstream).await;
     let (chunks, body) = raw_chunks(proxy.addr, &chat_body(true), "").await;
     assert_eq!(String::from_utf8(body).unwrap(), events.concat());
@@ -313,4 +318,18 @@ async fn events_that_arrive_together_are_relayed_in_few_writes() {
         "{chunks} chunks for {} events: relayed one write per event",
         events.len()
     );
+}
+
+/// The events that came before a broken stream reach the client whole, though they
+/// were gathered into one write and the upstream's error came in the same read (hyper
+/// closes the connection on a body error without flushing what it buffered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_gathered_before_an_upstream_error_still_reach_the_client() {
+    let events: Vec<String> = (0..30)
+        .map(|i| format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"w{i}\"}}}}]}}\n\n"))
+        .collect();
+    let upstream = one_write_provider(events.clone(), b"zz\r\nnot a chunk").await;
+    let proxy = Proxy::start(&upstream).await;
+    let (_, body) = raw_chunks(proxy.addr, &chat_body(true), "").await;
+    assert_eq!(String::from_utf8(body).unwrap(), events.concat());
 }
