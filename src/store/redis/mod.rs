@@ -141,6 +141,12 @@ impl RedisStore {
         Ok(conn.clone())
     }
 
+    /// How long after its last recorded turn a conversation's TTLs are refreshed by a
+    /// read: a seventh of the TTL (a day, by default), at least a second.
+    fn refresh_after_ms(&self) -> u64 {
+        (self.inner.ttl_ms / 7).max(1000)
+    }
+
     /// `<prefix>:{<conversation>}:<part>`: the braces are the Cluster hash tag.
     fn key(&self, conversation: &Fingerprint, part: &str) -> String {
         format!("{}:{{{conversation}}}:{part}", self.inner.prefix)
@@ -151,20 +157,38 @@ impl RedisStore {
     }
 
     pub async fn load(&self, conversation: &Fingerprint) -> Result<Loaded, StoreError> {
-        let (ckpt, state, usage) = (
+        let (ckpt, state_key, usage_key) = (
             self.key(conversation, "ckpt"),
             self.key(conversation, "state"),
             self.key(conversation, "usage"),
         );
-        // No TTL refresh here: the turn's usage record (RECORD_USAGE) refreshes all three
-        // keys, so a read-time PEXPIRE of each was half the pipeline's commands and
-        // replies for nothing.
+        // The TTLs are refreshed by the turn's usage record (RECORD_USAGE refreshes all
+        // three keys), so the read does not PEXPIRE them (that was half the pipeline's
+        // commands and replies); only a conversation no turn has recorded for a while —
+        // a provider that reports no usage in streams, clients that stop streams early —
+        // is refreshed here, by a second pipeline.
         let mut pipe = redis::pipe();
-        pipe.hgetall(&ckpt).hgetall(&state).hgetall(&usage);
+        pipe.hgetall(&ckpt).hgetall(&state_key).hgetall(&usage_key);
         // Field/value pairs, not maps: a handful of fields, looked up once each, are
         // cheaper scanned than hashed.
+        let mut conn = self.conn().await?;
         let (mut fields, state, usage): (Fields, Fields, Fields) =
-            pipe.query_async(&mut self.conn().await?).await?;
+            pipe.query_async(&mut conn).await?;
+        let state = parse_state(&state)?;
+        let recorded_ms = state.as_ref().map_or(0, |s| s.last_seen_ms);
+        let exists = !(fields.is_empty() && state.is_none() && usage.is_empty());
+        if exists && now_ms().saturating_sub(recorded_ms) >= self.refresh_after_ms() {
+            let ttl = self.inner.ttl_ms as i64;
+            let mut touch = redis::pipe();
+            touch
+                .pexpire(&ckpt, ttl)
+                .ignore()
+                .pexpire(&state_key, ttl)
+                .ignore()
+                .pexpire(&usage_key, ttl)
+                .ignore();
+            touch.query_async::<()>(&mut conn).await?;
+        }
         fields.sort_unstable_by(|a, b| b.0.cmp(&a.0));
         let checkpoints = fields
             .into_iter()
@@ -185,7 +209,7 @@ impl RedisStore {
         Ok(Loaded {
             checkpoints,
             usage,
-            state: parse_state(&state)?,
+            state,
         })
     }
 

@@ -35,10 +35,7 @@ async fn a_load_is_one_pipeline_of_three_commands_on_one_node() {
     let server = RedisServer::start();
     let (store, _) = redis_at(server.url());
     let conv = conversation("t", 7);
-    store
-        .save_checkpoint(&conv, &checkpoint(1, fingerprint(1), "x"), &[])
-        .await
-        .unwrap();
+    stored_and_recorded(&store, &conv).await;
     let before = command_calls(server.port);
     store.load(&conv).await.unwrap();
     let after = command_calls(server.port);
@@ -47,7 +44,7 @@ async fn a_load_is_one_pipeline_of_three_commands_on_one_node() {
     // Cluster: the same three commands, all on the one node that owns the slot.
     let cluster_nodes = &shared_cluster().nodes;
     let (store, _) = cluster();
-    store.load(&conv).await.unwrap(); // connect and learn the slots first
+    stored_and_recorded(&store, &conv).await; // and connect and learn the slots
     // Other tests use the same cluster at the same time and their commands add to the
     // counts; they can only add, so one clean attempt out of a few shows what one load
     // sends (a load that sent more, or to two nodes, fails every attempt).
@@ -78,21 +75,29 @@ async fn a_load_is_one_pipeline_of_three_commands_on_one_node() {
     panic!("no load was one pipeline of {expected:?} on one node: {seen:?}");
 }
 
-/// A conversation's TTL is refreshed when a turn is recorded, and not by the read at
-/// the start of a request (which is three `HGETALL`s and nothing else).
+/// A conversation with a checkpoint and a turn recorded just now.
+async fn stored_and_recorded(store: &Store, conv: &Fingerprint) {
+    store
+        .save_checkpoint(conv, &checkpoint(1, fingerprint(1), "x"), &[])
+        .await
+        .unwrap();
+    store
+        .record_usage(conv, usage(fingerprint(1), 2, 10, None), None, false)
+        .await
+        .unwrap();
+}
+
+/// A conversation's TTL is refreshed when a turn is recorded, not by the read at the
+/// start of a request (three `HGETALL`s and nothing else) — unless no turn was
+/// recorded for a seventh of the TTL (a provider that reports no usage, streams the
+/// clients stop early): then the read refreshes it, so a conversation in use never
+/// expires.
 #[tokio::test]
-async fn a_record_refreshes_the_ttl_a_load_does_not() {
+async fn a_record_refreshes_the_ttl_and_a_load_only_when_no_turn_was_recorded_lately() {
     let server = RedisServer::start();
     let (store, config) = redis_at(server.url());
     let conv = conversation("t", 8);
-    store
-        .save_checkpoint(&conv, &checkpoint(1, fingerprint(1), "x"), &[])
-        .await
-        .unwrap();
-    store
-        .record_usage(&conv, usage(fingerprint(1), 2, 10, None), None, false)
-        .await
-        .unwrap();
+    stored_and_recorded(&store, &conv).await;
     let keys: Vec<String> = ["ckpt", "state", "usage"]
         .iter()
         .map(|part| format!("{}:{{{conv}}}:{part}", config.key_prefix))
@@ -118,6 +123,19 @@ async fn a_record_refreshes_the_ttl_a_load_does_not() {
     for key in &keys {
         let ttl = pttl(key);
         assert!(ttl > 100_000, "{key}: the record left TTL {ttl}");
+    }
+    // No turn recorded for a long while: the read refreshes.
+    command(server.port, &["HSET", &keys[1], "last_seen", "0"]).unwrap();
+    for key in &keys {
+        command(server.port, &["PEXPIRE", key, "100000"]).unwrap();
+    }
+    store.load(&conv).await.unwrap();
+    for key in &keys {
+        let ttl = pttl(key);
+        assert!(
+            ttl > 100_000,
+            "{key}: a load of a stale conversation left TTL {ttl}"
+        );
     }
 }
 
