@@ -84,7 +84,8 @@ pub async fn read_body(
     }
     let read = async {
         let mut body = body;
-        let mut out = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+        // Allocated only when a second chunk comes (a one-chunk body never needs it).
+        let mut out = BytesMut::new();
         let mut first: Option<Bytes> = None;
         while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
         {
@@ -103,6 +104,7 @@ pub async fn read_body(
             match first.take() {
                 None if out.is_empty() => first = Some(data),
                 Some(f) => {
+                    out.reserve((declared.unwrap_or(0) as usize).max(f.len() + data.len()));
                     out.extend_from_slice(&f);
                     out.extend_from_slice(&data);
                 }
@@ -239,5 +241,18 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(kept.as_ptr(), big.as_ptr());
+    }
+
+    #[tokio::test]
+    async fn a_body_in_several_chunks_is_joined_in_order() {
+        let budget = BodyBudget::new(1 << 20);
+        let chunks = ["{\"a\":", "[1,2", ",3]}"].map(|c| Ok::<_, std::io::Error>(Bytes::from(c)));
+        let body = Body::from_stream(futures_util::stream::iter(chunks));
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, http::HeaderValue::from_static("14"));
+        let (joined, _held) = read_body(body, &headers, 1 << 20, Duration::from_secs(5), &budget)
+            .await
+            .unwrap();
+        assert_eq!(&joined[..], b"{\"a\":[1,2,3]}");
     }
 }
