@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::common::agent::{Agent, main_requests, messages_of};
 use crate::common::redis::RedisServer;
-use crate::common::{Proxy, chat_body, client, config_for, eventually};
+use crate::common::{Fetch, Proxy, chat_body, client, config_for, eventually};
 
 const TOKEN: &str = "admin-test-token-123";
 
@@ -173,22 +173,8 @@ async fn stats_and_metrics_match_the_traffic() {
         prompt += usage["prompt_tokens"].as_u64().unwrap();
         completion += usage["completion_tokens"].as_u64().unwrap();
     }
-    client()
-        .get(proxy.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    client()
-        .get(proxy.url("/v1/nothing-here"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    client().get(proxy.url("/v1/models")).fetch().await;
+    client().get(proxy.url("/v1/nothing-here")).fetch().await;
     assert!(
         eventually(Duration::from_secs(2), || proxy.stats().inflight_requests
             == 0)

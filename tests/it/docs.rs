@@ -5,7 +5,7 @@
 use fake_provider::{Behavior, FakeProvider};
 
 use crate::admin::{admin_config, metrics};
-use crate::common::{Proxy, chat_body, client};
+use crate::common::{Fetch, Proxy, chat_body, client};
 
 /// docs/src/metrics.md lists exactly the metrics `/metrics` exposes, by the names a
 /// query uses (a counter's with `_total`).
@@ -16,12 +16,8 @@ async fn the_metrics_page_documents_every_metric_exposed() {
     client()
         .post(proxy.url("/v1/chat/completions"))
         .body(chat_body(false))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     let text = metrics(&proxy).await;
     let exposed: Vec<String> = text
         .lines()

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use fake_provider::{Behavior, FakeProvider};
 
-use crate::common::{Proxy, chat_body, client, closed_port, config_for, setup, setup_with};
+use crate::common::{Fetch, Proxy, chat_body, client, closed_port, config_for, setup, setup_with};
 
 /// Asserts an OpenAI-shaped error body with `code` and returns its message.
 async fn openai_error(response: reqwest::Response, status: u16, code: &str) -> String {
@@ -205,12 +205,8 @@ async fn context_length_exceeded_passes_through() {
     let direct = client()
         .post(format!("{}/chat/completions", provider.url()))
         .body(chat_body(false))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     let via = client()
         .post(proxy.url("/v1/chat/completions"))
         .body(chat_body(false))

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use fake_provider::{Behavior, FakeProvider};
 
-use crate::common::{chat_body, client, closed_port, eventually, setup, setup_with};
+use crate::common::{Fetch, chat_body, client, closed_port, eventually, setup, setup_with};
 
 #[tokio::test]
 async fn a_client_leaving_a_stream_closes_the_upstream_connection() {
@@ -360,7 +360,7 @@ async fn traffic_logs(format: &str) -> String {
         if let Some((k, v)) = extra {
             request = request.header(k, v);
         }
-        request.send().await.unwrap().bytes().await.unwrap();
+        request.fetch().await;
     }
     client()
         .get(format!("{base}/v1/models"))

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fake_provider::FakeProvider;
 
-use crate::common::{Proxy, chat_body, client, config_for, setup};
+use crate::common::{Fetch, Proxy, chat_body, client, config_for, setup};
 
 #[tokio::test]
 async fn chat_body_reaches_the_provider_byte_identical() {
@@ -217,12 +217,8 @@ async fn models_and_embeddings_pass_through_with_query_and_streamed_body() {
     let (provider, proxy) = setup().await;
     let direct = client()
         .get(format!("{}/models?limit=2", provider.url()))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+        .fetch()
+        .await;
     let via = client()
         .get(proxy.url("/v1/models?limit=2"))
         .send()

@@ -128,6 +128,17 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// A request sent and its whole answer read, for tests that only need it to happen.
+pub trait Fetch {
+    async fn fetch(self) -> bytes::Bytes;
+}
+
+impl Fetch for reqwest::RequestBuilder {
+    async fn fetch(self) -> bytes::Bytes {
+        self.send().await.unwrap().bytes().await.unwrap()
+    }
+}
+
 /// A small chat request body.
 pub fn chat_body(stream: bool) -> String {
     format!(
