@@ -185,10 +185,11 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut turns = Vec::new();
     for body in bodies {
+        let bytes = Bytes::from(body.to_string());
         let request = http::Request::post(&url)
             .header("content-type", "application/json")
             .header("authorization", "Bearer replay")
-            .body(Full::new(Bytes::from(body.to_string())))
+            .body(Full::new(bytes.clone()))
             .map_err(|e| e.to_string())?;
         let response = client.request(request).await.map_err(|e| e.to_string())?;
         let status = response.status().as_u16();
@@ -208,7 +209,7 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
         turns.push(Turn {
             status,
             compacted,
-            client_tokens: client_tokens(body),
+            client_tokens: client_tokens(&bytes),
             provider_tokens: answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
             stable_prefix: match (seen.len().checked_sub(2).map(|i| &seen[i]), &forwarded) {
                 (Some(before), Some(now)) => now.messages.starts_with(&before.messages),
@@ -235,12 +236,13 @@ async fn wait_idle(state: &AppState) {
     }
 }
 
-/// What the client's request estimates, as abridge counts it.
-fn client_tokens(body: &Value) -> u64 {
-    let bytes = body.to_string();
-    let model = body["model"].as_str().unwrap_or_default();
-    crate::formats::chat::parse(bytes.as_bytes())
-        .map(|p| crate::tokens::Estimator::for_model(model).messages(&p.messages))
+/// What the client's request (its bytes, as sent) estimates, as abridge counts it.
+fn client_tokens(body: &[u8]) -> u64 {
+    crate::formats::chat::parse(body)
+        .map(|p| {
+            let model = p.request.model.as_deref().unwrap_or_default();
+            crate::tokens::Estimator::for_model(model).messages(&p.messages)
+        })
         .unwrap_or(0)
 }
 

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 use crate::formats::chat;
+use crate::strategies::structured;
 use crate::strategies::text::identifiers;
 use crate::tokens::Estimator;
 
@@ -60,14 +61,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Whether a request is abridge's summariser asking for a summary.
+/// Whether a request is abridge's summariser asking for a summary: its system prompt.
 fn is_summary(messages: &[Value]) -> bool {
-    messages.first().is_some_and(|m| {
-        m["role"] == "system"
-            && m["content"]
-                .as_str()
-                .is_some_and(|c| c.starts_with("You write handoff summaries"))
-    })
+    messages
+        .first()
+        .is_some_and(|m| m["role"] == "system" && m["content"] == structured::SYSTEM)
 }
 
 /// The stand-in summary: the template's sections, and the identifiers the prompt names.
@@ -120,4 +118,19 @@ async fn answer(State(seen): State<Arc<Mutex<Vec<Seen>>>>, body: Bytes) -> Respo
                   "total_tokens": prompt_tokens + 5},
     });
     axum::Json(reply).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_request_is_told_by_the_summarisers_own_prompt() {
+        let summary = json!([{"role": "system", "content": structured::SYSTEM},
+                             {"role": "user", "content": "transcript"}]);
+        assert!(is_summary(summary.as_array().unwrap()));
+        let chat = json!([{"role": "system", "content": "You write handoff summaries, say it."},
+                          {"role": "user", "content": "hi"}]);
+        assert!(!is_summary(chat.as_array().unwrap()));
+    }
 }

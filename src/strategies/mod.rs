@@ -65,7 +65,7 @@ mod index;
 mod layout;
 mod recency;
 pub mod redact;
-mod structured;
+pub(crate) mod structured;
 pub(crate) mod text;
 mod validate;
 
