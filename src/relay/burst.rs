@@ -24,16 +24,22 @@ use bytes::{Bytes, BytesMut};
 pub const MAX_BYTES: usize = 64 * 1024;
 /// …or this many frames.
 pub const MAX_PARTS: usize = 64;
+/// What the joined buffer starts with, when a second frame comes.
+const JOINED_START: usize = 4096;
 /// Waits after a frame before the relay sends what it has. hyper's server polls a body
 /// again at once when it returned pending and there was nothing to flush, which takes
 /// the first; the second is a turn of the scheduler, in which the connection task runs.
 const TURNS: u8 = 2;
 
-/// The bytes gathered so far (see the module docs).
+/// The bytes gathered so far (see the module docs). A single frame is kept as it came
+/// (nothing allocated: the common case of a whole JSON answer or one event); a second
+/// one starts the joined buffer.
 #[derive(Debug, Default)]
 pub struct Burst {
-    parts: Vec<Bytes>,
-    len: usize,
+    first: Option<Bytes>,
+    joined: BytesMut,
+    /// Frames gathered.
+    parts: usize,
     /// How often the relay let the connection task run since the last frame.
     yielded: u8,
 }
@@ -47,22 +53,33 @@ impl Burst {
             return;
         }
         self.yielded = 0;
-        self.len += bytes.len();
-        self.parts.push(bytes);
+        self.parts += 1;
+        match self.first.take() {
+            None if self.joined.is_empty() => self.first = Some(bytes),
+            Some(first) => {
+                // Room for a burst of small events without growing step by step.
+                self.joined
+                    .reserve((first.len() + bytes.len()).max(JOINED_START));
+                self.joined.extend_from_slice(&first);
+                self.joined.extend_from_slice(&bytes);
+            }
+            None => self.joined.extend_from_slice(&bytes),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.parts.is_empty()
+        self.parts == 0
     }
 
     /// Whether the burst is as large as one is allowed to grow.
     pub fn is_full(&self) -> bool {
-        self.len >= MAX_BYTES || self.parts.len() >= MAX_PARTS
+        let len = self.first.as_ref().map_or(self.joined.len(), Bytes::len);
+        len >= MAX_BYTES || self.parts >= MAX_PARTS
     }
 
     /// When the upstream has nothing ready: `true` (and the task is woken again after
-    /// the others ready to run) the first time since the last frame, `false` when that
-    /// turn brought nothing new and the burst should go.
+    /// the others ready to run) for the first [`TURNS`] times since the last frame,
+    /// `false` when they brought nothing new and the burst should go.
     pub fn wait_once(&mut self, cx: &mut Context<'_>) -> bool {
         if self.yielded >= TURNS {
             return false;
@@ -76,17 +93,11 @@ impl Burst {
     /// there are none.
     pub fn take(&mut self) -> Option<Bytes> {
         self.yielded = 0;
-        let len = std::mem::take(&mut self.len);
-        match self.parts.len() {
-            0 => None,
-            1 => self.parts.pop(),
-            _ => {
-                let mut out = BytesMut::with_capacity(len);
-                for part in self.parts.drain(..) {
-                    out.extend_from_slice(&part);
-                }
-                Some(out.freeze())
-            }
+        self.parts = 0;
+        match self.first.take() {
+            Some(first) => Some(first),
+            None if self.joined.is_empty() => None,
+            None => Some(self.joined.split().freeze()),
         }
     }
 }
