@@ -91,7 +91,10 @@ pub fn decide<'c>(
         .and_then(|u| u.applied)
         .and_then(|through| matching.iter().copied().find(|c| c.through == through));
     let prediction = predict(turn, usage.as_ref(), active, threshold);
-    let growth = growth(usage.as_ref(), prediction.tokens);
+    let since = usage.map_or(1, |u| {
+        round_trips(&turn.messages[(u.messages as usize).min(turn.messages.len())..])
+    });
+    let growth = growth(usage.as_ref(), prediction.tokens, since);
     let scheduled = turn
         .loaded
         .and_then(|l| l.state.as_ref())
@@ -266,15 +269,32 @@ pub fn calibration(turn: &Turn<'_, '_>, usage: Option<&Usage>, active: Option<&C
     (u.tokens as f64 / estimate as f64).clamp(0.5, 4.0)
 }
 
-/// Tokens a history grows by per turn: what this request added to the last report,
-/// and at least the mean of that and the growth remembered, so a burst counts at once
-/// and a lull wears off slowly.
-pub fn growth(usage: Option<&Usage>, predicted: u64) -> u64 {
+/// Tokens a history grows by per turn: what this request added to the last report
+/// per round trip since it (`since`, at least 1), and at least the mean of that and the
+/// growth remembered, so a burst counts at once and a lull wears off slowly. The report
+/// can be more than one round trip old — the previous turn's record had not landed
+/// when the client sent the next one to another replica, or its attempt died with a
+/// replica — and two turns' growth counted as one would aim the compaction far too low.
+pub fn growth(usage: Option<&Usage>, predicted: u64, since: u64) -> u64 {
     let Some(u) = usage else {
         return 0;
     };
-    let now = predicted.saturating_sub(u.tokens);
+    let now = predicted.saturating_sub(u.tokens) / since.max(1);
     now.max(u.growth / 2 + now / 2)
+}
+
+/// Provider answers in `appended` (what came after a reported request): runs of
+/// assistant items, one per answer whatever it holds (tool calls, reasoning, text).
+/// At least 1.
+pub fn round_trips(appended: &[Item<'_>]) -> u64 {
+    let starts = appended
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| {
+            m.role == Role::Assistant && (*i == 0 || appended[i - 1].role != Role::Assistant)
+        })
+        .count();
+    (starts as u64).max(1)
 }
 
 /// The ratio of the provider's count to abridge's estimate of appended messages, after
@@ -348,9 +368,33 @@ mod tests {
             ratio_permille: 1000,
             at_ms: 0,
         };
-        assert_eq!(growth(None, 5_000), 0);
-        assert_eq!(growth(Some(&usage(100)), 1_900), 900, "a burst");
-        assert_eq!(growth(Some(&usage(800)), 1_100), 450, "a lull halves it");
+        assert_eq!(growth(None, 5_000, 1), 0);
+        assert_eq!(growth(Some(&usage(100)), 1_900, 1), 900, "a burst");
+        assert_eq!(growth(Some(&usage(800)), 1_100, 1), 450, "a lull halves it");
+        // The report is two answers old: two turns of 450, not one of 900.
+        assert_eq!(growth(Some(&usage(450)), 1_900, 2), 450, "a stale report");
+        assert_eq!(growth(Some(&usage(450)), 1_900, 0), 900, "at least one");
+    }
+
+    #[test]
+    fn round_trips_count_answers_not_items() {
+        let raw: Vec<Box<serde_json::value::RawValue>> = [
+            r#"{"role": "assistant", "content": null, "tool_calls": []}"#,
+            r#"{"role": "tool", "tool_call_id": "a", "content": "x"}"#,
+            r#"{"role": "assistant", "content": "one"}"#,
+            r#"{"role": "user", "content": "next"}"#,
+            r#"{"role": "assistant", "content": "two"}"#,
+            r#"{"role": "assistant", "content": "still two"}"#,
+            r#"{"role": "user", "content": "last"}"#,
+        ]
+        .into_iter()
+        .map(|m| serde_json::value::RawValue::from_string(m.to_owned()).unwrap())
+        .collect();
+        let items: Vec<Item<'_>> = raw.iter().filter_map(|m| Format::Chat.item(m)).collect();
+        assert_eq!(items.len(), 7);
+        assert_eq!(round_trips(&items), 3);
+        assert_eq!(round_trips(&items[6..]), 1, "no answer yet: one turn");
+        assert_eq!(round_trips(&[]), 1);
     }
 
     #[test]

@@ -312,3 +312,54 @@ async fn recency_keeps_the_file_the_agent_is_about_to_edit_and_uses_its_budget()
         "{joined}"
     );
 }
+
+/// The record of the turn before is missing — it had not landed when the client sent the
+/// next turn to another replica, or the replica died with it — so the request the
+/// history crosses the threshold with is two answers past the last report. Its growth
+/// is still one turn's: the compaction leaves room for three turns of it, not six.
+#[tokio::test]
+async fn a_turn_two_answers_past_its_record_is_compacted_for_one_turns_growth() {
+    const WORDS: usize = 200;
+    let provider = provider().await;
+    let threshold = 4000;
+    let mut cfg = config(&provider.url(), threshold);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut chat = Chat::new("sk-stale", "You are terse.", "Start.");
+    let (mut last, mut growth) = (reported(&chat.send(&proxy).await), 0);
+    let mut turn = 1;
+    // Turn by turn until two more would cross.
+    while last + 2 * growth <= threshold {
+        chat.ask(WORDS, turn);
+        let answer = chat.send(&proxy).await;
+        assert!(
+            !answer.compacted(),
+            "turn {turn}: compacted before the crossing"
+        );
+        growth = reported(&answer) - last;
+        last = reported(&answer);
+        turn += 1;
+    }
+    // One turn the proxy never saw (answered like the last one), then the one that
+    // crosses, a little longer so that it crosses by a margin.
+    let answered = chat.messages.last().unwrap().clone();
+    chat.ask(WORDS, turn);
+    chat.messages.push(answered);
+    chat.ask(WORDS + 60, turn + 1);
+    let crossing = chat.send(&proxy).await;
+    assert!(
+        crossing.compacted(),
+        "{:?}",
+        crossing.header("x-abridge-note")
+    );
+    let after = reported(&crossing);
+    // The target leaves three turns of room (the soft headroom is less here); recency
+    // keeps whole messages, so it lands below it. Six turns of room (the growth of two
+    // answers counted as one turn's) would leave a third of this.
+    let target = threshold - 3 * growth;
+    assert!(
+        after > target - 2 * growth && after <= threshold,
+        "{after} tokens at the provider after compacting; one turn grows {growth}, \
+         the target is {target}"
+    );
+}
