@@ -167,8 +167,9 @@ impl Compactor {
                     wait: true,
                     focus: decided.scheduled.filter(|f| !f.is_empty()),
                 };
-                self.compact(turn, &decided, reason, attempt, &mut decision)
-                    .await;
+                // Boxed: compacting (a summary call, the strategies) is most of this
+                // future's size, and every request would carry it unboxed.
+                Box::pin(self.compact(turn, &decided, reason, attempt, &mut decision)).await;
             }
         }
         decision

@@ -18,7 +18,6 @@ use http::request::Parts;
 use http::{HeaderValue, Uri, Version, header};
 
 use crate::azure::Deployment;
-use crate::compactor::overflow;
 use crate::compactor::{Decision, Followup, Reason, Turn};
 use crate::config::CompactionMode;
 use crate::controls::{Compact, Controls, Report};
@@ -212,15 +211,16 @@ async fn forward(
             "the provider refused stream_options, which abridge adds to read usage: retried with the client's own fields; streaming usage is not read from this provider",
         );
     }
-    if may_compact {
-        upstream = overflow_retry(
+    // Boxed: a retry holds a second plan and send, which only an overflow needs.
+    if may_compact && upstream.is_overflow() {
+        upstream = Box::pin(overflow_retry(
             state,
             turn,
             (parts, target, request),
             upstream,
             (decision, &mut watch),
             exchange,
-        )
+        ))
         .await;
     }
     Ok((upstream, watch))
@@ -269,10 +269,7 @@ async fn overflow_retry(
     (decision, watch): (&mut Decision, &mut Watch),
     exchange: &mut Exchange,
 ) -> Upstream {
-    let Upstream::Buffered(head, error) = &upstream else {
-        return upstream;
-    };
-    if !overflow::is_context_overflow(head.status, error) {
+    if !upstream.is_overflow() {
         return upstream;
     }
     let sent = decision.estimate;

@@ -134,6 +134,15 @@ enum Upstream {
     Buffered(http::response::Parts, Bytes),
 }
 
+impl Upstream {
+    /// The provider said the prompt is too long (read whole, so nothing reached the
+    /// client yet).
+    fn is_overflow(&self) -> bool {
+        matches!(self, Upstream::Buffered(head, error)
+            if crate::compactor::overflow::is_context_overflow(head.status, error))
+    }
+}
+
 async fn send(
     state: &AppState,
     parts: &Parts,
