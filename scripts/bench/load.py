@@ -28,29 +28,24 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from procs import (RSS_RESET_FAILED, Proc, cpu_seconds, cpu_times, free_port, http,
+                   process_tree, reset_peak_rss, peak_rss_mb, wait_ready)
+from report import PACED_LABEL, PACED_MS, SLOW_DELAY_MS, WORDS, goals, machine, table
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = ROOT / "target" / "release"
 LUA = Path(__file__).resolve().parent / "post.lua"
-TICK = os.sysconf("SC_CLK_TCK")
-WORDS = 18  # reply words: role + 18 content + finish + usage + [DONE] = 22 SSE events
 MODEL = "bench-model"  # not an OpenAI family: abridge uses its calibrated estimate
 LONG_MODEL = "bench-long"  # a 16k context window in abridge's config: compacted
-SLOW_DELAY_MS = 100  # between events in the many-streams row: each stream stays open ~2 s
-PACED_MS = 2  # between events in the paced-stream row
-PACED_LABEL = f"2 KB stream, {PACED_MS} ms between events"
 
 
 def log(*args):
@@ -129,125 +124,6 @@ def write_bodies(directory):
         path.write_text(json.dumps(body, separators=(",", ":")))
         paths[name] = path
     return paths
-
-
-# --- processes ----------------------------------------------------------------------------
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A process started here, pinned to `core`, its output in `log_path`."""
-
-    def __init__(self, name, argv, core, log_path, env=None):
-        self.name = name
-        self.log_path = log_path
-        self.log_file = open(log_path, "wb")
-        self.popen = subprocess.Popen(
-            ["taskset", "-c", str(core), *argv],
-            stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
-        )
-        self.pid = self.popen.pid
-
-    def alive(self):
-        return self.popen.poll() is None
-
-    def stop(self):
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        self.log_file.close()
-
-
-def process_tree(pid):
-    """`pid` and all its descendants (nginx: master and worker)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except OSError:
-            pass
-    return out
-
-
-def cpu_times(pids):
-    """(utime + stime, stime) of the processes (all their threads), in seconds."""
-    total = kernel = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-            kernel += int(fields[12])
-        except OSError:
-            pass
-    return total / TICK, kernel / TICK
-
-
-def cpu_seconds(pids):
-    """utime + stime of the processes (all their threads), in seconds."""
-    return cpu_times(pids)[0]
-
-
-def status_kb(pid, key):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-RSS_RESET_FAILED = []  # pids whose peak RSS could not be reset (needs root)
-
-
-def reset_peak_rss(pids):
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/clear_refs", "w") as f:
-                f.write("5")  # resets VmHWM to the current RSS
-        except OSError:
-            RSS_RESET_FAILED.append(pid)
-
-
-def peak_rss_mb(pids):
-    return sum(status_kb(p, "VmHWM") for p in pids) / 1024
-
-
-def http(method, url, body=None, headers=None, timeout=30):
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
-
-
-def wait_ready(url, proc, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and not proc.alive():
-            raise RuntimeError(f"{proc.name} exited; see {proc.log_path}")
-        try:
-            http("GET", url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer within {timeout} s")
 
 
 # --- the targets ------------------------------------------------------------------------
@@ -468,151 +344,6 @@ def check_long_conversation(target, body):
     return report
 
 
-# --- report ----------------------------------------------------------------------------
-
-def machine():
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            text_ = f.read()
-        flags = " (SHA extensions)" if " sha_ni" in text_ else ""
-    except OSError:
-        pass
-    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    load = os.getloadavg()
-    versions = []
-    for argv in (["wrk", "-v"], ["nginx", "-v"], ["redis-server", "--version"]):
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-            first = (out.stdout + out.stderr).strip().splitlines()
-            versions.append(first[0] if first else argv[0])
-        except OSError:
-            pass
-    return (f"{os.cpu_count()} × {cpu}{flags}, {mem_gb:.0f} GiB, {platform.system()} "
-            f"{platform.release()}; load average before the run {load[0]:.2f}; "
-            + "; ".join(versions))
-
-
-def fmt(value, spec, missing="–"):
-    return missing if value is None else format(value, spec)
-
-
-def ratio(a, b):
-    if a is None or b is None or b == 0:
-        return None
-    return a / b
-
-
-def spread(result):
-    """The CPU per request of the row's rounds, lowest to highest."""
-    values = sorted(result.get("cpu_rounds") or [])
-    if len(values) < 2:
-        return "–"
-    return f"{values[0]:.1f}–{values[-1]:.1f}"
-
-
-def table(rows):
-    """Markdown: one line per (row, target)."""
-    lines = [
-        "| load | conc. | target | req/s | ×direct | ×nginx | p50 ms | p99 ms | +p50 vs direct ms "
-        "| CPU µs/req | of which kernel | rounds' CPU | CPU ×nginx | peak RSS MB | errors |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        by = {r["target"]: r for r in row["results"]}
-        direct, nginx = by.get("direct"), by.get("nginx")
-        for r in row["results"]:
-            cpu = fmt(r["cpu_us"], ".1f")
-            if r["helpers"]:
-                cpu += " (" + ", ".join(f"+{v:.1f} {k}" for k, v in r["helpers"].items()) + ")"
-            lines.append(
-                f"| {row['label']} | {row['connections']} | {r['target']} "
-                f"| {r['rps']:.0f} "
-                f"| {fmt(ratio(r['rps'], direct and direct['rps']), '.2f')} "
-                f"| {fmt(ratio(r['rps'], nginx and nginx['rps']), '.2f')} "
-                f"| {r['p50_ms']:.3f} | {r['p99_ms']:.3f} "
-                f"| {fmt(r['p50_ms'] - direct['p50_ms'] if direct else None, '+.3f')} "
-                f"| {cpu} | {fmt(r.get('kernel_us'), '.1f')} | {spread(r)} "
-                f"| {fmt(ratio(r['cpu_us'], nginx and nginx['cpu_us']), '.2f')} "
-                f"| {fmt(r['rss_mb'], '.1f')} | {r['errors']} |"
-            )
-    return "\n".join(lines)
-
-
-def goals(rows, concurrency, streams):
-    """The issue's targets, each computed from this run's rows."""
-    def get(label, c, target):
-        for row in rows:
-            if row["label"] == label and row["connections"] == c:
-                for r in row["results"]:
-                    if r["target"] == target:
-                        return r
-        return None
-
-    mid = 16 if 16 in concurrency else concurrency[-1]
-    top = concurrency[-1]
-    low = concurrency[0]
-    events = 22
-
-    def cpu(label, c):
-        return lambda t: (get(label, c, t) or {}).get("cpu_us")
-
-    def per_event(t):
-        stream, plain = cpu("2 KB stream (22 events)", mid)(t), cpu("2 KB", mid)(t)
-        return None if stream is None or plain is None else (stream - plain) / events
-
-    def per_paced_event(t):
-        stream, plain = cpu(PACED_LABEL, top)(t), cpu("2 KB", top)(t)
-        return None if stream is None or plain is None else (stream - plain) / events
-
-    def rps(t):
-        return (get("2 KB", top, t) or {}).get("rps")
-
-    def added_p50(t):
-        r, d = get("2 KB", low, t), get("2 KB", low, "direct")
-        return None if r is None or d is None else r["p50_ms"] - d["p50_ms"]
-
-    def rss(t):
-        return (get(f"stream, {SLOW_DELAY_MS} ms between events", streams, t) or {}).get("rss_mb")
-
-    checks = [
-        (f"2 KB chat path: CPU µs/req ({mid} conn.) ≤ 1× nginx", cpu("2 KB", mid), ".1f", "ratio", 1.0),
-        (f"2 KB throughput, req/s ({top} conn.) ≥ 1× nginx", rps, ".0f", "ratio_min", 1.0),
-        (f"CPU µs per relayed SSE event ((stream − plain) / {events}, {mid} conn.) ≤ 2", per_event, ".2f", "abs", 2.0),
-        (f"the same, events {PACED_MS} ms apart ({top} conn.) ≤ 2", per_paced_event, ".2f", "abs", 2.0),
-        (f"200 KB: CPU µs/req ({mid} conn.) ≤ 2× nginx", cpu("200 KB", mid), ".1f", "ratio", 2.0),
-        (f"added p50 latency, ms (2 KB, {low} conn.) ≤ nginx's + 0.05", added_p50, ".3f", "plus", 0.05),
-        (f"peak RSS MB with {streams} open streams < 30", rss, ".1f", "abs_lt", 30.0),
-    ]
-    lines = ["| target (from the issue) | abridge | abridge + Redis | nginx | abridge met |",
-             "|---|---:|---:|---:|---|"]
-    for name, value, spec, kind, bound in checks:
-        a, r, n = value("abridge"), value("abridge-redis"), value("nginx")
-        met = "–"
-        if a is not None:
-            if kind == "ratio" and n:
-                met = f"{'yes' if a / n <= bound else 'no'} ({a / n:.2f}×)"
-            elif kind == "ratio_min" and n:
-                met = f"{'yes' if a / n >= bound else 'no'} ({a / n:.2f}×)"
-            elif kind == "abs":
-                met = "yes" if a <= bound else "no"
-            elif kind == "abs_lt":
-                met = "yes" if a < bound else "no"
-            elif kind == "plus" and n is not None:
-                met = f"{'yes' if a - n <= bound else 'no'} ({a - n:+.3f} ms)"
-        lines.append(f"| {name} | {fmt(a, spec)} | {fmt(r, spec)} | {fmt(n, spec)} | {met} |")
-    return "\n".join(lines)
-
-
 # --- main ----------------------------------------------------------------------------------
 
 ROWS = [
@@ -629,7 +360,8 @@ ROWS = [
 ROW_GROUPS = ("plain", "strip", "paced", "long", "streams")
 
 
-def main():
+def parse_args():
+    """The command line, with the defaults --quick changes worked out."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
@@ -652,112 +384,108 @@ def main():
     parser.add_argument("--out", default=str(ROOT / "target" / "bench" / "report.md"),
                         help="where to write the Markdown report")
     args = parser.parse_args()
-    duration = args.duration or (2 if args.quick else 5)
-    rounds = args.rounds or (1 if args.quick else 3)
-    if rounds < 1:
+    args.duration = args.duration or (2 if args.quick else 5)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    if args.rounds < 1:
         parser.error("--rounds: at least 1")
-    warmup = args.warmup if args.warmup is not None else 1
-    streams = args.streams or (300 if args.quick else 1000)
+    args.warmup = args.warmup if args.warmup is not None else 1
+    args.streams = args.streams or (300 if args.quick else 1000)
     args.cores = [int(c) for c in args.cores.split(",")]
-    concurrency = [int(c) for c in args.concurrency.split(",")]
-    wanted = set(args.targets.split(","))
-    groups = set(args.rows.split(","))
-    if groups - set(ROW_GROUPS):
-        parser.error(f"--rows: unknown {', '.join(sorted(groups - set(ROW_GROUPS)))}")
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.wanted = set(args.targets.split(","))
+    args.groups = set(args.rows.split(","))
+    if args.groups - set(ROW_GROUPS):
+        parser.error(f"--rows: unknown {', '.join(sorted(args.groups - set(ROW_GROUPS)))}")
+    return args
 
-    workdir = Path(tempfile.mkdtemp(prefix="abridge-bench-"))
-    bench = Bench(args, workdir)
-    started = time.monotonic()
-    host = machine()
+
+def start_targets(bench, fake, wanted, notes):
+    """The targets asked for that are installed, started; a note for each missing one."""
+    targets = []
+    if "direct" in wanted:
+        targets.append(Target("direct", fake + "/chat/completions"))
+    if "nginx" in wanted:
+        t = bench.nginx(fake)
+        if t:
+            targets.append(t)
+        else:
+            notes.append("nginx is not installed: its rows are missing (apt-get install nginx).")
+    if "abridge" in wanted:
+        targets.append(bench.abridge("abridge", fake))
+    if "abridge-redis" in wanted:
+        redis_proc, redis_url = bench.redis()
+        if redis_proc:
+            t = bench.abridge("abridge-redis", fake, redis_url)
+            t.helpers.append(("redis", redis_proc))
+            targets.append(t)
+        else:
+            notes.append("redis-server is not installed: the abridge + Redis rows are missing.")
+    return targets
+
+
+def fast_rows(bench, targets, bodies, args, notes, since):
+    """Every row against the provider without delays, and the paced one."""
     rows = []
-    notes = []
-    try:
-        bodies = write_bodies(workdir)
-        fake = bench.fake("fake-provider")
-        targets = []
-        if "direct" in wanted:
-            targets.append(Target("direct", fake + "/chat/completions"))
-        if "nginx" in wanted:
-            t = bench.nginx(fake)
-            if t:
-                targets.append(t)
-            else:
-                notes.append("nginx is not installed: its rows are missing (apt-get install nginx).")
-        if "abridge" in wanted:
-            targets.append(bench.abridge("abridge", fake))
-        if "abridge-redis" in wanted:
-            redis_proc, redis_url = bench.redis()
-            if redis_proc:
-                t = bench.abridge("abridge-redis", fake, redis_url)
-                t.helpers.append(("redis", redis_proc))
-                targets.append(t)
-            else:
-                notes.append("redis-server is not installed: the abridge + Redis rows are missing.")
 
-        for label, body, _ in ROWS if "plain" in groups else ():
-            for c in concurrency:
-                log(f"[{time.monotonic() - started:5.0f} s] {label}, {c} connections")
-                rows.append({"label": label, "connections": c, "results": measure_row(
-                    bench, targets, rounds, bodies[body], c, duration, warmup)})
+    def row(label, body, c, headers=()):
+        log(f"[{time.monotonic() - since:5.0f} s] {label}, {c} connections")
+        rows.append({"label": label, "connections": c, "results": measure_row(
+            bench, targets, args.rounds, body, c, args.duration, args.warmup, headers=headers)})
 
-        # abridge adds stream_options.include_usage and strips it again: one row.
-        c = 16 if 16 in concurrency else concurrency[-1]
-        for _ in range(1 if "strip" in groups else 0):
-            log(f"[{time.monotonic() - started:5.0f} s] 2 KB stream, abridge adds usage, {c} connections")
-            rows.append({"label": "2 KB stream, usage added + stripped", "connections": c, "results": measure_row(
-                bench, targets, rounds, bodies["2k-stream-strip"], c, duration, warmup)})
-
-        # Streams at a pace closer to a model's: every event its own read and write (the
-        # unpaced rows let a proxy that reads several events at once write them at once).
-        c = concurrency[-1]
-        for _ in range(1 if "paced" in groups else 0):
-            log(f"[{time.monotonic() - started:5.0f} s] 2 KB stream, {PACED_MS} ms between events, {c} connections")
-            rows.append({"label": PACED_LABEL, "connections": c, "results": measure_row(
-                bench, targets, rounds, bodies["2k-stream"], c, duration, warmup,
-                headers=[f"x-fake-delay-ms: {PACED_MS}"])})
-
-        # The long conversation: compacted once, its checkpoint applied on every request.
-        abridges = [t for t in targets if t.name.startswith("abridge") and "long" in groups]
-        for t in abridges:
+    concurrency, groups = args.concurrency, args.groups
+    for label, body, _ in ROWS if "plain" in groups else ():
+        for c in concurrency:
+            row(label, bodies[body], c)
+    # abridge adds stream_options.include_usage and strips it again: one row.
+    if "strip" in groups:
+        row("2 KB stream, usage added + stripped", bodies["2k-stream-strip"],
+            16 if 16 in concurrency else concurrency[-1])
+    # Streams at a pace closer to a model's: every event its own read and write (the
+    # unpaced rows let a proxy that reads several events at once write them at once).
+    if "paced" in groups:
+        row(PACED_LABEL, bodies["2k-stream"], concurrency[-1], headers=[f"x-fake-delay-ms: {PACED_MS}"])
+    # The long conversation: compacted once, its checkpoint applied on every request.
+    if "long" in groups:
+        for t in (t for t in targets if t.name.startswith("abridge")):
             report = check_long_conversation(t, bodies["long"])
-            notes.append(f"{t.name}, long conversation: " + ", ".join(f"{k}: {v}" for k, v in sorted(report.items())
-                                                                     if k != "x-abridge-conversation"))
-        for c in ([c for c in concurrency if c <= 16] or concurrency[:1]) if "long" in groups else ():
-            log(f"[{time.monotonic() - started:5.0f} s] long conversation, {c} connections")
-            rows.append({"label": "200 KB, compacted (checkpoint reused)", "connections": c, "results": measure_row(
-                bench, targets, rounds, bodies["long"], c, duration, warmup)})
+            notes.append(f"{t.name}, long conversation: " + ", ".join(
+                f"{k}: {v}" for k, v in sorted(report.items()) if k != "x-abridge-conversation"))
+        for c in [c for c in concurrency if c <= 16] or concurrency[:1]:
+            row("200 KB, compacted (checkpoint reused)", bodies["long"], c)
+    return rows
 
-        # Many open streams: a second fake provider that pauses between events.
-        delay = SLOW_DELAY_MS
-        slow = bench.fake("fake-provider-slow", delay_ms=delay) if "streams" in groups else None
-        slow_targets = []
-        for t in targets if slow else ():
-            if t.name == "direct":
-                slow_targets.append(Target("direct", slow + "/chat/completions"))
-            elif t.name == "nginx":
-                s = bench.nginx(slow, "nginx-slow")
-                s.name = "nginx"
-                slow_targets.append(s)
-            else:
-                redis = t.helpers[0][1] if t.helpers else None
-                s = bench.abridge(t.name + "-slow", slow,
-                                  f"redis://127.0.0.1:{redis_port(redis)}" if redis else None)
-                s.name = t.name
-                s.helpers = t.helpers  # the same Redis, its CPU reported beside
-                slow_targets.append(s)
-        if slow:
-            log(f"[{time.monotonic() - started:5.0f} s] {streams} concurrent streams")
-            long_duration = max(duration, 5)
-            # One round: what it measures is memory, which does not vary with the noise.
-            rows.append({"label": f"stream, {delay} ms between events", "connections": streams, "results": measure_row(
-                bench, slow_targets, 1, bodies["2k-stream"], streams, long_duration, 0)})
-    finally:
-        bench.stop_all()
 
+def streams_row(bench, targets, bodies, args, since):
+    """Many open streams: a second fake provider that pauses between events, and a
+    second instance of every target in front of it."""
+    slow = bench.fake("fake-provider-slow", delay_ms=SLOW_DELAY_MS)
+    slow_targets = []
+    for t in targets:
+        if t.name == "direct":
+            slow_targets.append(Target("direct", slow + "/chat/completions"))
+        elif t.name == "nginx":
+            s = bench.nginx(slow, "nginx-slow")
+            s.name = "nginx"
+            slow_targets.append(s)
+        else:
+            redis = t.helpers[0][1] if t.helpers else None
+            s = bench.abridge(t.name + "-slow", slow,
+                              f"redis://127.0.0.1:{redis_port(redis)}" if redis else None)
+            s.name = t.name
+            s.helpers = t.helpers  # the same Redis, its CPU reported beside
+            slow_targets.append(s)
+    log(f"[{time.monotonic() - since:5.0f} s] {args.streams} concurrent streams")
+    # One round: what it measures is memory, which does not vary with the noise.
+    return {"label": f"stream, {SLOW_DELAY_MS} ms between events", "connections": args.streams,
+            "results": measure_row(bench, slow_targets, 1, bodies["2k-stream"], args.streams,
+                                   max(args.duration, 5), 0)}
+
+
+def write_report(args, rows, notes, host, elapsed):
+    """The Markdown report, printed and written to --out."""
     if RSS_RESET_FAILED:
         notes.append("peak RSS could not be reset between rows (not root): each row's figure "
                      "is the process's peak so far, not the row's own.")
-    elapsed = time.monotonic() - started
     command = " ".join(["scripts/bench-load", *sys.argv[1:]])
     report = [
         f"Load benchmark, {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, `{command}` "
@@ -766,17 +494,17 @@ def main():
         f"Machine: {host}.",
         "",
         f"Pinned with taskset: wrk (1 thread) and the fake provider on core {args.cores[0]}, "
-        f"the proxy (and abridge's Redis) on core {args.cores[1]}. {rounds} round(s) per row, "
+        f"the proxy (and abridge's Redis) on core {args.cores[1]}. {args.rounds} round(s) per row, "
         f"every target once a round in turn, the quietest round (least CPU per request) kept "
-        f"per target; {duration} s per round after {warmup} s of warm-up (the open-streams row: "
-        f"one round); identical requests; reply of {WORDS} words "
+        f"per target; {args.duration} s per round after {args.warmup} s of warm-up (the open-streams "
+        f"row: one round); identical requests; reply of {WORDS} words "
         "(streams: role, content, finish and usage chunks and `[DONE]`, 22 events). "
         "CPU µs/req: user + system time of the proxy's process tree over the row / requests "
         "(\"+N redis\": Redis's own), and of it the system (kernel) time. Peak RSS: VmHWM, reset before each row.",
         "",
         table(rows),
         "",
-        goals(rows, concurrency, streams),
+        goals(rows, args.concurrency, args.streams),
         "",
     ]
     report += [f"- {n}" for n in notes]
@@ -784,6 +512,25 @@ def main():
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(report) + "\n")
     print("\n".join(report))
+    return out
+
+
+def main():
+    args = parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="abridge-bench-"))
+    bench = Bench(args, workdir)
+    started = time.monotonic()
+    host = machine()
+    notes = []
+    try:
+        bodies = write_bodies(workdir)
+        targets = start_targets(bench, bench.fake("fake-provider"), args.wanted, notes)
+        rows = fast_rows(bench, targets, bodies, args, notes, started)
+        if "streams" in args.groups:
+            rows.append(streams_row(bench, targets, bodies, args, started))
+    finally:
+        bench.stop_all()
+    out = write_report(args, rows, notes, host, time.monotonic() - started)
     log(f"report written to {out}; process logs in {workdir}")
 
 
