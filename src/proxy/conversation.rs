@@ -260,7 +260,7 @@ fn rewrite(state: &AppState, request: &Conversation, apply: Option<&Checkpoint>)
 
 /// compact-and-retry: the provider said the prompt is too long, and nothing has reached
 /// the client yet. Compacts harder and sends once more; when that cannot be sent, the
-/// provider's own answer is passed on.
+/// provider's own answer is passed on. Called only on an overflow ([`Upstream::is_overflow`]).
 async fn overflow_retry(
     state: &AppState,
     turn: &Turn<'_, '_>,
@@ -269,9 +269,6 @@ async fn overflow_retry(
     (decision, watch): (&mut Decision, &mut Watch),
     exchange: &mut Exchange,
 ) -> Upstream {
-    if !upstream.is_overflow() {
-        return upstream;
-    }
     let sent = decision.estimate;
     let retry = state
         .compactor()
