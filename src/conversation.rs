@@ -35,6 +35,21 @@ pub struct Item<'a> {
     pub extra: Option<&'a RawValue>,
 }
 
+/// The same bytes and the same view (what the fast and the reference parse of a format
+/// are compared by).
+impl PartialEq for Item<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw.get() == other.raw.get()
+            && self.role == other.role
+            && self.content == other.content
+            && self.name == other.name
+            && self.calls == other.calls
+            && self.results == other.results
+            && self.opaque == other.opaque
+            && self.extra.map(RawValue::get) == other.extra.map(RawValue::get)
+    }
+}
+
 impl Item<'_> {
     /// A tool (or legacy function) result: it belongs to the call it answers.
     pub fn is_result(&self) -> bool {

@@ -1,12 +1,25 @@
 //! A chat-completions request body from a client: the borrowed parse of the request and
-//! of every message, and the splices abridge makes (usage requested, messages replaced),
-//! which must yield a body that parses again to what was kept.
+//! of every message (the walk over a message agreeing with serde), and the splices
+//! abridge makes (usage requested, messages replaced), which must yield a body that
+//! parses again to what was kept.
 #![no_main]
 
 use abridge::formats::chat;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // Each message is read by a walk over its bytes: it must read what serde reads
+    // (the same item, or a refusal where serde refuses).
+    if let Ok(request) = serde_json::from_slice::<chat::ChatRequest<'_>>(data) {
+        for raw in &request.messages {
+            assert_eq!(
+                chat::item(raw).ok(),
+                chat::item_by_serde(raw).ok(),
+                "message {:?}",
+                raw.get()
+            );
+        }
+    }
     let Ok(parsed) = chat::parse(data) else {
         return;
     };

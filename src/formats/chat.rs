@@ -41,6 +41,8 @@ fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
     <&'a RawValue>::deserialize(d).map(Some)
 }
 
+/// The message fields abridge reads, as serde_json reads them (the reference for
+/// [`fields`], and what [`with_content`] edits).
 #[derive(Deserialize)]
 struct MessageFields<'a> {
     role: Role,
@@ -54,20 +56,107 @@ struct MessageFields<'a> {
     tool_call_id: Option<Cow<'a, str>>,
 }
 
+/// The same fields with the values as raw JSON text, `null` as absent.
+struct Fields<'a> {
+    role: Role,
+    content: Option<&'a str>,
+    name: Option<Cow<'a, str>>,
+    tool_calls: Option<&'a str>,
+    tool_call_id: Option<Cow<'a, str>>,
+}
+
 /// One chat message as a conversation item: its raw JSON (forwarded when it is kept) and
-/// the neutral view, parsed once.
+/// the neutral view, parsed once. The body's parse has validated `raw`, so its members
+/// are found by a walk over its bytes ([`fields`]) instead of a second serde pass over
+/// every string; a message the walk leaves to serde (a duplicate field, a role or name
+/// that is not a plain string) is read by serde, errors included.
 pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+    match fields(raw.get()) {
+        Some(f) => build(raw, f),
+        None => item_by_serde(raw),
+    }
+}
+
+/// [`item`] through serde alone: what the walk must agree with (tests and fuzzing
+/// compare them).
+#[doc(hidden)]
+pub fn item_by_serde(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
     let f: MessageFields<'_> = serde_json::from_str(raw.get())?;
-    let (calls, extra) = match f.tool_calls.map(tool_calls) {
+    let fields = Fields {
+        role: f.role,
+        content: f.content.map(RawValue::get),
+        name: f.name,
+        tool_calls: f.tool_calls.map(RawValue::get),
+        tool_call_id: f.tool_call_id,
+    };
+    build(raw, fields)
+}
+
+/// The fields of the message `text`, walked; `None` for whatever it leaves to serde.
+fn fields(text: &str) -> Option<Fields<'_>> {
+    let [
+        mut role,
+        mut content,
+        mut name,
+        mut tool_calls,
+        mut tool_call_id,
+    ] = [None; 5];
+    for member in crate::json::members(text)? {
+        let (key, value) = member.ok()?;
+        let slot = match key.as_ref() {
+            "role" => &mut role,
+            "content" => &mut content,
+            "name" => &mut name,
+            "tool_calls" => &mut tool_calls,
+            "tool_call_id" => &mut tool_call_id,
+            _ => continue,
+        };
+        // A duplicate field: serde's error is the one to give.
+        if slot.replace(value).is_some() {
+            return None;
+        }
+    }
+    Some(Fields {
+        role: serde_json::from_str(role?).ok()?,
+        content: not_null(content),
+        name: plain_string(not_null(name))?,
+        tool_calls: not_null(tool_calls),
+        tool_call_id: plain_string(not_null(tool_call_id))?,
+    })
+}
+
+fn not_null(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| *v != "null")
+}
+
+/// An optional string's text; `None` when it is not a string the walk can read.
+fn plain_string(value: Option<&str>) -> Option<Option<Cow<'_, str>>> {
+    match value {
+        None => Some(None),
+        Some(v) => crate::json::string_text(v).map(Some),
+    }
+}
+
+fn build<'a>(raw: &'a RawValue, f: Fields<'a>) -> Result<Item<'a>, serde_json::Error> {
+    let (calls, extra) = match f.tool_calls {
         None => (Vec::new(), None),
-        Some(Ok(calls)) => (calls, None),
-        // A shape abridge does not know: its exact bytes are part of identity.
-        Some(Err(_)) => (Vec::new(), f.tool_calls),
+        Some(text) => match tool_calls(text) {
+            Ok(calls) => (calls, None),
+            // A shape abridge does not know: its exact bytes are part of identity.
+            Err(_) => (Vec::new(), Some(serde_json::from_str(text)?)),
+        },
+    };
+    let content = match f.content {
+        None => Content::None,
+        Some(text) => match crate::json::string_text(text) {
+            Some(s) => Content::Text(s),
+            None => content(serde_json::from_str(text)?),
+        },
     };
     Ok(Item {
         raw,
         role: f.role,
-        content: f.content.map_or(Content::None, content),
+        content,
         name: f.name.filter(|n| !n.is_empty()),
         calls,
         results: f
@@ -118,7 +207,7 @@ fn content(raw: &RawValue) -> Content<'_> {
 }
 
 /// The assistant's tool calls (`null` is none).
-fn tool_calls(raw: &RawValue) -> Result<Vec<ToolCall<'_>>, serde_json::Error> {
+fn tool_calls(raw: &str) -> Result<Vec<ToolCall<'_>>, serde_json::Error> {
     #[derive(Deserialize)]
     struct Call<'a> {
         #[serde(borrow)]
@@ -133,7 +222,7 @@ fn tool_calls(raw: &RawValue) -> Result<Vec<ToolCall<'_>>, serde_json::Error> {
         #[serde(borrow, default)]
         arguments: Cow<'a, str>,
     }
-    let calls: Option<Vec<Call<'_>>> = serde_json::from_str(raw.get())?;
+    let calls: Option<Vec<Call<'_>>> = serde_json::from_str(raw)?;
     Ok(calls
         .unwrap_or_default()
         .into_iter()
@@ -341,6 +430,56 @@ mod tests {
             // Borrowed from the body exactly when there was no escape to decode.
             let borrowed = matches!(parsed.messages[0].content, Content::Text(Cow::Borrowed(_)));
             proptest::prop_assert_eq!(borrowed, !body.contains("\\"));
+        }
+    }
+
+    /// A value of a message field, in the shapes clients send and a few they should not.
+    fn field_value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just("null".to_owned()),
+            Just("42".to_owned()),
+            Just(r#"{"user":null}"#.to_owned()),
+            Just(r#""\ud800""#.to_owned()),
+            prop_oneof![Just("user"), Just("assistant"), Just("tool"), Just("wizard"), Just("us\\u0065r")]
+                .prop_map(|r| format!("\"{r}\"")),
+            "(?s)[a-z \n\"\\\\é]{0,12}".prop_map(|t| serde_json::to_string(&t).unwrap()),
+            Just(r#"[{"type":"text","text":"a\nb"},{"type":"image_url","image_url":{"url":"x"}}]"#.to_owned()),
+            Just(r#"[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]"#.to_owned()),
+            Just(r#"{"x":[1,{"y":"]}"}]}"#.to_owned()),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The walk reads every message as serde reads it: the same item, or the same
+        /// refusal — whatever the fields hold, duplicated, escaped or spaced.
+        #[test]
+        fn the_walk_reads_messages_as_serde_does(
+            members in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        proptest::strategy::Just("role"), proptest::strategy::Just("content"),
+                        proptest::strategy::Just("name"), proptest::strategy::Just("tool_calls"),
+                        proptest::strategy::Just("tool_call_id"), proptest::strategy::Just("x_vendor"),
+                        proptest::strategy::Just("r\\u006fle"),
+                    ],
+                    field_value(),
+                    "[ \n]{0,1}",
+                ),
+                0..6,
+            ),
+        ) {
+            let joined: Vec<String> = members
+                .iter()
+                .map(|(key, value, space)| format!("{space}\"{key}\"{space}:{space}{value}{space}"))
+                .collect();
+            let text = format!("{{{}}}", joined.join(","));
+            let Ok(raw) = serde_json::from_str::<&RawValue>(&text) else {
+                return Ok(());
+            };
+            let walked = item(raw).map_err(|e| e.to_string());
+            let serde = item_by_serde(raw).map_err(|e| e.to_string());
+            proptest::prop_assert_eq!(walked, serde, "{}", text);
         }
     }
 

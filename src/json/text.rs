@@ -1,6 +1,5 @@
-//! JSON string text without a second pass of the parser: a string literal borrowed from
-//! a body serde_json has already validated is read where it lies when it has no
-//! escape, and decoded in one pass into one buffer when it has.
+//! A JSON string literal's text: borrowed where it lies when it has no escape, decoded
+//! in one pass into one buffer when it has.
 
 use std::borrow::Cow;
 

@@ -1,0 +1,9 @@
+//! Reading JSON that serde_json has already validated, without parsing it again: a
+//! string literal's text ([`string_text`]) and an object's members ([`members`]), each
+//! read where it lies in the body.
+
+mod object;
+mod text;
+
+pub use object::{Members, members};
+pub use text::string_text;

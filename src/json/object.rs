@@ -1,0 +1,280 @@
+//! A JSON object's members in one walk: each key's text and its value's raw JSON, in
+//! order, duplicates included, found by skipping strings with `memchr` instead of
+//! parsing them. For JSON serde_json has validated (a message inside a parsed body);
+//! on anything else it stops with [`Malformed`] — never a panic, never a wrong member.
+
+use std::borrow::Cow;
+
+use super::string_text;
+
+/// The walk could not go on: not JSON, or a key with an escape only the parser reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed;
+
+/// The members of the JSON object `raw`; `None` when `raw` is not an object.
+pub fn members(raw: &str) -> Option<Members<'_>> {
+    let at = skip_space(raw.as_bytes(), 0);
+    (raw.as_bytes().get(at) == Some(&b'{')).then_some(Members {
+        raw,
+        at: at + 1,
+        first: true,
+        done: false,
+    })
+}
+
+/// The iterator of [`members`]: `(key, value)`, the key decoded, the value its raw
+/// JSON without surrounding whitespace. After an `Err` it ends.
+#[derive(Debug, Clone)]
+pub struct Members<'a> {
+    raw: &'a str,
+    at: usize,
+    first: bool,
+    done: bool,
+}
+
+impl<'a> Iterator for Members<'a> {
+    type Item = Result<(Cow<'a, str>, &'a str), Malformed>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let member = self.member().transpose();
+        self.done = !matches!(member, Some(Ok(_)));
+        member
+    }
+}
+
+impl<'a> Members<'a> {
+    /// The member after `self.at`, or `None` at the closing brace.
+    fn member(&mut self) -> Result<Option<(Cow<'a, str>, &'a str)>, Malformed> {
+        let b = self.raw.as_bytes();
+        let mut at = skip_space(b, self.at);
+        match (b.get(at), std::mem::take(&mut self.first)) {
+            (Some(b'}'), _) => return Ok(None),
+            (Some(b','), false) => at = skip_space(b, at + 1),
+            (Some(b'"'), true) => {}
+            _ => return Err(Malformed),
+        }
+        if b.get(at) != Some(&b'"') {
+            return Err(Malformed);
+        }
+        let key_end = string_end(b, at).ok_or(Malformed)?;
+        let key = self.raw.get(at..key_end).and_then(string_text);
+        let colon = skip_space(b, key_end);
+        if b.get(colon) != Some(&b':') {
+            return Err(Malformed);
+        }
+        let start = skip_space(b, colon + 1);
+        let end = value_end(b, start).ok_or(Malformed)?;
+        self.at = end;
+        let value = self.raw.get(start..end).ok_or(Malformed)?;
+        Ok(Some((key.ok_or(Malformed)?, value)))
+    }
+}
+
+/// The first byte at or after `at` that is not JSON whitespace.
+fn skip_space(b: &[u8], at: usize) -> usize {
+    let rest = b.get(at..).unwrap_or_default();
+    at + rest
+        .iter()
+        .position(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+        .unwrap_or(rest.len())
+}
+
+/// Just past the value that starts at `at`.
+fn value_end(b: &[u8], at: usize) -> Option<usize> {
+    match *b.get(at)? {
+        b'"' => string_end(b, at),
+        b'{' | b'[' => container_end(b, at),
+        _ => {
+            let rest = &b[at..];
+            let len = rest
+                .iter()
+                .position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
+                .unwrap_or(rest.len());
+            (len > 0).then_some(at + len)
+        }
+    }
+}
+
+/// Just past the string whose opening quote is at `open`: the next quote that no
+/// backslash escapes. An escape is a backslash and one ASCII byte (`\uXXXX`'s digits
+/// hold no quote or backslash), so skipping two bytes is enough.
+fn string_end(b: &[u8], open: usize) -> Option<usize> {
+    let mut at = open + 1;
+    loop {
+        at += memchr::memchr2(b'"', b'\\', b.get(at..)?)?;
+        if *b.get(at)? == b'"' {
+            return Some(at + 1);
+        }
+        at += 2;
+    }
+}
+
+/// Just past the object or array that opens at `open`: brackets counted outside
+/// strings, without recursion (any depth costs no stack).
+fn container_end(b: &[u8], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut at = open;
+    while let Some(&c) = b.get(at) {
+        match c {
+            b'"' => {
+                at = string_end(b, at)?;
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(at + 1);
+                }
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::value::RawValue;
+
+    /// What serde_json's own map walk reads: every member in order, duplicates kept.
+    struct Pairs<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+    impl<'de> serde::Deserialize<'de> for Pairs<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Pairs<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Pairs<'de>, A::Error> {
+                    let mut pairs = Vec::new();
+                    while let Some(pair) = map.next_entry::<Cow<'de, str>, &'de RawValue>()? {
+                        pairs.push(pair);
+                    }
+                    Ok(Pairs(pairs))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+
+    fn walked(raw: &str) -> Result<Vec<(Cow<'_, str>, &str)>, Malformed> {
+        members(raw).ok_or(Malformed)?.collect()
+    }
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            (-1e9f64..1e9).prop_map(serde_json::Value::from),
+            "(?s)[a-z \"\\\\/\n\t{}\\[\\],:é🌍\u{1}]{0,12}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                prop::collection::btree_map("[a-z\"]{0,3}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn space() -> impl Strategy<Value = String> {
+        "[ \t\n\r]{0,2}"
+    }
+
+    proptest! {
+        /// An object written any way (whitespace, escaped keys, duplicate keys, nested
+        /// values with brackets and quotes in strings) walks to the members serde reads.
+        #[test]
+        fn walks_to_the_members_serde_reads(
+            members in prop::collection::vec(
+                ("(?s)[a-z\"\\\\é\n]{0,6}", json_value(), any::<bool>(), space(), space()),
+                0..6,
+            ),
+            duplicate in any::<bool>(),
+            outer in space(),
+        ) {
+            let mut text = format!("{outer}{{");
+            let mut written: Vec<(String, String)> = members
+                .iter()
+                .map(|(key, value, pretty, a, b)| {
+                    let key = serde_json::to_string(key).unwrap();
+                    let value = if *pretty {
+                        serde_json::to_string_pretty(value).unwrap()
+                    } else {
+                        serde_json::to_string(value).unwrap()
+                    };
+                    (format!("{a}{key}{b}"), format!("{b}{value}{a}"))
+                })
+                .collect();
+            if duplicate && !written.is_empty() {
+                written.push(written[0].clone());
+            }
+            let joined: Vec<String> = written.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+            text.push_str(&joined.join(","));
+            text.push_str(&format!("}}{outer}"));
+
+            let serde: Pairs<'_> = serde_json::from_str(&text).unwrap();
+            let expected: Vec<(Cow<'_, str>, &str)> =
+                serde.0.iter().map(|(k, v)| (k.clone(), v.get())).collect();
+            prop_assert_eq!(walked(&text), Ok(expected));
+        }
+
+        /// Any bytes at all: the walk ends without a panic, and when it reads a whole
+        /// object that serde reads too, it reads the same members.
+        #[test]
+        fn never_panics_and_never_disagrees(text in "(?s)[{}\\[\\]\",:\\\\ a-z0-9]{0,40}") {
+            let walk = walked(&text);
+            if let (Ok(walk), Ok(serde)) = (walk, serde_json::from_str::<Pairs<'_>>(&text)) {
+                let expected: Vec<(Cow<'_, str>, &str)> =
+                    serde.0.iter().map(|(k, v)| (k.clone(), v.get())).collect();
+                prop_assert_eq!(walk, expected);
+            }
+        }
+    }
+
+    #[test]
+    fn what_it_refuses() {
+        assert!(members("[1]").is_none());
+        assert!(members("\"x\"").is_none());
+        assert_eq!(walked("{}"), Ok(vec![]));
+        assert_eq!(walked(" { } "), Ok(vec![]));
+        for bad in [
+            "{",
+            r#"{"a"}"#,
+            r#"{"a":}"#,
+            r#"{"a":1,}"#,
+            r#"{,"a":1}"#,
+            r#"{"a":[1}"#,
+            r#"{"a":"x"#,
+            r#"{"\ud800":1}"#,
+        ] {
+            assert!(walked(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn deep_nesting_costs_no_stack() {
+        let depth = 2_000_000;
+        let text = format!(
+            r#"{{"a":{}1{},"b":2}}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
+        );
+        let walk = walked(&text).unwrap();
+        assert_eq!(walk.len(), 2);
+        assert_eq!(walk[1], (Cow::Borrowed("b"), "2"));
+    }
+}
