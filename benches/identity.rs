@@ -1,6 +1,7 @@
 //! Conversation identity on the hot path: hashing every prefix of a request's messages
-//! (10 / 100 / 1,000 messages of ~1 KB, so up to ~1 MB), parsing alone, parsing +
-//! hashing together, and the floor — SHA-256 over the body's bytes once.
+//! (10 / 100 / 1,000 messages of ~1 KB, so up to ~1 MB), parsing alone (the same
+//! conversation in the chat, Messages and Responses formats), parsing + hashing
+//! together, and the floor — SHA-256 over the body's bytes once.
 
 #![allow(
     clippy::unwrap_used,
@@ -8,6 +9,7 @@
 )]
 
 use abridge::formats::chat::parse;
+use abridge::formats::{messages, responses};
 use abridge::identity::{IdentityKey, hash_conversation};
 use abridge::secret::Secret;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -39,6 +41,49 @@ fn body(n: usize, size: usize) -> String {
     serde_json::json!({"model": "gpt-4o", "messages": messages}).to_string()
 }
 
+/// The same conversation as an Anthropic Messages body (text blocks, `tool_use`, a
+/// `tool_result` with its output as a string, as Claude Code sends them) and as a
+/// Responses body (`input_text`/`output_text` parts, `function_call` and its output, as
+/// Codex sends them).
+fn agent_bodies(n: usize, size: usize) -> (String, String) {
+    let chat: serde_json::Value = serde_json::from_str(&body(n, size)).unwrap();
+    let (mut anthropic, mut responses) = (Vec::new(), Vec::new());
+    for m in chat["messages"].as_array().unwrap().iter().skip(1) {
+        let text = m["content"].as_str().unwrap_or_default();
+        match (m["role"].as_str().unwrap(), m.get("tool_calls")) {
+            ("assistant", Some(calls)) => {
+                let id = calls[0]["id"].as_str().unwrap();
+                anthropic.push(serde_json::json!({"role": "assistant", "content": [
+                    {"type": "tool_use", "id": id, "name": "read_file", "input": {"path": "src/main.rs"}}]}));
+                responses.push(serde_json::json!({"type": "function_call", "call_id": id,
+                    "name": "read_file", "arguments": "{\"path\":\"src/main.rs\"}"}));
+            }
+            ("tool", _) => {
+                let id = m["tool_call_id"].as_str().unwrap();
+                anthropic.push(serde_json::json!({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": id, "content": text}]}));
+                responses.push(serde_json::json!({"type": "function_call_output", "call_id": id, "output": text}));
+            }
+            (role, _) => {
+                let kind = if role == "user" {
+                    "input_text"
+                } else {
+                    "output_text"
+                };
+                anthropic.push(
+                    serde_json::json!({"role": role, "content": [{"type": "text", "text": text}]}),
+                );
+                responses.push(serde_json::json!({"type": "message", "role": role,
+                    "content": [{"type": kind, "text": text}]}));
+            }
+        }
+    }
+    (
+        serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": anthropic}).to_string(),
+        serde_json::json!({"model": "gpt-5", "store": false, "input": responses}).to_string(),
+    )
+}
+
 fn identity(c: &mut Criterion) {
     let key = IdentityKey::new(Secret::new("bench-secret"));
     let namespace = key.namespace(b"Bearer sk-bench", None);
@@ -59,6 +104,17 @@ fn identity(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("parse", n), &body, |b, body| {
             b.iter(|| parse(body.as_bytes()).unwrap().messages.len())
         });
+        let (anthropic, responses) = agent_bodies(n, 1000);
+        group.bench_with_input(
+            BenchmarkId::new("parse_messages", n),
+            &anthropic,
+            |b, body| b.iter(|| messages::parse(body.as_bytes()).unwrap().items.len()),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("parse_responses", n),
+            &responses,
+            |b, body| b.iter(|| responses::parse(body.as_bytes()).unwrap().items.len()),
+        );
         group.bench_with_input(BenchmarkId::new("parse_and_hash", n), &body, |b, body| {
             b.iter(|| {
                 let parsed = parse(body.as_bytes()).unwrap();

@@ -47,7 +47,8 @@
 //! - [`models`]    — context windows of known models (for ratio thresholds).
 //! - [`offload`]   — CPU-heavy work off the async workers, bounded in concurrency.
 //! - [`config`]    — the configuration: TOML file + `ABRIDGE_*` environment, checked once.
-//! - [`json`], [`error`], [`secret`] — JSON string helpers; abridge's own errors, in
+//! - [`json`], [`error`], [`secret`] — reading JSON serde_json has validated without
+//!   parsing it again (a string's text, an object's members); abridge's own errors, in
 //!   OpenAI's error shape; a string type whose `Debug`/`Display` print `*****`.
 //!
 //! The fake OpenAI-compatible provider used by the tests (and as an offline demo

@@ -1,5 +1,5 @@
 //! An Anthropic Messages request body from a client: the borrowed parse of the request
-//! and of every message, the decision whether the provider manages its context, and the
+//! and of every message (the walk over a message agreeing with serde), the decision whether the provider manages its context, and the
 //! splice abridge makes (a subset of the messages with a message of abridge's own),
 //! which must parse again, alternate wherever abridge's message stands, and keep every
 //! message it was given, in order.
@@ -11,6 +11,22 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // Each message is read by a walk over its bytes: it must read what serde reads
+    // (the same item, or a refusal where serde refuses).
+    if let Ok(fields) = serde_json::from_slice::<messages::Fields<'_>>(data) {
+        let raw: Vec<&serde_json::value::RawValue> = fields
+            .messages
+            .and_then(|m| serde_json::from_str(m.get()).ok())
+            .unwrap_or_default();
+        for raw in raw {
+            assert_eq!(
+                messages::item(raw).ok(),
+                messages::item_by_serde(raw).ok(),
+                "message {:?}",
+                raw.get()
+            );
+        }
+    }
     let body = Bytes::copy_from_slice(data);
     let Ok(parsed) = messages::parse(&body) else {
         return;

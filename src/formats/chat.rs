@@ -18,6 +18,7 @@ use bytes::Bytes;
 use super::Author;
 use super::splice::{Edit, apply, array, span_of};
 use crate::conversation::{Content, Item, Opaque, Role, ToolCall};
+use crate::json;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -94,47 +95,17 @@ pub fn item_by_serde(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
 
 /// The fields of the message `text`, walked; `None` for whatever it leaves to serde.
 fn fields(text: &str) -> Option<Fields<'_>> {
-    let [
-        mut role,
-        mut content,
-        mut name,
-        mut tool_calls,
-        mut tool_call_id,
-    ] = [None; 5];
-    for member in crate::json::members(text)? {
-        let (key, value) = member.ok()?;
-        let slot = match key.as_ref() {
-            "role" => &mut role,
-            "content" => &mut content,
-            "name" => &mut name,
-            "tool_calls" => &mut tool_calls,
-            "tool_call_id" => &mut tool_call_id,
-            _ => continue,
-        };
-        // A duplicate field: serde's error is the one to give.
-        if slot.replace(value).is_some() {
-            return None;
-        }
-    }
+    let [role, content, name, tool_calls, tool_call_id] = json::fields(
+        text,
+        ["role", "content", "name", "tool_calls", "tool_call_id"],
+    )?;
     Some(Fields {
         role: serde_json::from_str(role?).ok()?,
-        content: not_null(content),
-        name: plain_string(not_null(name))?,
-        tool_calls: not_null(tool_calls),
-        tool_call_id: plain_string(not_null(tool_call_id))?,
+        content,
+        name: json::optional_string(name)?,
+        tool_calls,
+        tool_call_id: json::optional_string(tool_call_id)?,
     })
-}
-
-fn not_null(value: Option<&str>) -> Option<&str> {
-    value.filter(|v| *v != "null")
-}
-
-/// An optional string's text; `None` when it is not a string the walk can read.
-fn plain_string(value: Option<&str>) -> Option<Option<Cow<'_, str>>> {
-    match value {
-        None => Some(None),
-        Some(v) => crate::json::string_text(v).map(Some),
-    }
 }
 
 fn build<'a>(raw: &'a RawValue, f: Fields<'a>) -> Result<Item<'a>, serde_json::Error> {
@@ -148,10 +119,7 @@ fn build<'a>(raw: &'a RawValue, f: Fields<'a>) -> Result<Item<'a>, serde_json::E
     };
     let content = match f.content {
         None => Content::None,
-        Some(text) => match crate::json::string_text(text) {
-            Some(s) => Content::Text(s),
-            None => content(serde_json::from_str(text)?),
-        },
+        Some(text) => super::content(text, &["text"])?,
     };
     Ok(Item {
         raw,
@@ -199,11 +167,6 @@ pub fn with_content(raw: &RawValue, text: &str) -> Option<Box<RawValue>> {
 /// Whether two messages are the same JSON object apart from `content`.
 pub fn same_but_content(a: &RawValue, b: &RawValue) -> bool {
     super::splice::same_except(a, b, "content")
-}
-
-/// A message's content: text parts are `{"type":"text"}` (see [`super::content`]).
-fn content(raw: &RawValue) -> Content<'_> {
-    super::content(raw, &["text"])
 }
 
 /// The assistant's tool calls (`null` is none).

@@ -35,7 +35,12 @@ use serde_json::value::RawValue;
 
 use super::Author;
 use super::splice::{Edit, apply, array, span_of};
-use crate::conversation::{Content, Item, Opaque, Part, Role, ToolCall};
+use crate::conversation::Item;
+
+mod item;
+
+use item::MessageFields;
+pub use item::{item, item_by_serde};
 
 /// The top level of a Messages request, of which abridge reads only this.
 #[derive(Debug, Deserialize)]
@@ -93,107 +98,6 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
         .map(|(index, raw)| item(raw).map_err(|error| Unparseable::Message { index, error }))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Parsed { fields, items })
-}
-
-#[derive(Deserialize)]
-struct MessageFields<'a> {
-    #[serde(borrow)]
-    role: Cow<'a, str>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Block<'a> {
-    #[serde(borrow, rename = "type")]
-    kind: Cow<'a, str>,
-    #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tool_use_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-}
-
-/// One message as a conversation item (see the module docs).
-pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
-    let f: MessageFields<'_> = serde_json::from_str(raw.get())?;
-    let mut item = Item {
-        raw,
-        role: match f.role.as_ref() {
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "system" => Role::System,
-            other => {
-                return Err(serde::de::Error::custom(format!("unknown role {other:?}")));
-            }
-        },
-        content: Content::None,
-        name: None,
-        calls: Vec::new(),
-        results: Vec::new(),
-        opaque: Opaque::None,
-        extra: None,
-    };
-    let Some(content) = f.content else {
-        return Ok(item);
-    };
-    let text = content.get();
-    if text.starts_with('"') {
-        item.content = Content::Text(serde_json::from_str(text)?);
-        return Ok(item);
-    }
-    if !text.starts_with('[') {
-        item.content = Content::Other(content);
-        return Ok(item);
-    }
-    let blocks: Vec<&RawValue> = serde_json::from_str(text)?;
-    let mut parts = Vec::with_capacity(blocks.len());
-    for block in blocks {
-        let b: Block<'_> = serde_json::from_str(block.get())?;
-        match b.kind.as_ref() {
-            "text" => parts.push(Part::Text(b.text.unwrap_or_default())),
-            "tool_use" => item.calls.push(ToolCall {
-                id: b.id.unwrap_or_default(),
-                name: b.name.unwrap_or_default(),
-                arguments: Cow::Borrowed(b.input.map_or("{}", RawValue::get)),
-            }),
-            "tool_result" => {
-                item.results.extend(b.tool_use_id);
-                match b.content.map(result_text) {
-                    Some(Some(text)) => parts.push(Part::Text(text)),
-                    Some(None) => parts.extend(b.content.map(Part::Other)),
-                    None => {}
-                }
-            }
-            _ => parts.push(Part::Other(block)),
-        }
-    }
-    item.content = Content::Parts(parts);
-    Ok(item)
-}
-
-/// A tool result's content as text: a string, or text blocks only.
-fn result_text(raw: &RawValue) -> Option<Cow<'_, str>> {
-    let text = raw.get();
-    if text.starts_with('"') {
-        return serde_json::from_str(text).ok();
-    }
-    let blocks: Vec<Block<'_>> = serde_json::from_str(text).ok()?;
-    let mut out = String::new();
-    for b in blocks {
-        if b.kind != "text" {
-            return None;
-        }
-        out.push_str(b.text.as_deref().unwrap_or_default());
-    }
-    Some(Cow::Owned(out))
 }
 
 /// A message abridge writes: role `user`, one text block.

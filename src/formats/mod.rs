@@ -58,28 +58,52 @@ use std::borrow::Cow;
 
 use crate::conversation::{Content, Item, Part};
 
-/// A content value as the chat and Responses formats write it: a string, `null`, or an
-/// array of parts of which those whose `type` is one of `text_kinds` (and that carry a
-/// `text`) are text and the rest kept raw; anything else is [`Content::Other`].
-pub(crate) fn content<'a>(raw: &'a RawValue, text_kinds: &[&str]) -> Content<'a> {
-    let text = raw.get();
-    match text.as_bytes().first() {
-        Some(b'"') => match crate::json::string_text(text) {
-            Some(s) => Content::Text(s),
-            None => serde_json::from_str::<Cow<'_, str>>(text)
+/// A content value as the chat and Responses formats write it (`raw`, its JSON text): a
+/// string, `null`, or an array of parts of which those whose `type` is one of
+/// `text_kinds` (and that carry a `text`) are text and the rest kept raw; anything else
+/// is [`Content::Other`]. A part's fields are walked (`json::fields`), or read by serde
+/// where the walk leaves them to it.
+pub(crate) fn content<'a>(
+    raw: &'a str,
+    text_kinds: &[&str],
+) -> Result<Content<'a>, serde_json::Error> {
+    let other = || serde_json::from_str(raw).map(Content::Other);
+    match raw.as_bytes().first() {
+        Some(b'"') => match crate::json::string_text(raw) {
+            Some(s) => Ok(Content::Text(s)),
+            None => serde_json::from_str::<Cow<'_, str>>(raw)
                 .map(Content::Text)
-                .unwrap_or(Content::Other(raw)),
+                .or_else(|_| other()),
         },
-        Some(b'[') => match serde_json::from_str::<Vec<&RawValue>>(text) {
-            Ok(parts) => Content::Parts(parts.into_iter().map(|p| part(p, text_kinds)).collect()),
-            Err(_) => Content::Other(raw),
+        Some(b'[') => match serde_json::from_str::<Vec<&RawValue>>(raw) {
+            Ok(parts) => Ok(Content::Parts(
+                parts.into_iter().map(|p| part(p, text_kinds)).collect(),
+            )),
+            Err(_) => other(),
         },
-        Some(b'n') if text == "null" => Content::None,
-        _ => Content::Other(raw),
+        Some(b'n') if raw == "null" => Ok(Content::None),
+        _ => other(),
     }
 }
 
 fn part<'a>(raw: &'a RawValue, text_kinds: &[&str]) -> Part<'a> {
+    match part_walked(raw.get()).or_else(|| part_by_serde(raw.get())) {
+        Some((kind, Some(text))) if text_kinds.contains(&kind.as_ref()) => Part::Text(text),
+        _ => Part::Other(raw),
+    }
+}
+
+/// A part's `type` and `text`, walked; `None` for whatever the walk leaves to serde.
+fn part_walked(raw: &str) -> Option<(Cow<'_, str>, Option<Cow<'_, str>>)> {
+    let [kind, text] = crate::json::fields(raw, ["type", "text"])?;
+    Some((
+        crate::json::string_text(kind?)?,
+        crate::json::optional_string(text)?,
+    ))
+}
+
+/// The same read by serde: `None` where serde refuses the part.
+fn part_by_serde(raw: &str) -> Option<(Cow<'_, str>, Option<Cow<'_, str>>)> {
     #[derive(serde::Deserialize)]
     struct Fields<'a> {
         #[serde(borrow, rename = "type")]
@@ -87,12 +111,45 @@ fn part<'a>(raw: &'a RawValue, text_kinds: &[&str]) -> Part<'a> {
         #[serde(borrow, default)]
         text: Option<Cow<'a, str>>,
     }
-    match serde_json::from_str::<Fields<'_>>(raw.get()) {
-        Ok(Fields {
-            kind,
-            text: Some(text),
-        }) if text_kinds.contains(&kind.as_ref()) => Part::Text(text),
-        _ => Part::Other(raw),
+    let f: Fields<'_> = serde_json::from_str(raw).ok()?;
+    Some((f.kind, f.text))
+}
+
+#[cfg(test)]
+mod part_tests {
+    use super::*;
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// Where the walk reads a part, it reads what serde reads.
+        #[test]
+        fn the_walk_reads_parts_as_serde_does(
+            members in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        proptest::strategy::Just("type"), proptest::strategy::Just("text"),
+                        proptest::strategy::Just("t\\u0065xt"), proptest::strategy::Just("x"),
+                    ],
+                    proptest::prop_oneof![
+                        proptest::strategy::Just("null".to_owned()),
+                        proptest::strategy::Just("1".to_owned()),
+                        proptest::strategy::Just(r#""\ud800""#.to_owned()),
+                        proptest::strategy::Just(r#"{"a":"}"}"#.to_owned()),
+                        "(?s)[a-z \n\"\\\\]{0,8}".prop_map(|t| serde_json::to_string(&t).unwrap()),
+                    ],
+                ),
+                0..4,
+            ),
+        ) {
+            let joined: Vec<String> = members.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            let text = format!("{{{}}}", joined.join(","));
+            if serde_json::from_str::<&RawValue>(&text).is_err() {
+                return Ok(());
+            }
+            if let Some(walked) = part_walked(&text) {
+                proptest::prop_assert_eq!(Some(walked), part_by_serde(&text), "{}", text);
+            }
+        }
     }
 }
 

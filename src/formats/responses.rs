@@ -31,7 +31,12 @@ use serde_json::value::RawValue;
 
 use super::Author;
 use super::splice::{Edit, apply, array, span_of};
-use crate::conversation::{Content, Item, Opaque, Role, ToolCall};
+use crate::conversation::Item;
+
+mod item;
+
+use item::{ItemFields, Kind, item_of};
+pub use item::{item, item_by_serde};
 
 /// The top level of a Responses request, of which abridge reads only this.
 #[derive(Debug, Deserialize)]
@@ -122,117 +127,6 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
     })
 }
 
-/// What kind of item, where it matters beyond the neutral view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Plain,
-    Reference,
-    Trigger,
-}
-
-#[derive(Deserialize)]
-struct ItemFields<'a> {
-    #[serde(borrow, default, rename = "type")]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    role: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    call_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    arguments: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    input: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    output: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    action: Option<&'a RawValue>,
-}
-
-/// One input item as a conversation item (see the module docs).
-pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
-    item_of(raw).map(|(item, _)| item)
-}
-
-fn item_of(raw: &RawValue) -> Result<(Item<'_>, Kind), serde_json::Error> {
-    let f: ItemFields<'_> = serde_json::from_str(raw.get())?;
-    let mut item = Item {
-        raw,
-        role: Role::Assistant,
-        content: Content::None,
-        name: None,
-        calls: Vec::new(),
-        results: Vec::new(),
-        opaque: Opaque::None,
-        extra: None,
-    };
-    let kind = f.kind.as_deref().unwrap_or("message");
-    let mut what = Kind::Plain;
-    match kind {
-        "message" => {
-            let role = f.role.as_deref().unwrap_or("user");
-            item.role = match role {
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
-                "system" => Role::System,
-                "developer" => Role::Developer,
-                _ => {
-                    item.extra = Some(raw);
-                    Role::User
-                }
-            };
-            item.content = f.content.map_or(Content::None, content);
-        }
-        "function_call" | "custom_tool_call" | "local_shell_call" => {
-            let arguments = match kind {
-                "custom_tool_call" => f.input.unwrap_or_default(),
-                "local_shell_call" => Cow::Borrowed(f.action.map_or("", RawValue::get)),
-                _ => f.arguments.unwrap_or_default(),
-            };
-            let fallback = match kind {
-                "custom_tool_call" => "custom_tool_call",
-                "local_shell_call" => "local_shell_call",
-                _ => "function_call",
-            };
-            item.calls.push(ToolCall {
-                id: f.call_id.unwrap_or_default(),
-                name: f.name.unwrap_or(Cow::Borrowed(fallback)),
-                arguments,
-            });
-        }
-        "function_call_output" | "custom_tool_call_output" | "local_shell_call_output" => {
-            item.role = Role::Tool;
-            item.results.extend(f.call_id);
-            item.content = f.output.map_or(Content::None, content);
-        }
-        "reasoning" => {
-            item.opaque = Opaque::WithNext;
-            item.extra = Some(raw);
-        }
-        "compaction" => {
-            item.opaque = Opaque::Barrier;
-            item.extra = Some(raw);
-        }
-        other => {
-            what = match other {
-                "item_reference" => Kind::Reference,
-                "compaction_trigger" => Kind::Trigger,
-                _ => Kind::Plain,
-            };
-            item.extra = Some(raw);
-        }
-    }
-    Ok((item, what))
-}
-
-/// A content (or output): text parts are `input_text`, `output_text` and `text`.
-fn content(raw: &RawValue) -> Content<'_> {
-    super::content(raw, &["input_text", "output_text", "text"])
-}
-
 /// A message item abridge writes: one `input_text` part (the system role is
 /// `developer`, as the Responses API names the operator's voice).
 pub fn authored(role: Author, text: &str) -> Box<RawValue> {
@@ -286,6 +180,7 @@ impl Request {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::{Opaque, Role};
 
     const BODY: &str = r#"{"model":"gpt-5","store":false,"stream":true,"instructions":"Be brief.",
         "input":[
@@ -377,5 +272,66 @@ mod tests {
         );
         let authored = authored(Author::User, "summary");
         assert!(item(&authored).unwrap().is_ask());
+    }
+
+    /// A value of an item field, in the shapes clients send and a few they should not.
+    fn field_value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just("null".to_owned()),
+            Just("3".to_owned()),
+            Just(r#""\ud800""#.to_owned()),
+            prop_oneof![
+                Just("message"),
+                Just("function_call"),
+                Just("function_call_output"),
+                Just("custom_tool_call"),
+                Just("local_shell_call"),
+                Just("reasoning"),
+                Just("user"),
+                Just("developer"),
+                Just("mess\\u0061ge"),
+            ]
+            .prop_map(|r| format!("\"{r}\"")),
+            "(?s)[a-z \n\"\\\\é]{0,12}".prop_map(|t| serde_json::to_string(&t).unwrap()),
+            Just(
+                r#"[{"type":"input_text","text":"a\nb"},{"type":"input_image","image_url":"x"}]"#
+                    .to_owned()
+            ),
+            Just(r#"[{"type":"output_text","text":"ok","annotations":[]}]"#.to_owned()),
+            Just(r#"[{"type":"input_text","text":5}]"#.to_owned()),
+            Just(r#"[{"type":"input_text","type":"text","text":"dup"}]"#.to_owned()),
+            Just(r#"{"type":"exec","command":["ls"]}"#.to_owned()),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The walk reads every item as serde reads it: the same item, or the same
+        /// refusal — whatever the fields hold, duplicated, escaped or odd.
+        #[test]
+        fn the_walk_reads_items_as_serde_does(
+            members in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        proptest::strategy::Just("type"), proptest::strategy::Just("role"),
+                        proptest::strategy::Just("content"), proptest::strategy::Just("call_id"),
+                        proptest::strategy::Just("name"), proptest::strategy::Just("arguments"),
+                        proptest::strategy::Just("input"), proptest::strategy::Just("output"),
+                        proptest::strategy::Just("action"), proptest::strategy::Just("id"),
+                    ],
+                    field_value(),
+                ),
+                1..5,
+            ),
+        ) {
+            let joined: Vec<String> = members.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            let text = format!("{{{}}}", joined.join(","));
+            let Ok(raw) = serde_json::from_str::<&RawValue>(&text) else {
+                return Ok(());
+            };
+            let walked = item(raw).map_err(|e| e.to_string());
+            let serde = item_by_serde(raw).map_err(|e| e.to_string());
+            proptest::prop_assert_eq!(walked, serde, "{}", text);
+        }
     }
 }

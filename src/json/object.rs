@@ -22,6 +22,31 @@ pub fn members(raw: &str) -> Option<Members<'_>> {
     })
 }
 
+/// The raw values of the members named `names` in the object `raw`, `null` read as
+/// absent; `None` when a name appears twice or the walk cannot read the object — serde
+/// should read it then (its error for a duplicate field is the one to give).
+pub fn fields<'a, const N: usize>(raw: &'a str, names: [&str; N]) -> Option<[Option<&'a str>; N]> {
+    let mut found = [None; N];
+    for member in members(raw)? {
+        let (key, value) = member.ok()?;
+        if let Some(i) = names.iter().position(|n| *n == key) {
+            if found[i].replace(value).is_some() {
+                return None;
+            }
+        }
+    }
+    Some(found.map(|v| v.filter(|v| *v != "null")))
+}
+
+/// An optional string member's text: `Some(None)` when absent, `None` when it is not
+/// a string the walk reads (serde should then read it).
+pub fn optional_string(value: Option<&str>) -> Option<Option<Cow<'_, str>>> {
+    match value {
+        None => Some(None),
+        Some(v) => string_text(v).map(Some),
+    }
+}
+
 /// The iterator of [`members`]: `(key, value)`, the key decoded, the value its raw
 /// JSON without surrounding whitespace. After an `Err` it ends.
 #[derive(Debug, Clone)]
