@@ -100,11 +100,25 @@ fn fields(text: &str) -> Option<Fields<'_>> {
         ["role", "content", "name", "tool_calls", "tool_call_id"],
     )?;
     Some(Fields {
-        role: serde_json::from_str(role?).ok()?,
+        role: role_named(&json::string_text(role?)?)?,
         content,
         name: json::optional_string(name)?,
         tool_calls,
         tool_call_id: json::optional_string(tool_call_id)?,
+    })
+}
+
+/// The role a message names, as serde reads the plain string (an unknown one is left
+/// to serde, whose error names it).
+fn role_named(name: &str) -> Option<Role> {
+    Some(match name {
+        "system" => Role::System,
+        "developer" => Role::Developer,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "tool" => Role::Tool,
+        "function" => Role::Function,
+        _ => return None,
     })
 }
 
