@@ -115,39 +115,80 @@ fn part_by_serde(raw: &str) -> Option<(Cow<'_, str>, Option<Cow<'_, str>>)> {
     Some((f.kind, f.text))
 }
 
+/// What the formats' properties share: objects written from members, values with
+/// escapes, and the check that the walk and serde read a message (item) alike.
+#[cfg(test)]
+pub(crate) mod walk_check {
+    use proptest::prelude::*;
+    use serde_json::value::RawValue;
+
+    use crate::conversation::Item;
+
+    /// How a format reads an item (the walk, or serde alone).
+    pub type Read = for<'a> fn(&'a RawValue) -> Result<Item<'a>, serde_json::Error>;
+
+    /// The object of `members` (keys written as given, values as raw JSON).
+    pub fn object<K: AsRef<str>, V: AsRef<str>>(members: &[(K, V)]) -> String {
+        let joined: Vec<String> = members
+            .iter()
+            .map(|(k, v)| format!("\"{}\":{}", k.as_ref(), v.as_ref()))
+            .collect();
+        format!("{{{}}}", joined.join(","))
+    }
+
+    /// A JSON string of text with quotes, backslashes, line breaks and non-ASCII.
+    pub fn escaped_text() -> impl Strategy<Value = String> {
+        "(?s)[a-z \n\"\\\\é]{0,12}".prop_map(|t| serde_json::to_string(&t).unwrap())
+    }
+
+    /// One of `names`, as a key or a value's text.
+    pub fn one_of(names: &'static [&'static str]) -> impl Strategy<Value = &'static str> {
+        proptest::sample::select(names)
+    }
+
+    /// The walk and serde read the object `text` alike: the same item or the same
+    /// refusal (text that is not JSON at all is not a message: nothing to compare).
+    pub fn agree(text: &str, walk: Read, serde: Read) -> Result<(), TestCaseError> {
+        let Ok(raw) = serde_json::from_str::<&RawValue>(text) else {
+            return Ok(());
+        };
+        let walked = walk(raw).map_err(|e| e.to_string());
+        let by_serde = serde(raw).map_err(|e| e.to_string());
+        prop_assert_eq!(walked, by_serde, "{}", text);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod part_tests {
+    use super::walk_check::{escaped_text, object, one_of};
     use super::*;
-    use proptest::strategy::Strategy as _;
+    use proptest::prelude::*;
 
-    proptest::proptest! {
+    proptest! {
         /// Where the walk reads a part, it reads what serde reads.
         #[test]
         fn the_walk_reads_parts_as_serde_does(
-            members in proptest::collection::vec(
+            members in prop::collection::vec(
                 (
-                    proptest::prop_oneof![
-                        proptest::strategy::Just("type"), proptest::strategy::Just("text"),
-                        proptest::strategy::Just("t\\u0065xt"), proptest::strategy::Just("x"),
-                    ],
-                    proptest::prop_oneof![
-                        proptest::strategy::Just("null".to_owned()),
-                        proptest::strategy::Just("1".to_owned()),
-                        proptest::strategy::Just(r#""\ud800""#.to_owned()),
-                        proptest::strategy::Just(r#"{"a":"}"}"#.to_owned()),
-                        "(?s)[a-z \n\"\\\\]{0,8}".prop_map(|t| serde_json::to_string(&t).unwrap()),
+                    one_of(&["type", "text", "t\\u0065xt", "x"]),
+                    prop_oneof![
+                        Just("null".to_owned()),
+                        Just("1".to_owned()),
+                        Just(r#""\ud800""#.to_owned()),
+                        Just(r#"{"a":"}"}"#.to_owned()),
+                        escaped_text(),
                     ],
                 ),
                 0..4,
             ),
         ) {
-            let joined: Vec<String> = members.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-            let text = format!("{{{}}}", joined.join(","));
+            let text = object(&members);
             if serde_json::from_str::<&RawValue>(&text).is_err() {
                 return Ok(());
             }
             if let Some(walked) = part_walked(&text) {
-                proptest::prop_assert_eq!(Some(walked), part_by_serde(&text), "{}", text);
+                prop_assert_eq!(Some(walked), part_by_serde(&text), "{}", text);
             }
         }
     }

@@ -276,32 +276,33 @@ mod tests {
 
     /// A value of an item field, in the shapes clients send and a few they should not.
     fn field_value() -> impl proptest::strategy::Strategy<Value = String> {
+        use crate::formats::walk_check::{escaped_text, one_of};
         use proptest::prelude::*;
         prop_oneof![
-            Just("null".to_owned()),
-            Just("3".to_owned()),
-            Just(r#""\ud800""#.to_owned()),
-            prop_oneof![
-                Just("message"),
-                Just("function_call"),
-                Just("function_call_output"),
-                Just("custom_tool_call"),
-                Just("local_shell_call"),
-                Just("reasoning"),
-                Just("user"),
-                Just("developer"),
-                Just("mess\\u0061ge"),
-            ]
+            one_of(&[
+                "null",
+                "3",
+                r#""\ud800""#,
+                r#"[{"type":"input_text","text":"a\nb"},{"type":"input_image","image_url":"x"}]"#,
+                r#"[{"type":"output_text","text":"ok","annotations":[]}]"#,
+                r#"[{"type":"input_text","text":5}]"#,
+                r#"[{"type":"input_text","type":"text","text":"dup"}]"#,
+                r#"{"type":"exec","command":["ls"]}"#,
+            ])
+            .prop_map(str::to_owned),
+            one_of(&[
+                "message",
+                "function_call",
+                "function_call_output",
+                "custom_tool_call",
+                "local_shell_call",
+                "reasoning",
+                "user",
+                "developer",
+                "mess\\u0061ge",
+            ])
             .prop_map(|r| format!("\"{r}\"")),
-            "(?s)[a-z \n\"\\\\é]{0,12}".prop_map(|t| serde_json::to_string(&t).unwrap()),
-            Just(
-                r#"[{"type":"input_text","text":"a\nb"},{"type":"input_image","image_url":"x"}]"#
-                    .to_owned()
-            ),
-            Just(r#"[{"type":"output_text","text":"ok","annotations":[]}]"#.to_owned()),
-            Just(r#"[{"type":"input_text","text":5}]"#.to_owned()),
-            Just(r#"[{"type":"input_text","type":"text","text":"dup"}]"#.to_owned()),
-            Just(r#"{"type":"exec","command":["ls"]}"#.to_owned()),
+            escaped_text(),
         ]
     }
 
@@ -312,26 +313,17 @@ mod tests {
         fn the_walk_reads_items_as_serde_does(
             members in proptest::collection::vec(
                 (
-                    proptest::prop_oneof![
-                        proptest::strategy::Just("type"), proptest::strategy::Just("role"),
-                        proptest::strategy::Just("content"), proptest::strategy::Just("call_id"),
-                        proptest::strategy::Just("name"), proptest::strategy::Just("arguments"),
-                        proptest::strategy::Just("input"), proptest::strategy::Just("output"),
-                        proptest::strategy::Just("action"), proptest::strategy::Just("id"),
-                    ],
+                    crate::formats::walk_check::one_of(&[
+                        "type", "role", "content", "call_id", "name", "arguments", "input",
+                        "output", "action", "id",
+                    ]),
                     field_value(),
                 ),
                 1..5,
             ),
         ) {
-            let joined: Vec<String> = members.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-            let text = format!("{{{}}}", joined.join(","));
-            let Ok(raw) = serde_json::from_str::<&RawValue>(&text) else {
-                return Ok(());
-            };
-            let walked = item(raw).map_err(|e| e.to_string());
-            let serde = item_by_serde(raw).map_err(|e| e.to_string());
-            proptest::prop_assert_eq!(walked, serde, "{}", text);
+            let text = crate::formats::walk_check::object(&members);
+            crate::formats::walk_check::agree(&text, item, item_by_serde)?;
         }
     }
 }
