@@ -43,7 +43,7 @@ fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
 }
 
 /// The message fields abridge reads, as serde_json reads them (the reference for
-/// [`fields`], and what [`with_content`] edits).
+/// `fields`, and what [`with_content`] edits).
 #[derive(Deserialize)]
 struct MessageFields<'a> {
     role: Role,
@@ -68,7 +68,7 @@ struct Fields<'a> {
 
 /// One chat message as a conversation item: its raw JSON (forwarded when it is kept) and
 /// the neutral view, parsed once. The body's parse has validated `raw`, so its members
-/// are found by a walk over its bytes ([`fields`]) instead of a second serde pass over
+/// are found by a walk over its bytes (`fields`) instead of a second serde pass over
 /// every string; a message the walk leaves to serde (a duplicate field, a role or name
 /// that is not a plain string) is read by serde, errors included.
 pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {

@@ -1,9 +1,9 @@
 //! Reading JSON that serde_json has already validated, without parsing it again: a
-//! string literal's text ([`string_text`]) and an object's members ([`members`],
-//! [`fields`]), each read where it lies in the body.
+//! string literal's text ([`string_text`]) and an object's named members
+//! ([`fields`]), each read where it lies in the body.
 
 mod object;
 mod text;
 
-pub use object::{Members, fields, members, optional_string};
+pub use object::{fields, optional_string};
 pub use text::string_text;

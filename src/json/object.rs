@@ -12,7 +12,7 @@ use super::string_text;
 pub struct Malformed;
 
 /// The members of the JSON object `raw`; `None` when `raw` is not an object.
-pub fn members(raw: &str) -> Option<Members<'_>> {
+fn members(raw: &str) -> Option<Members<'_>> {
     let at = skip_space(raw.as_bytes(), 0);
     (raw.as_bytes().get(at) == Some(&b'{')).then_some(Members {
         raw,
@@ -50,7 +50,7 @@ pub fn optional_string(value: Option<&str>) -> Option<Option<Cow<'_, str>>> {
 /// The iterator of [`members`]: `(key, value)`, the key decoded, the value its raw
 /// JSON without surrounding whitespace. After an `Err` it ends.
 #[derive(Debug, Clone)]
-pub struct Members<'a> {
+struct Members<'a> {
     raw: &'a str,
     at: usize,
     first: bool,
