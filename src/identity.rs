@@ -72,7 +72,7 @@ impl Fingerprint {
     /// The hex digits in a buffer on the stack: formatting a fingerprint (store keys,
     /// logs) allocates nothing of its own. `hex::encode` builds its string a char at a
     /// time, which showed in the per-request profile of the Redis path.
-    fn hex(&self) -> HexDigits {
+    pub fn hex(&self) -> HexDigits {
         let mut out = [0u8; 64];
         let encoded = hex::encode_to_slice(self.0, &mut out);
         debug_assert!(encoded.is_ok(), "64 digits for 32 bytes");
@@ -90,8 +90,8 @@ impl Fingerprint {
     }
 }
 
-/// A fingerprint's 64 lowercase hex digits.
-struct HexDigits([u8; 64]);
+/// A fingerprint's 64 lowercase hex digits (`Deref` to the `str`).
+pub struct HexDigits([u8; 64]);
 
 impl std::ops::Deref for HexDigits {
     type Target = str;

@@ -9,6 +9,7 @@
 //! `recent` index is a separate key (another slot), written beside the conversation's
 //! keys off the hot path.
 
+mod keys;
 mod scripts;
 mod sentinel;
 mod tls;
@@ -21,6 +22,7 @@ use redis::cluster::ClusterClient;
 use redis::{ErrorKind, RedisError, Script};
 use tokio::sync::OnceCell;
 
+use self::keys::{Hex, Key};
 use self::scripts::{RECORD_USAGE, REFRESH, SAVE_CHECKPOINT, SCHEDULE, UNLOCK};
 use self::sentinel::{Conn, Sentinel};
 use self::tls::Transport;
@@ -148,8 +150,8 @@ impl RedisStore {
     }
 
     /// `<prefix>:{<conversation>}:<part>`: the braces are the Cluster hash tag.
-    fn key(&self, conversation: &Fingerprint, part: &str) -> String {
-        format!("{}:{{{conversation}}}:{part}", self.inner.prefix)
+    fn key<'a>(&'a self, conversation: &'a Fingerprint, part: &'static str) -> Key<'a> {
+        Key::new(&self.inner.prefix, conversation, part)
     }
 
     fn global(&self, name: &str) -> String {
@@ -168,7 +170,7 @@ impl RedisStore {
         // a provider that reports no usage in streams, clients that stop streams early —
         // is refreshed here, by a second pipeline.
         let mut pipe = redis::pipe();
-        pipe.hgetall(&ckpt).hgetall(&state_key).hgetall(&usage_key);
+        pipe.hgetall(ckpt).hgetall(state_key).hgetall(usage_key);
         // Field/value pairs, not maps: a handful of fields, looked up once each, are
         // cheaper scanned than hashed.
         let mut conn = self.conn().await?;
@@ -181,11 +183,11 @@ impl RedisStore {
             let ttl = self.inner.ttl_ms as i64;
             let mut touch = redis::pipe();
             touch
-                .pexpire(&ckpt, ttl)
+                .pexpire(ckpt, ttl)
                 .ignore()
-                .pexpire(&state_key, ttl)
+                .pexpire(state_key, ttl)
                 .ignore()
-                .pexpire(&usage_key, ttl)
+                .pexpire(usage_key, ttl)
                 .ignore();
             touch.query_async::<()>(&mut conn).await?;
         }
@@ -251,9 +253,9 @@ impl RedisStore {
         let mut own = self.inner.record.key(self.key(conversation, "usage"));
         own.key(self.key(conversation, "state"))
             .key(self.key(conversation, "ckpt"))
-            .arg(usage.prefix.to_hex())
+            .arg(Hex(Some(&usage.prefix)))
             .arg(usage.encode())
-            .arg(replaces.map(|p| p.to_hex()).unwrap_or_default())
+            .arg(Hex(replaces.as_ref()))
             .arg(MAX_USAGE)
             .arg(now)
             .arg(ttl);
@@ -295,7 +297,7 @@ impl RedisStore {
                 let set: i64 = self
                     .inner
                     .schedule
-                    .key(&state)
+                    .key(state)
                     .arg(focus)
                     .invoke_async(&mut conn)
                     .await?;
@@ -303,7 +305,7 @@ impl RedisStore {
             }
             None => {
                 let _: i64 = redis::cmd("HDEL")
-                    .arg(&state)
+                    .arg(state)
                     .arg("scheduled")
                     .query_async(&mut conn)
                     .await?;
