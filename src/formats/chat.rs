@@ -57,10 +57,11 @@ struct MessageFields<'a> {
     tool_call_id: Option<Cow<'a, str>>,
 }
 
-/// The same fields with the values as raw JSON text, `null` as absent.
+/// The same fields with the values as raw JSON text (content with its text when the
+/// walk decoded it), `null` as absent.
 struct Fields<'a> {
     role: Role,
-    content: Option<&'a str>,
+    content: Option<json::Member<'a>>,
     name: Option<Cow<'a, str>>,
     tool_calls: Option<&'a str>,
     tool_call_id: Option<Cow<'a, str>>,
@@ -85,7 +86,7 @@ pub fn item_by_serde(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
     let f: MessageFields<'_> = serde_json::from_str(raw.get())?;
     let fields = Fields {
         role: f.role,
-        content: f.content.map(RawValue::get),
+        content: f.content.map(|c| json::Member::unread(c.get())),
         name: f.name,
         tool_calls: f.tool_calls.map(RawValue::get),
         tool_call_id: f.tool_call_id,
@@ -100,10 +101,10 @@ fn fields(text: &str) -> Option<Fields<'_>> {
         ["role", "content", "name", "tool_calls", "tool_call_id"],
     )?;
     Some(Fields {
-        role: role_named(&json::string_text(role?)?)?,
+        role: role_named(&role?.text()?)?,
         content,
         name: json::optional_string(name)?,
-        tool_calls,
+        tool_calls: tool_calls.map(|c| c.raw),
         tool_call_id: json::optional_string(tool_call_id)?,
     })
 }
@@ -133,7 +134,7 @@ fn build<'a>(raw: &'a RawValue, f: Fields<'a>) -> Result<Item<'a>, serde_json::E
     };
     let content = match f.content {
         None => Content::None,
-        Some(text) => super::content(text, &["text"])?,
+        Some(value) => super::content(value, &["text"])?,
     };
     Ok(Item {
         raw,

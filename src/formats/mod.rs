@@ -58,15 +58,20 @@ use std::borrow::Cow;
 
 use crate::conversation::{Content, Item, Part};
 
-/// A content value as the chat and Responses formats write it (`raw`, its JSON text): a
+/// A content value as the chat and Responses formats write it (`value`, its JSON text): a
 /// string, `null`, or an array of parts of which those whose `type` is one of
 /// `text_kinds` (and that carry a `text`) are text and the rest kept raw; anything else
 /// is [`Content::Other`]. A part's fields are walked (`json::fields`), or read by serde
 /// where the walk leaves them to it.
 pub(crate) fn content<'a>(
-    raw: &'a str,
+    value: crate::json::Member<'a>,
     text_kinds: &[&str],
 ) -> Result<Content<'a>, serde_json::Error> {
+    let raw = value.raw;
+    if let Some(text) = value.text() {
+        // A string the walk decoded on its way.
+        return Ok(Content::Text(text));
+    }
     let other = || serde_json::from_str(raw).map(Content::Other);
     match raw.as_bytes().first() {
         Some(b'"') => match crate::json::string_text(raw) {
@@ -96,10 +101,7 @@ fn part<'a>(raw: &'a RawValue, text_kinds: &[&str]) -> Part<'a> {
 /// A part's `type` and `text`, walked; `None` for whatever the walk leaves to serde.
 fn part_walked(raw: &str) -> Option<(Cow<'_, str>, Option<Cow<'_, str>>)> {
     let [kind, text] = crate::json::fields(raw, ["type", "text"])?;
-    Some((
-        crate::json::string_text(kind?)?,
-        crate::json::optional_string(text)?,
-    ))
+    Some((kind?.text()?, crate::json::optional_string(text)?))
 }
 
 /// The same read by serde: `None` where serde refuses the part.

@@ -1,15 +1,38 @@
 //! A JSON object's members in one walk: each key's text and its value's raw JSON, in
 //! order, duplicates included, found by skipping strings with `memchr` instead of
-//! parsing them. For JSON serde_json has validated (a message inside a parsed body);
-//! on anything else it stops with [`Malformed`] — never a panic, never a wrong member.
+//! parsing them — and the text of the string values asked for, decoded in the same
+//! pass. For JSON serde_json has validated (a message inside a parsed body); on anything
+//! else it stops with [`Malformed`] — never a panic, never a wrong member.
 
 use std::borrow::Cow;
 
 use super::string_text;
+use super::text::string_at;
 
 /// The walk could not go on: not JSON, or a key with an escape only the parser reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Malformed;
+
+/// A member's value: its raw JSON and, when it is a string the walk decodes (see
+/// [`string_text`]), its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member<'a> {
+    pub raw: &'a str,
+    text: Option<Cow<'a, str>>,
+}
+
+impl<'a> Member<'a> {
+    /// The raw JSON `raw` as a member not walked: its text, if any, is for the reader
+    /// to find (serde's reads, the tests).
+    pub fn unread(raw: &'a str) -> Self {
+        Self { raw, text: None }
+    }
+
+    /// The string's text; `None` when the value is not a string the walk reads.
+    pub fn text(self) -> Option<Cow<'a, str>> {
+        self.text
+    }
+}
 
 /// The members of the JSON object `raw`; `None` when `raw` is not an object.
 fn members(raw: &str) -> Option<Members<'_>> {
@@ -22,28 +45,34 @@ fn members(raw: &str) -> Option<Members<'_>> {
     })
 }
 
-/// The raw values of the members named `names` in the object `raw`, `null` read as
-/// absent; `None` when a name appears twice or the walk cannot read the object — serde
-/// should read it then (its error for a duplicate field is the one to give).
-pub fn fields<'a, const N: usize>(raw: &'a str, names: [&str; N]) -> Option<[Option<&'a str>; N]> {
-    let mut found = [None; N];
-    for member in members(raw)? {
-        let (key, value) = member.ok()?;
-        if let Some(i) = names.iter().position(|n| *n == key) {
+/// The members named `names` in the object `raw` (their string values decoded as they
+/// are walked), `null` read as absent; `None` when a name appears twice or the walk
+/// cannot read the object — serde should read it then (its error for a duplicate field
+/// is the one to give).
+pub fn fields<'a, const N: usize>(
+    raw: &'a str,
+    names: [&str; N],
+) -> Option<[Option<Member<'a>>; N]> {
+    let mut found = [const { None }; N];
+    let mut walk = members(raw)?;
+    while let Some((key, start)) = walk.key().ok()? {
+        let wanted = names.iter().position(|n| *n == key);
+        let value = walk.value(start, wanted.is_some()).ok()?;
+        if let Some(i) = wanted {
             if found[i].replace(value).is_some() {
                 return None;
             }
         }
     }
-    Some(found.map(|v| v.filter(|v| *v != "null")))
+    Some(found.map(|v| v.filter(|v| v.raw != "null")))
 }
 
 /// An optional string member's text: `Some(None)` when absent, `None` when it is not
 /// a string the walk reads (serde should then read it).
-pub fn optional_string(value: Option<&str>) -> Option<Option<Cow<'_, str>>> {
+pub fn optional_string(value: Option<Member<'_>>) -> Option<Option<Cow<'_, str>>> {
     match value {
         None => Some(None),
-        Some(v) => string_text(v).map(Some),
+        Some(v) => v.text.map(Some),
     }
 }
 
@@ -64,15 +93,21 @@ impl<'a> Iterator for Members<'a> {
         if self.done {
             return None;
         }
-        let member = self.member().transpose();
+        let member = self
+            .key()
+            .and_then(|k| {
+                k.map(|(key, start)| Ok((key, self.value(start, false)?.raw)))
+                    .transpose()
+            })
+            .transpose();
         self.done = !matches!(member, Some(Ok(_)));
         member
     }
 }
 
 impl<'a> Members<'a> {
-    /// The member after `self.at`, or `None` at the closing brace.
-    fn member(&mut self) -> Result<Option<(Cow<'a, str>, &'a str)>, Malformed> {
+    /// The next member's key and where its value starts, or `None` at the closing brace.
+    fn key(&mut self) -> Result<Option<(Cow<'a, str>, usize)>, Malformed> {
         let b = self.raw.as_bytes();
         let mut at = skip_space(b, self.at);
         match (b.get(at), std::mem::take(&mut self.first)) {
@@ -90,11 +125,20 @@ impl<'a> Members<'a> {
         if b.get(colon) != Some(&b':') {
             return Err(Malformed);
         }
-        let start = skip_space(b, colon + 1);
-        let end = value_end(b, start).ok_or(Malformed)?;
+        Ok(Some((key.ok_or(Malformed)?, skip_space(b, colon + 1))))
+    }
+
+    /// The value that starts at `start`, its text decoded on the way when `decode` and
+    /// it is a string; the walk goes on after it.
+    fn value(&mut self, start: usize, decode: bool) -> Result<Member<'a>, Malformed> {
+        let b = self.raw.as_bytes();
+        let (end, text) = match b.get(start) {
+            Some(b'"') if decode => string_at(self.raw, start).ok_or(Malformed)?,
+            _ => (value_end(b, start).ok_or(Malformed)?, None),
+        };
         self.at = end;
-        let value = self.raw.get(start..end).ok_or(Malformed)?;
-        Ok(Some((key.ok_or(Malformed)?, value)))
+        let raw = self.raw.get(start..end).ok_or(Malformed)?;
+        Ok(Member { raw, text })
     }
 }
 

@@ -27,40 +27,98 @@ fn unescape(inner: &[u8], mut visit: impl FnMut(&[u8])) -> Option<()> {
     while let Some(at) = memchr::memchr(b'\\', rest) {
         visit(&rest[..at]);
         let mut utf8 = [0u8; 4];
-        let (piece, used): (&[u8], usize) = match *rest.get(at + 1)? {
-            b'"' => (b"\"", 2),
-            b'\\' => (b"\\", 2),
-            b'/' => (b"/", 2),
-            b'b' => (b"\x08", 2),
-            b'f' => (b"\x0c", 2),
-            b'n' => (b"\n", 2),
-            b'r' => (b"\r", 2),
-            b't' => (b"\t", 2),
-            b'u' => {
-                let high = hex4(rest.get(at + 2..at + 6)?)?;
-                let (code, used) = if (0xD800..0xDC00).contains(&high) {
-                    if rest.get(at + 6..at + 8)? != b"\\u" {
-                        return None;
-                    }
-                    let low = hex4(rest.get(at + 8..at + 12)?)?;
-                    if !(0xDC00..0xE000).contains(&low) {
-                        return None;
-                    }
-                    (0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00), 12)
-                } else {
-                    (high, 6)
-                };
-                // A lone low surrogate is not a char: left to the parser.
-                let c = char::from_u32(code)?;
-                (c.encode_utf8(&mut utf8).as_bytes(), used)
-            }
-            _ => return None,
-        };
+        let (piece, used) = escape(&rest[at..], &mut utf8)?;
         visit(piece);
         rest = &rest[at + used..];
     }
     visit(rest);
     Some(())
+}
+
+/// The string literal that opens at `open` in `raw`: just past its closing quote, and
+/// its text when [`string_text`] would read it — found in the same pass (the escapes
+/// decoded where they are met), so a member the walk reads is scanned once. `None` when
+/// the string does not end.
+pub(super) fn string_at(raw: &str, open: usize) -> Option<(usize, Option<Cow<'_, str>>)> {
+    let b = raw.as_bytes();
+    let start = open + 1;
+    let mut at = start;
+    // The decoded text, once an escape is met (then `run` is where the undecoded run
+    // starts); `decoded` is false after an escape the parser must read.
+    let mut text: Option<Vec<u8>> = None;
+    let mut run = start;
+    let mut decoded = true;
+    loop {
+        at += memchr::memchr2(b'"', b'\\', b.get(at..)?)?;
+        if b[at] == b'"' {
+            let text = match text {
+                _ if !decoded => None,
+                None => raw.get(start..at).map(Cow::Borrowed),
+                Some(mut t) => {
+                    t.extend_from_slice(&b[run..at]);
+                    // Sized for the rest of `raw`: a short string early in a long value
+                    // gives the excess back.
+                    if t.capacity() / 2 > t.len() {
+                        t.shrink_to_fit();
+                    }
+                    // Valid UTF-8 in, decoded escapes are valid UTF-8: this cannot fail.
+                    String::from_utf8(t).ok().map(Cow::Owned)
+                }
+            };
+            return Some((at + 1, text));
+        }
+        let mut utf8 = [0u8; 4];
+        if decoded {
+            if let Some((piece, used)) = escape(&b[at..], &mut utf8) {
+                // Room for the rest of `raw` at most: one allocation, no growth.
+                let t = text.get_or_insert_with(|| Vec::with_capacity(b.len() - start));
+                t.extend_from_slice(&b[run..at]);
+                t.extend_from_slice(piece);
+                at += used;
+                run = at;
+                continue;
+            }
+            decoded = false;
+        }
+        // An escape is a backslash and one ASCII byte (`\uXXXX`'s digits hold no quote or
+        // backslash): skipping two bytes keeps the scan in step.
+        at += 2;
+    }
+}
+
+/// The escape at the start of `rest` (a backslash): its decoded bytes (in `utf8` for a
+/// `\u` escape) and how many bytes it used; `None` where the parser must read it.
+fn escape<'b>(rest: &[u8], utf8: &'b mut [u8; 4]) -> Option<(&'b [u8], usize)> {
+    let simple: &'static [u8] = match *rest.get(1)? {
+        b'"' => b"\"",
+        b'\\' => b"\\",
+        b'/' => b"/",
+        b'b' => b"\x08",
+        b'f' => b"\x0c",
+        b'n' => b"\n",
+        b'r' => b"\r",
+        b't' => b"\t",
+        b'u' => {
+            let high = hex4(rest.get(2..6)?)?;
+            let (code, used) = if (0xD800..0xDC00).contains(&high) {
+                if rest.get(6..8)? != b"\\u" {
+                    return None;
+                }
+                let low = hex4(rest.get(8..12)?)?;
+                if !(0xDC00..0xE000).contains(&low) {
+                    return None;
+                }
+                (0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00), 12)
+            } else {
+                (high, 6)
+            };
+            // A lone low surrogate is not a char: left to the parser.
+            let c = char::from_u32(code)?;
+            return Some((c.encode_utf8(utf8).as_bytes(), used));
+        }
+        _ => return None,
+    };
+    Some((simple, 2))
 }
 
 /// Four hex digits, as a `\u` escape has them.
@@ -102,6 +160,36 @@ mod tests {
             let parsed: String = serde_json::from_str(&raw).unwrap();
             let read = string_text(&raw);
             proptest::prop_assert_eq!(read.as_deref(), Some(parsed.as_str()));
+            // Found in a value with more after it, the string ends where it does and
+            // reads the same in the walk's one pass.
+            let within = format!("{raw},\"next\":1}}");
+            let (end, text) = string_at(&within, 0).unwrap();
+            proptest::prop_assert_eq!(end, raw.len());
+            proptest::prop_assert_eq!(text.as_deref(), Some(parsed.as_str()));
+        }
+
+        /// Any text between quotes: the one pass ends where the string ends (the next
+        /// quote no backslash escapes) and reads what `string_text` reads of it.
+        #[test]
+        fn one_pass_reads_what_string_text_reads(inner in "(?s)[a-z\"\\\\u0-9A-Fd\n]{0,24}") {
+            let raw = format!("\"{inner}");
+            let mut end = None;
+            let mut at = 1;
+            let b = raw.as_bytes();
+            while at < b.len() {
+                match b[at] {
+                    b'"' => { end = Some(at + 1); break; }
+                    b'\\' => at += 2,
+                    _ => at += 1,
+                }
+            }
+            match string_at(&raw, 0) {
+                None => proptest::prop_assert_eq!(end, None),
+                Some((e, text)) => {
+                    proptest::prop_assert_eq!(Some(e), end);
+                    proptest::prop_assert_eq!(text, string_text(&raw[..e]));
+                }
+            }
         }
     }
 
@@ -110,5 +198,15 @@ mod tests {
         assert_eq!(string_text(r#""plain""#), Some(Cow::Borrowed("plain")));
         assert_eq!(string_text(r#""a\ud800b""#), None, "a lone surrogate");
         assert_eq!(string_text("42"), None, "not a string");
+        assert_eq!(
+            string_at(r#""a\nb" "#, 0),
+            Some((6, Some(Cow::Owned("a\nb".into()))))
+        );
+        assert_eq!(
+            string_at(r#""a\ud800b","#, 0),
+            Some((10, None)),
+            "ends, left to the parser"
+        );
+        assert_eq!(string_at(r#""a\"#, 0), None, "does not end");
     }
 }

@@ -46,7 +46,7 @@ struct BlockFields<'a> {
     name: Option<Cow<'a, str>>,
     input: Option<&'a str>,
     tool_use_id: Option<Cow<'a, str>>,
-    content: Option<&'a str>,
+    content: Option<json::Member<'a>>,
 }
 
 /// How a block's fields are read: walked, or by serde.
@@ -55,7 +55,7 @@ type ReadBlock = for<'a> fn(&'a str) -> Result<BlockFields<'a>, serde_json::Erro
 /// One message as a conversation item.
 pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
     let walked = json::fields(raw.get(), ["role", "content"]).and_then(|[role, content]| {
-        let role = json::string_text(role?)?;
+        let role = role?.text()?;
         build(raw, &role, content, walked_block).ok()
     });
     match walked {
@@ -69,7 +69,8 @@ pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
 #[doc(hidden)]
 pub fn item_by_serde(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
     let f: MessageFields<'_> = serde_json::from_str(raw.get())?;
-    build(raw, &f.role, f.content.map(RawValue::get), serde_block)
+    let content = f.content.map(|c| json::Member::unread(c.get()));
+    build(raw, &f.role, content, serde_block)
 }
 
 fn serde_block(text: &str) -> Result<BlockFields<'_>, serde_json::Error> {
@@ -81,7 +82,7 @@ fn serde_block(text: &str) -> Result<BlockFields<'_>, serde_json::Error> {
         name: b.name,
         input: b.input.map(RawValue::get),
         tool_use_id: b.tool_use_id,
-        content: b.content.map(RawValue::get),
+        content: b.content.map(|c| json::Member::unread(c.get())),
     })
 }
 
@@ -102,11 +103,11 @@ fn walked_block(text: &str) -> Result<BlockFields<'_>, serde_json::Error> {
             ],
         )?;
         Some(BlockFields {
-            kind: json::string_text(kind?)?,
+            kind: kind?.text()?,
             text: json::optional_string(text)?,
             id: json::optional_string(id)?,
             name: json::optional_string(name)?,
-            input,
+            input: input.map(|i| i.raw),
             tool_use_id: json::optional_string(tool_use_id)?,
             content,
         })
@@ -117,7 +118,7 @@ fn walked_block(text: &str) -> Result<BlockFields<'_>, serde_json::Error> {
 fn build<'a>(
     raw: &'a RawValue,
     role: &str,
-    content: Option<&'a str>,
+    content: Option<json::Member<'a>>,
     read: ReadBlock,
 ) -> Result<Item<'a>, serde_json::Error> {
     let mut item = Item {
@@ -137,10 +138,15 @@ fn build<'a>(
         opaque: Opaque::None,
         extra: None,
     };
-    let Some(text) = content else {
+    let Some(value) = content else {
         return Ok(item);
     };
+    let text = value.raw;
     if text.starts_with('"') {
+        if let Some(decoded) = value.text() {
+            item.content = Content::Text(decoded);
+            return Ok(item);
+        }
         item.content = Content::Text(match json::string_text(text) {
             Some(s) => s,
             None => serde_json::from_str(text)?,
@@ -165,9 +171,10 @@ fn build<'a>(
             "tool_result" => {
                 item.results.extend(b.tool_use_id);
                 if let Some(content) = b.content {
+                    let raw = content.raw;
                     match result_text(content, read) {
                         Some(text) => parts.push(Part::Text(text)),
-                        None => parts.push(Part::Other(serde_json::from_str(content)?)),
+                        None => parts.push(Part::Other(serde_json::from_str(raw)?)),
                     }
                 }
             }
@@ -179,9 +186,13 @@ fn build<'a>(
 }
 
 /// A tool result's content as text: a string, or text blocks only.
-fn result_text(raw: &str, read: ReadBlock) -> Option<Cow<'_, str>> {
+fn result_text(value: json::Member<'_>, read: ReadBlock) -> Option<Cow<'_, str>> {
+    let raw = value.raw;
     if raw.starts_with('"') {
-        return json::string_text(raw).or_else(|| serde_json::from_str(raw).ok());
+        return value
+            .text()
+            .or_else(|| json::string_text(raw))
+            .or_else(|| serde_json::from_str(raw).ok());
     }
     let blocks: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
     // Every block read first (serde refuses the array for one bad block); what the walk

@@ -46,12 +46,12 @@ pub(super) struct ItemFields<'a> {
 struct Values<'a> {
     kind: Option<Cow<'a, str>>,
     role: Option<Cow<'a, str>>,
-    content: Option<&'a str>,
+    content: Option<json::Member<'a>>,
     call_id: Option<Cow<'a, str>>,
     name: Option<Cow<'a, str>>,
     arguments: Option<Cow<'a, str>>,
     input: Option<Cow<'a, str>>,
-    output: Option<&'a str>,
+    output: Option<json::Member<'a>>,
     action: Option<&'a str>,
 }
 
@@ -80,12 +80,12 @@ fn by_serde(raw: &RawValue) -> Result<(Item<'_>, Kind), serde_json::Error> {
     let values = Values {
         kind: f.kind,
         role: f.role,
-        content: f.content.map(RawValue::get),
+        content: f.content.map(|c| json::Member::unread(c.get())),
         call_id: f.call_id,
         name: f.name,
         arguments: f.arguments,
         input: f.input,
-        output: f.output.map(RawValue::get),
+        output: f.output.map(|o| json::Member::unread(o.get())),
         action: f.action.map(RawValue::get),
     };
     build(raw, values)
@@ -124,7 +124,7 @@ fn walked(text: &str) -> Option<Values<'_>> {
         arguments: json::optional_string(arguments)?,
         input: json::optional_string(input)?,
         output,
-        action,
+        action: action.map(|a| a.raw),
     })
 }
 
@@ -199,8 +199,8 @@ fn build<'a>(raw: &'a RawValue, f: Values<'a>) -> Result<(Item<'a>, Kind), serde
 }
 
 /// A content (or output): text parts are `input_text`, `output_text` and `text`.
-fn content(raw: Option<&str>) -> Result<Content<'_>, serde_json::Error> {
-    raw.map_or(Ok(Content::None), |raw| {
-        super::super::content(raw, &["input_text", "output_text", "text"])
+fn content(value: Option<json::Member<'_>>) -> Result<Content<'_>, serde_json::Error> {
+    value.map_or(Ok(Content::None), |value| {
+        super::super::content(value, &["input_text", "output_text", "text"])
     })
 }
