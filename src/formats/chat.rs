@@ -231,7 +231,14 @@ pub enum Unparseable {
 }
 
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
-    let request: ChatRequest<'_> = serde_json::from_slice(body).map_err(Unparseable::Body)?;
+    // UTF-8 checked once for the whole body, so that serde need not check every
+    // message it hands over as raw JSON; bytes that are not UTF-8 (serde accepts them in
+    // strings it skips) are left to it.
+    let request: ChatRequest<'_> = match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(body),
+    }
+    .map_err(Unparseable::Body)?;
     let messages = request
         .messages
         .iter()
@@ -465,6 +472,18 @@ mod tests {
         ] {
             assert!(parse(body).is_err(), "{}", String::from_utf8_lossy(body));
         }
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_read_as_serde_reads_them() {
+        // In a field abridge skips, serde does not check them: the body is understood.
+        let skipped = b"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"x\":\"\xff\"}";
+        assert!(serde_json::from_slice::<ChatRequest<'_>>(skipped).is_ok());
+        assert_eq!(parse(skipped).unwrap().messages.len(), 1);
+        // In a message, handed over as raw JSON text, they are refused.
+        let in_message = b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}";
+        assert!(serde_json::from_slice::<ChatRequest<'_>>(in_message).is_err());
+        assert!(matches!(parse(in_message), Err(Unparseable::Body(_))));
     }
 
     #[test]
