@@ -103,7 +103,43 @@ fn field_value() -> impl proptest::strategy::Strategy<Value = String> {
             r#"[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]"#
                 .to_owned()
         ),
+        tool_calls(),
     ]
+}
+
+/// A `tool_calls` array: calls whose fields are well formed, escaped, missing, `null`,
+/// of another type or duplicated, and elements that are not calls.
+fn tool_calls() -> impl proptest::strategy::Strategy<Value = String> {
+    use crate::formats::walk_check::{escaped_text, object, one_of};
+    use proptest::prelude::*;
+    let value = || {
+        prop_oneof![
+            3 => escaped_text(),
+            1 => one_of(&["null", "7", r#"["f","{}"]"#, r#""\ud800""#]).prop_map(str::to_owned),
+        ]
+    };
+    let function = proptest::collection::vec(
+        (one_of(&["name", "arguments", "n\\u0061me", "x"]), value()),
+        0..4,
+    )
+    .prop_map(|members| object(&members));
+    let function = prop_oneof![
+        4 => function,
+        1 => one_of(&["null", r#"["f","{}"]"#]).prop_map(str::to_owned),
+    ];
+    let call = (
+        proptest::collection::vec((one_of(&["id", "type", "i\\u0064"]), value()), 0..3),
+        function,
+    )
+        .prop_map(|(mut members, function)| {
+            members.push(("function", function));
+            object(&members)
+        });
+    let element = prop_oneof![
+        6 => call,
+        1 => one_of(&["1", "null", "[]"]).prop_map(str::to_owned),
+    ];
+    proptest::collection::vec(element, 0..3).prop_map(|calls| format!("[{}]", calls.join(" , ")))
 }
 
 proptest::proptest! {
