@@ -6,7 +6,6 @@
 
 use std::borrow::Cow;
 
-use super::string_text;
 use super::text::string_at;
 
 /// The walk could not go on: not JSON, or a key with an escape only the parser reads.
@@ -14,7 +13,7 @@ use super::text::string_at;
 pub struct Malformed;
 
 /// A member's value: its raw JSON and, when it is a string the walk decodes (see
-/// [`string_text`]), its text.
+/// [`super::string_text`]), its text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member<'a> {
     pub raw: &'a str,
@@ -119,8 +118,8 @@ impl<'a> Members<'a> {
         if b.get(at) != Some(&b'"') {
             return Err(Malformed);
         }
-        let key_end = string_end(b, at).ok_or(Malformed)?;
-        let key = self.raw.get(at..key_end).and_then(string_text);
+        // The key's text found in the pass that finds its end.
+        let (key_end, key) = string_at(self.raw, at).ok_or(Malformed)?;
         let colon = skip_space(b, key_end);
         if b.get(colon) != Some(&b':') {
             return Err(Malformed);
