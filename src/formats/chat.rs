@@ -231,14 +231,7 @@ pub enum Unparseable {
 }
 
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
-    // UTF-8 checked once for the whole body, so that serde need not check every
-    // message it hands over as raw JSON; bytes that are not UTF-8 (serde accepts them in
-    // strings it skips) are left to it.
-    let request: ChatRequest<'_> = match std::str::from_utf8(body) {
-        Ok(text) => serde_json::from_str(text),
-        Err(_) => serde_json::from_slice(body),
-    }
-    .map_err(Unparseable::Body)?;
+    let request: ChatRequest<'_> = super::from_body(body).map_err(Unparseable::Body)?;
     let messages = request
         .messages
         .iter()

@@ -84,7 +84,7 @@ pub enum Unparseable {
 }
 
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
-    let fields: Fields<'_> = serde_json::from_slice(body).map_err(Unparseable::Body)?;
+    let fields: Fields<'_> = super::from_body(body).map_err(Unparseable::Body)?;
     let raw: Vec<&RawValue> = match fields.messages {
         None => Vec::new(),
         Some(m) if m.get().starts_with('[') => {

@@ -58,6 +58,17 @@ use std::borrow::Cow;
 
 use crate::conversation::{Content, Item, Part};
 
+/// A body's top level, deserialised by serde: its UTF-8 checked once for the whole body,
+/// so that serde need not check again every message it hands over as raw JSON. Bytes
+/// that are not UTF-8 (serde accepts them in strings it skips) are left to serde, so
+/// what is understood and what is refused is as serde decides.
+fn from_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, serde_json::Error> {
+    match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(body),
+    }
+}
+
 /// A content value as the chat and Responses formats write it (`value`, its JSON text): a
 /// string, `null`, or an array of parts of which those whose `type` is one of
 /// `text_kinds` (and that carry a `text`) are text and the rest kept raw; anything else

@@ -81,7 +81,7 @@ pub enum Unparseable {
 }
 
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
-    let fields: Fields<'_> = serde_json::from_slice(body).map_err(Unparseable::Body)?;
+    let fields: Fields<'_> = super::from_body(body).map_err(Unparseable::Body)?;
     let present = |v: Option<&RawValue>| v.is_some_and(|v| v.get() != "null");
     let mut untouchable = if present(fields.previous_response_id) {
         Some(
@@ -192,6 +192,14 @@ mod tests {
         {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Done."}]},
         {"role":"user","content":"Thanks"}],
         "tools":[{"type":"function","name":"exec"}],"prompt_cache_key":"thread-1"}"#;
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_read_as_serde_reads_them() {
+        let skipped = b"{\"input\":[{\"role\":\"user\",\"content\":\"hi\"}],\"x_vendor\":\"\xff\"}";
+        assert_eq!(parse(skipped).unwrap().items.len(), 1);
+        let in_item = b"{\"input\":[{\"role\":\"user\",\"content\":\"\xff\"}]}";
+        assert!(parse(in_item).is_err());
+    }
 
     #[test]
     fn items_have_their_neutral_view() {

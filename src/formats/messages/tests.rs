@@ -125,6 +125,16 @@ fn provider_managed_context_is_left_alone() {
 }
 
 #[test]
+fn bytes_that_are_not_utf8_are_read_as_serde_reads_them() {
+    // Skipped by serde (a field abridge does not read): understood.
+    let skipped = b"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"x_vendor\":\"\xff\"}";
+    assert_eq!(parse(skipped).unwrap().items.len(), 1);
+    // In a message: refused.
+    let in_message = b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}";
+    assert!(parse(in_message).is_err());
+}
+
+#[test]
 fn unknown_roles_and_shapes_are_not_understood() {
     assert!(parse(br#"{"messages":[{"role":"tool","content":"x"}]}"#).is_err());
     assert!(parse(br#"{"messages":"hi"}"#).is_err());
