@@ -109,18 +109,13 @@ fn fields(text: &str) -> Option<Fields<'_>> {
     })
 }
 
-/// The role a message names, as serde reads the plain string (an unknown one is left
-/// to serde, whose error names it).
+/// The role a message names, by `Role`'s own serde names (an unknown one is left to
+/// serde's read of the message, whose error names it).
 fn role_named(name: &str) -> Option<Role> {
-    Some(match name {
-        "system" => Role::System,
-        "developer" => Role::Developer,
-        "user" => Role::User,
-        "assistant" => Role::Assistant,
-        "tool" => Role::Tool,
-        "function" => Role::Function,
-        _ => return None,
-    })
+    use serde::de::IntoDeserializer;
+    let name: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+        name.into_deserializer();
+    Role::deserialize(name).ok()
 }
 
 fn build<'a>(raw: &'a RawValue, f: Fields<'a>) -> Result<Item<'a>, serde_json::Error> {
