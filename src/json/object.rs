@@ -40,7 +40,6 @@ fn members(raw: &str) -> Option<Members<'_>> {
         raw,
         at: at + 1,
         first: true,
-        done: false,
     })
 }
 
@@ -75,33 +74,13 @@ pub fn optional_string(value: Option<Member<'_>>) -> Option<Option<Cow<'_, str>>
     }
 }
 
-/// The iterator of [`members`]: `(key, value)`, the key decoded, the value its raw
-/// JSON without surrounding whitespace. After an `Err` it ends.
+/// The walk of [`members`]: each member's key (decoded) and then its value (its raw
+/// JSON without surrounding whitespace), in turn.
 #[derive(Debug, Clone)]
 struct Members<'a> {
     raw: &'a str,
     at: usize,
     first: bool,
-    done: bool,
-}
-
-impl<'a> Iterator for Members<'a> {
-    type Item = Result<(Cow<'a, str>, &'a str), Malformed>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        let member = self
-            .key()
-            .and_then(|k| {
-                k.map(|(key, start)| Ok((key, self.value(start, false)?.raw)))
-                    .transpose()
-            })
-            .transpose();
-        self.done = !matches!(member, Some(Ok(_)));
-        member
-    }
 }
 
 impl<'a> Members<'a> {
@@ -237,8 +216,14 @@ mod tests {
         }
     }
 
+    /// Every member the walk reads, in order, duplicates kept.
     fn walked(raw: &str) -> Result<Vec<(Cow<'_, str>, &str)>, Malformed> {
-        members(raw).ok_or(Malformed)?.collect()
+        let mut walk = members(raw).ok_or(Malformed)?;
+        let mut all = Vec::new();
+        while let Some((key, start)) = walk.key()? {
+            all.push((key, walk.value(start, false)?.raw));
+        }
+        Ok(all)
     }
 
     fn json_value() -> impl Strategy<Value = serde_json::Value> {
