@@ -69,7 +69,8 @@ fn from_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, serde_j
     }
 }
 
-/// A content value as the chat and Responses formats write it (`value`, its JSON text): a
+/// A content value as the chat and Responses formats write it (`value`: its JSON text,
+/// and its text when the walk decoded a string on its way): a
 /// string, `null`, or an array of parts of which those whose `type` is one of
 /// `text_kinds` (and that carry a `text`) are text and the rest kept raw; anything else
 /// is [`Content::Other`]. A part's fields are walked (`json::fields`), or read by serde
