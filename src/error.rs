@@ -54,7 +54,7 @@ pub enum Error {
     )]
     NotAzure { method: String, path: String },
     #[error(
-        "Invalid request path: dot segments, encoded slashes or backslashes, backslashes and `;` parameters are not allowed"
+        "Invalid request path: dot segments, encoded slashes or backslashes, backslashes, `;` parameters, double percent-encoding and empty segments are not allowed"
     )]
     BadPath,
     #[error("Invalid value `{value}` for header {header}: expected {expected}")]
@@ -75,8 +75,8 @@ pub enum Error {
     UpstreamTimeout(Duration),
     #[error("abridge is at its limit ({0}); retry shortly")]
     Overloaded(&'static str),
-    #[error("The request body did not arrive within {}s (timeouts.client_body_ms)", .0.as_secs_f64())]
-    BodyTimeout(Duration),
+    #[error("The request body did not arrive within {}s (timeouts.{key})", .after.as_secs_f64())]
+    BodyTimeout { after: Duration, key: &'static str },
     #[error("Internal error in abridge: {0}")]
     Internal(String),
 }
@@ -90,7 +90,7 @@ impl Error {
             | Error::BadHeader { .. }
             | Error::BodyTooLarge { .. }
             | Error::ClientBody(_)
-            | Error::BodyTimeout(_) => Origin::Client,
+            | Error::BodyTimeout { .. } => Origin::Client,
             Error::Overloaded(_) => Origin::Internal,
             Error::UpstreamUnreachable(_) | Error::UpstreamTimeout(_) => Origin::Upstream,
             Error::Internal(_) => Origin::Internal,
@@ -104,7 +104,7 @@ impl Error {
                 StatusCode::BAD_REQUEST
             }
             Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Error::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Error::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Error::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             Error::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -122,7 +122,7 @@ impl Error {
             Error::BadHeader { .. } => ("invalid_request_error", "invalid_header"),
             Error::BodyTooLarge { .. } => ("invalid_request_error", "request_too_large"),
             Error::ClientBody(_) => ("invalid_request_error", "invalid_body"),
-            Error::BodyTimeout(_) => ("invalid_request_error", "body_timeout"),
+            Error::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
             Error::Overloaded(_) => ("server_error", "overloaded"),
             Error::UpstreamUnreachable(_) => ("upstream_error", "upstream_unreachable"),
             Error::UpstreamTimeout(_) => ("upstream_error", "upstream_timeout"),

@@ -8,8 +8,9 @@
 //! `Host` is set from the upstream URL by the HTTP client.
 //!
 //! [`Credentials`] are what is left of a request's credential headers once it has been
-//! prepared for the provider: they name the tenant (identity) and authorise summary
-//! calls to the main upstream on the client's behalf.
+//! prepared for the provider: they name the tenant (identity), the payer (the
+//! credential the route's [`Provider`] authenticates: whose summaries and budget), and
+//! authorise summary calls to that provider on the client's behalf.
 
 use std::fmt;
 
@@ -66,6 +67,31 @@ fn strip_common(headers: &mut HeaderMap) {
 
 fn is_abridge(name: &HeaderName) -> bool {
     name.as_str().starts_with(ABRIDGE_PREFIX)
+}
+
+/// Whose API a request speaks, by its credential style and route: Anthropic's (it
+/// goes to `anthropic_upstream` when that is set), or the main upstream's
+/// (OpenAI-compatible, Azure). Decides where it goes (see `upstream::Upstream::route`)
+/// and which credential is its payer ([`Credentials::payer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Provider {
+    #[default]
+    Main,
+    Anthropic,
+}
+
+/// Anthropic's API key header.
+static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+/// Sent by every Anthropic client (SDKs, Claude Code), with an API key or OAuth.
+static ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+/// Azure OpenAI's API key header.
+static API_KEY: HeaderName = HeaderName::from_static("api-key");
+
+/// Whether a request carries Anthropic's credential style: `x-api-key`, or the
+/// `anthropic-version` every Anthropic client sends beside its credential (Claude Code
+/// signed in with OAuth sends `Authorization: Bearer` with it).
+pub fn anthropic_style(headers: &HeaderMap) -> bool {
+    headers.contains_key(&X_API_KEY) || headers.contains_key(&ANTHROPIC_VERSION)
 }
 
 /// Headers that select an account under a credential: part of the tenant, and sent
@@ -126,18 +152,43 @@ impl Credentials {
         let mut names: Vec<&HeaderName> = self.headers.keys().collect();
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         let mut out = Vec::new();
-        let mut frame = |bytes: &[u8]| {
-            out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            out.extend_from_slice(bytes);
-        };
         for name in names {
             for value in self.headers.get_all(name) {
-                frame(name.as_str().as_bytes());
-                frame(value.as_bytes());
+                frame(&mut out, name.as_str().as_bytes());
+                frame(&mut out, value.as_bytes());
             }
         }
         out
     }
+
+    /// The payer's bytes: the credential `provider` authenticates a request by — for
+    /// Anthropic `x-api-key`, else `Authorization` (OAuth); for Azure (`azure`) `api-key`,
+    /// else `Authorization`; for any other upstream `Authorization` — its first value,
+    /// framed as in [`Credentials::tenant`]. A header the provider does not read is not
+    /// part of it, so adding one never makes a new payer (with a fresh summary budget).
+    /// Empty when the request carries none of them.
+    pub fn payer(&self, provider: Provider, azure: bool) -> Vec<u8> {
+        let names: &[&HeaderName] = match provider {
+            Provider::Anthropic => &[&X_API_KEY, &header::AUTHORIZATION],
+            Provider::Main if azure => &[&API_KEY, &header::AUTHORIZATION],
+            Provider::Main => &[&header::AUTHORIZATION],
+        };
+        let mut out = Vec::new();
+        if let Some((name, value)) = names
+            .iter()
+            .find_map(|name| Some((*name, self.headers.get(*name)?)))
+        {
+            frame(&mut out, name.as_str().as_bytes());
+            frame(&mut out, value.as_bytes());
+        }
+        out
+    }
+}
+
+/// `bytes`, length-prefixed, onto `out`.
+fn frame(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(bytes);
 }
 
 impl fmt::Debug for Credentials {
@@ -211,6 +262,42 @@ mod tests {
         assert!(credentials(&[]).tenant().is_empty());
         // Values never print.
         assert!(!format!("{anthropic:?}").contains('K'));
+    }
+
+    #[test]
+    fn the_payer_is_the_credential_the_provider_reads_and_nothing_else() {
+        let key = credentials(&[("authorization", "Bearer K")]);
+        let noisy = credentials(&[("authorization", "Bearer K"), ("api-key", "v1")]);
+        let noisier = credentials(&[("authorization", "Bearer K"), ("x-api-key", "v2")]);
+        let main = |c: &Credentials| c.payer(Provider::Main, false);
+        // Different tenants (their state never mixes), one payer.
+        assert_ne!(key.tenant(), noisy.tenant());
+        assert_eq!(main(&key), main(&noisy));
+        assert_eq!(main(&key), main(&noisier));
+        // The common case keeps its tenant as its payer (no mark is lost on upgrade).
+        assert_eq!(main(&key), key.tenant());
+        assert_ne!(
+            main(&key),
+            main(&credentials(&[("authorization", "Bearer L")]))
+        );
+        // Anthropic reads x-api-key (else OAuth's Authorization); Azure reads api-key.
+        let anthropic = credentials(&[("x-api-key", "A"), ("api-key", "v3")]);
+        let other = credentials(&[
+            ("x-api-key", "A"),
+            ("api-key", "v4"),
+            ("authorization", "x"),
+        ]);
+        let claude = |c: &Credentials| c.payer(Provider::Anthropic, false);
+        assert_eq!(claude(&anthropic), claude(&other));
+        assert!(!claude(&anthropic).is_empty());
+        let oauth = credentials(&[("authorization", "Bearer sk-ant-oat-1")]);
+        assert!(!claude(&oauth).is_empty());
+        assert_ne!(claude(&oauth), claude(&anthropic));
+        assert_ne!(
+            anthropic.payer(Provider::Main, true),
+            other.payer(Provider::Main, true)
+        );
+        assert!(anthropic.payer(Provider::Main, false).is_empty());
     }
 
     #[test]

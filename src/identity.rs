@@ -237,24 +237,27 @@ impl Hashes {
 /// Who a request belongs to: its tenant, its conversation key and every prefix hash.
 #[derive(Debug, Clone)]
 pub struct Identified {
-    pub tenant: Fingerprint,
+    /// The payer's id (the credential the provider authenticates; see
+    /// `headers::Credentials::payer`): whose summaries and summary budget.
+    pub payer: Fingerprint,
     pub conversation: Fingerprint,
     pub hashes: Hashes,
 }
 
-/// identify: the tenant (the value of the tenant header, e.g. the credential), the
-/// scope (format, optional explicit conversation id), and the messages → the
-/// conversation, or `None` when the request has no user message to recognise it by.
+/// identify: the tenant (the value of the tenant header, e.g. the credential), its
+/// payer (the credential the provider reads), the scope (format, optional explicit
+/// conversation id), and the messages → the conversation, or `None` when the request
+/// has no user message to recognise it by.
 pub fn identify(
     key: &IdentityKey,
-    tenant: &[u8],
+    (tenant, payer): (&[u8], &[u8]),
     scope: Scope<'_>,
     messages: &[Item<'_>],
 ) -> Option<Identified> {
     let namespace = key.namespace_in(tenant, scope);
     let hashes = hash_conversation(&namespace, messages);
     Some(Identified {
-        tenant: key.tenant_id(tenant),
+        payer: key.tenant_id(payer),
         conversation: hashes.conversation()?,
         hashes,
     })

@@ -1,7 +1,8 @@
 //! Reading what a client sends, within bounds: the whole body of a request abridge
 //! parses (its size, `limits.max_body_bytes`; its deadline, `timeouts.client_body_ms`;
 //! its share of `limits.max_inflight_body_bytes`, held until abridge is done with it),
-//! and the deadline between the chunks of a body streamed through to the provider.
+//! and the deadlines of a body streamed through to the provider: between its chunks
+//! (`timeouts.client_body_ms`) and for all of it (`timeouts.passthrough_body_ms`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,8 +21,8 @@ use crate::error::Error;
 /// Budget units are kibibytes: a semaphore's permits are counted in `u32` at once.
 const UNIT: usize = 1024;
 
-/// The bytes of request bodies abridge holds at once (`limits.max_inflight_body_bytes`).
-/// Cheap to clone.
+/// The bytes of request bodies abridge holds at once, and of the response buffers its
+/// relay keeps to read usage (`limits.max_inflight_body_bytes`). Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct BodyBudget {
     units: Arc<Semaphore>,
@@ -42,7 +43,11 @@ impl BodyBudget {
     }
 
     /// Takes `bytes` more of the budget into `held`, without waiting.
-    fn take(&self, held: &mut Option<OwnedSemaphorePermit>, bytes: usize) -> Result<(), Error> {
+    pub(crate) fn take(
+        &self,
+        held: &mut Option<OwnedSemaphorePermit>,
+        bytes: usize,
+    ) -> Result<(), Error> {
         let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
         if units == 0 {
             return Ok(());
@@ -115,7 +120,10 @@ pub async fn read_body(
     };
     let bytes = tokio::time::timeout(deadline, read)
         .await
-        .map_err(|_| Error::BodyTimeout(deadline))??;
+        .map_err(|_| Error::BodyTimeout {
+            after: deadline,
+            key: "client_body_ms",
+        })??;
     Ok((bytes, Held(held)))
 }
 
@@ -134,19 +142,25 @@ fn own_small(chunk: Bytes) -> Bytes {
 }
 
 /// A body streamed through to the provider, ended with an error when the client pauses
-/// longer than `idle` between two chunks.
+/// longer than `idle` between two chunks, or has not finished it within `total` (an
+/// upload that trickles a byte now and then must not hold a connection for ever).
 pub struct IdleBody {
     inner: Body,
     idle: Duration,
     timer: Option<Pin<Box<Sleep>>>,
+    total: Duration,
+    /// Set at the first poll: the body's time runs from when it is first read.
+    whole: Option<Pin<Box<Sleep>>>,
 }
 
 impl IdleBody {
-    pub fn new(inner: Body, idle: Duration) -> Self {
+    pub fn new(inner: Body, idle: Duration, total: Duration) -> Self {
         Self {
             inner,
             idle,
             timer: None,
+            total,
+            whole: None,
         }
     }
 }
@@ -160,6 +174,16 @@ impl HttpBody for IdleBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = &mut *self;
+        let total = this.total;
+        let whole = this
+            .whole
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + total)));
+        if whole.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(axum::Error::new(Error::BodyTimeout {
+                after: total,
+                key: "passthrough_body_ms",
+            }))));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.timer = None;
@@ -171,7 +195,10 @@ impl HttpBody for IdleBody {
                     Box::pin(tokio::time::sleep_until(Instant::now() + idle))
                 });
                 ready!(timer.as_mut().poll(cx));
-                Poll::Ready(Some(Err(axum::Error::new(Error::BodyTimeout(idle)))))
+                Poll::Ready(Some(Err(axum::Error::new(Error::BodyTimeout {
+                    after: idle,
+                    key: "client_body_ms",
+                }))))
             }
         }
     }

@@ -12,7 +12,7 @@ use crate::compactor::{Reason, Turn};
 use crate::config::Anonymous;
 use crate::controls::Controls;
 use crate::formats::{Format, Request, Unparseable};
-use crate::headers::Credentials;
+use crate::headers::{Credentials, Provider};
 use crate::identity::{self, Identified, IdentityKey};
 use crate::state::AppState;
 use crate::store::Loaded;
@@ -24,6 +24,8 @@ pub struct Prepared {
     pub credentials: Credentials,
     /// The Azure deployment the request's path named (`None`: not a classic Azure path).
     pub deployment: Option<Deployment>,
+    /// Whose API the request speaks: where it and its summaries go, who pays.
+    pub provider: Provider,
     /// `None`: no user message, no identity key (store down), or no credential while
     /// anonymous requests get no state.
     pub identified: Option<Identified>,
@@ -53,7 +55,8 @@ impl Prepared {
             model: self.model(),
             deployment: self.deployment.as_ref(),
             credentials: &self.credentials,
-            tenant: self.identified.as_ref().map(|i| i.tenant),
+            provider: self.provider,
+            payer: self.identified.as_ref().map(|i| i.payer),
             size: self.request.body().len(),
             format: self.request.format(),
         }
@@ -63,13 +66,14 @@ impl Prepared {
 /// Parses, identifies and loads. A body abridge does not understand is handed back,
 /// with the reason, to be forwarded untouched; one it must leave to the provider
 /// ([`Request::untouchable`]) is parsed only. For [`Reason::Preview`] nothing is counted
-/// in the stats. `deployment`: the Azure deployment the path named.
+/// in the stats. `deployment`: the Azure deployment the path named; `provider`: whose
+/// API the request speaks.
 pub async fn prepare(
     state: &AppState,
     reason: Reason,
     (controls, credentials): (Controls, Credentials),
     (format, body): (Format, Bytes),
-    deployment: Option<Deployment>,
+    (deployment, provider): (Option<Deployment>, Provider),
 ) -> Result<Prepared, (Bytes, Unparseable)> {
     let counted = reason != Reason::Preview;
     let key = state.identity_key().await;
@@ -94,9 +98,10 @@ pub async fn prepare(
     // loaded: nothing of abridge's applies to it.
     let untouchable = request.untouchable().is_some();
     let identified = match (&key, refused || untouchable) {
-        (Some(key), false) => state
-            .cpu()
-            .run_with(&permit, || identify(key, &credentials, &controls, &request)),
+        (Some(key), false) => state.cpu().run_with(&permit, || {
+            let payer = credentials.payer(provider, state.upstream().is_azure());
+            identify(key, (&credentials, &payer), &controls, &request)
+        }),
         _ => None,
     };
     drop(permit);
@@ -123,6 +128,7 @@ pub async fn prepare(
         controls,
         credentials,
         deployment,
+        provider,
         identified,
         loaded,
         note,
@@ -134,7 +140,7 @@ pub async fn prepare(
 /// `None` without a user message.
 fn identify(
     key: &IdentityKey,
-    credentials: &Credentials,
+    (credentials, payer): (&Credentials, &[u8]),
     controls: &Controls,
     request: &Request,
 ) -> Option<Identified> {
@@ -145,5 +151,5 @@ fn identify(
         format: request.format().domain(),
         conversation: explicit.map(str::as_bytes),
     };
-    identity::identify(key, &credentials.tenant(), scope, request.items())
+    identity::identify(key, (&credentials.tenant(), payer), scope, request.items())
 }

@@ -7,8 +7,9 @@
 //!   end), else abridge's own: 16 random hex characters. It is the `request_id` field of
 //!   the request's log span, so every line logged for the request carries it.
 //! - **Upstream**, the request carries `x-request-id: <the request's id>` (the client's
-//!   passes as it came; abridge's own is added, replacing an unusable one), so a provider
-//!   or gateway that logs it can be joined with abridge's logs.
+//!   passes as it came, and only that one value; abridge's own is added, replacing an
+//!   unusable one), so a provider or gateway that logs it can be joined with abridge's
+//!   logs.
 //! - **The response** carries `x-request-id`: the provider's when it sent one — its own
 //!   `x-request-id` (OpenAI, Azure), or Anthropic's `request-id`, copied — since that is
 //!   the id the provider's support asks for; else the request's id (abridge's own
@@ -77,9 +78,12 @@ impl RequestId {
         self.0.to_str().unwrap_or_default()
     }
 
-    /// The request's headers for the upstream: `x-request-id` is this id.
+    /// The request's headers for the upstream: `x-request-id` is this id, once. A
+    /// second value the client sent never passes unchecked (`insert` replaces them all).
     pub fn propagate(&self, headers: &mut HeaderMap) {
-        if headers.get(&X_REQUEST_ID) != Some(&self.0) {
+        let mut sent = headers.get_all(&X_REQUEST_ID).iter();
+        let only_ours = sent.next() == Some(&self.0) && sent.next().is_none();
+        if !only_ours {
             headers.insert(X_REQUEST_ID.clone(), self.0.clone());
         }
     }
@@ -173,6 +177,13 @@ mod tests {
             id.propagate(&mut h);
             assert_eq!(h[&X_REQUEST_ID], id.as_str(), "replaced upstream");
         }
+        // A second value (unchecked: it could be anything) never reaches the upstream.
+        let mut two = headers(&[("x-request-id", "gw-1"), ("x-request-id", "evil\tvalue")]);
+        let id = RequestId::of(&two);
+        assert_eq!(id.as_str(), "gw-1");
+        id.propagate(&mut two);
+        let sent: Vec<_> = two.get_all(&X_REQUEST_ID).iter().collect();
+        assert_eq!(sent, ["gw-1"]);
         let mut none = HeaderMap::new();
         let id = RequestId::of(&none);
         id.propagate(&mut none);

@@ -3,13 +3,15 @@
 //!
 //! - **Connection cap.** At `max_connections` open connections a new one is answered
 //!   at once with a `503` and `Retry-After` and closed, so the process never holds more
-//!   sockets (and their buffers) than that.
+//!   sockets (and their buffers) than that — unless the listener has a [`Reserve`]
+//!   with room: the admin listener keeps a few connections for `/healthz` and
+//!   `/readyz`, so a full cap never makes a liveness probe restart a healthy abridge.
 //! - **In-flight cap.** At `max_inflight` requests whose response has not finished, a
 //!   new request is answered `503` with `Retry-After` in OpenAI's error shape.
-//! - **Deadlines** (on each connection, by [`Deadlines`] around its socket): between
-//!   requests a connection may stay silent for `idle` (keep-alive), and once the first
-//!   byte of a request head has arrived, the whole head must arrive within `header`
-//!   (slowloris); a response the client stops reading is dropped after `idle` without
+//! - **Deadlines** (on each connection, by [`Deadlines`] around its socket): a new
+//!   connection must send its first byte within `header`; between requests a
+//!   connection may stay silent for `idle` (keep-alive), and once the first byte of a
+//!   request head has arrived, the whole head must arrive within `header` (slowloris); a response the client stops reading is dropped after `idle` without
 //!   progress. Request bodies have their own deadline where they are read (see
 //!   `proxy`), so a long generation the client waits for is never cut.
 //! - **Request ids.** Every request gets an id and a log span, and every response an
@@ -57,17 +59,63 @@ pub struct Bounds {
 /// The answer to a connection over the cap: written without waiting, then closed.
 const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 140\r\n\r\n{\"error\":{\"message\":\"abridge is at its connection limit (limits.max_connections); retry shortly\",\"type\":\"server_error\",\"param\":null,\"code\":\"overloaded\"}}";
 
+/// Connections kept apart from the cap for what must answer even when the cap is full
+/// (the admin listener's health and readiness probes): their own router, few of them,
+/// one request each, and a short deadline for it.
+#[derive(Clone)]
+pub struct Reserve {
+    pub router: Router,
+    pub connections: usize,
+}
+
+/// How long a reserve connection may take to send its request head, from its accept.
+/// Probes send theirs at once; a silent connection holds a reserve slot no longer.
+const RESERVE_HEADER: Duration = Duration::from_secs(2);
+
+/// One pool of connections: the router they are served by, their bounds and caps.
+#[derive(Clone)]
+struct Pool {
+    router: Router,
+    bounds: Bounds,
+    connections: Arc<Semaphore>,
+    inflight: Arc<Semaphore>,
+    keep_alive: bool,
+}
+
+impl Pool {
+    fn new(router: Router, bounds: Bounds, keep_alive: bool) -> Self {
+        Self {
+            router,
+            connections: Arc::new(Semaphore::new(bounds.max_connections.max(1))),
+            inflight: Arc::new(Semaphore::new(bounds.max_inflight.max(1))),
+            bounds,
+            keep_alive,
+        }
+    }
+}
+
 /// Serves `router` on `listener` within `bounds` until `stop` changes (or its sender
-/// is dropped), then drains (see the module docs).
+/// is dropped), then drains (see the module docs). Over the connection cap, a
+/// connection is served by `reserve` while it has room, else answered 503.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     bounds: Bounds,
+    reserve: Option<Reserve>,
     mut stop: watch::Receiver<()>,
 ) -> io::Result<()> {
     let graceful = GracefulShutdown::new();
-    let connections = Arc::new(Semaphore::new(bounds.max_connections.max(1)));
-    let inflight = Arc::new(Semaphore::new(bounds.max_inflight.max(1)));
+    let main = Pool::new(router, bounds, true);
+    let reserve = reserve.map(|r| {
+        let header = bounds.header.min(RESERVE_HEADER);
+        let reserved = Bounds {
+            header,
+            idle: header,
+            max_connections: r.connections,
+            max_inflight: r.connections,
+        };
+        Pool::new(r.router, reserved, false)
+    });
     loop {
         let accepted = tokio::select! {
             _ = stop.changed() => break,
@@ -88,7 +136,10 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
+        let admitted = std::iter::once(&main)
+            .chain(&reserve)
+            .find_map(|pool| Some((pool, pool.connections.clone().try_acquire_owned().ok()?)));
+        let Some((pool, permit)) = admitted else {
             // Best effort and without waiting: the socket buffer takes it.
             let _ = tcp.try_write(OVER_CAPACITY);
             continue;
@@ -97,15 +148,15 @@ pub async fn serve(
             tracing::debug!(error = %e, "set_nodelay failed");
         }
         let state = Arc::new(ConnState::default());
-        let io = TokioIo::new(Deadlines::new(tcp, state.clone(), bounds));
+        let io = TokioIo::new(Deadlines::new(tcp, state.clone(), pool.bounds));
         let service = ConnService {
-            router: router.clone(),
+            router: pool.router.clone(),
             peer,
             state,
-            inflight: inflight.clone(),
+            inflight: pool.inflight.clone(),
         };
         let conn = hyper::server::conn::http1::Builder::new()
-            .keep_alive(true)
+            .keep_alive(pool.keep_alive)
             .serve_connection(io, service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -285,15 +336,18 @@ impl Deadlines {
 
     /// Sets the read deadline for the wait at hand, unless it is already set: `idle`
     /// from the start of a wait between requests, `header` from the first byte of a
-    /// head (which then stands until the request is served).
+    /// head (which then stands until the request is served) — and `header` for the
+    /// first byte of a new connection, which has no request to be idle after: a silent
+    /// connection must not hold a place under the cap for the keep-alive time.
     fn arm(&mut self, head: bool) {
         let finished = self.state.finished.load(Ordering::Acquire);
         if self.read_for == Some((finished, true)) || self.read_for == Some((finished, head)) {
             return;
         }
         self.read_for = Some((finished, head));
+        let fresh = finished == 0 && !self.serving();
         let deadline = Instant::now()
-            + if head {
+            + if head || fresh {
                 self.bounds.header
             } else {
                 self.bounds.idle
@@ -359,6 +413,8 @@ impl Deadlines {
             ready!(timer.as_mut().poll(cx));
             let what = if head {
                 "header-read"
+            } else if self.state.finished.load(Ordering::Acquire) == 0 {
+                "first-byte"
             } else {
                 "keep-alive idle"
             };

@@ -67,13 +67,20 @@ pub async fn run(
         listeners.proxy,
         router(state.clone()),
         proxy_bounds,
+        None,
         stopped.clone(),
     );
     let mut workers = state.compactor().start_background(stopped.clone());
+    // Health and readiness answer even when the admin cap is full (see `serve`).
+    let probes = serve::Reserve {
+        router: admin::probes(state.clone()),
+        connections: admin::PROBE_CONNECTIONS,
+    };
     let admin = serve::serve(
         listeners.admin,
         admin::router(state.clone()),
         admin_bounds,
+        Some(probes),
         stopped,
     );
     let servers = async move { tokio::try_join!(proxy, admin).map(|_| ()) };

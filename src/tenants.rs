@@ -2,19 +2,26 @@
 //! credential itself): whether the provider has accepted it, and how many summaries it
 //! asked for lately.
 //!
+//! The tenant here is the credential the route's provider authenticates (the *payer*,
+//! see `headers::Credentials::payer`), not every credential header a request carries:
+//! a header the provider ignores must not make a fresh tenant with a fresh budget.
+//!
 //! - **Accepted.** A summary costs the operator money when `summary.upstream` is set (it
 //!   is called with the operator's key), and even on the main upstream a request must
 //!   not be able to start summaries for a credential the provider would refuse. So a
 //!   tenant's summaries are asked for only once the provider has answered one of its
-//!   requests with a 2xx. That is remembered in the store (shared by replicas, with the
-//!   store's TTL) and in a bounded in-process cache, so the check costs a store read at
-//!   most once per tenant and process; until then, summarising strategies use `recency`
-//!   and say why.
+//!   requests with a 2xx. That is remembered in the store (shared by replicas) for
+//!   [`ACCEPTED_TTL`] after the last 2xx, and trusted in-process for [`TRUSTED_FOR`]
+//!   (then the store is asked again). A 401 or 403 from the provider for the credential
+//!   — on a request or on a summary call made with it — clears both at once: a revoked
+//!   key spends at most the summary that was already under way when it was revoked.
+//!   Until accepted, summarising strategies use `recency` and say why.
 //! - **Rate.** At most `summary.max_per_tenant_per_minute` summaries per tenant and
 //!   process (a token bucket); beyond it, `recency` (and a note) until the bucket
 //!   refills.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -24,8 +31,13 @@ use crate::store::Store;
 /// Tenants remembered per process, for each of the two maps (bounded: a flood of new
 /// credentials evicts the oldest, which only costs a store read or a fresh bucket).
 const MAX_TENANTS: usize = 100_000;
-/// How long an in-process "accepted" is trusted before the store is asked again.
-const ACCEPTED_FOR: Duration = Duration::from_secs(3600);
+/// How long the store remembers an "accepted" after the last 2xx.
+pub const ACCEPTED_TTL: Duration = Duration::from_secs(3600);
+/// How long an in-process "accepted" is trusted before the store is asked again (so a
+/// refusal another replica saw is heeded within this).
+pub const TRUSTED_FOR: Duration = Duration::from_secs(60);
+/// A 2xx refreshes the store's mark at most this often per tenant and process.
+const REFRESH_EVERY: Duration = Duration::from_secs(30);
 
 pub struct Tenants {
     store: Store,
@@ -76,32 +88,55 @@ impl Tenants {
             let mut accepted = lock(&self.accepted);
             if accepted
                 .get(&tenant)
-                .is_some_and(|since| now.duration_since(*since) < ACCEPTED_FOR)
+                .is_some_and(|since| now.duration_since(*since) < REFRESH_EVERY)
             {
                 return;
             }
             bounded_insert(&mut accepted, tenant, now, |since| *since);
         }
-        let store = self.store.clone();
+        self.in_background(async move |store: Store| {
+            // Failures are counted and logged by the store; the next 2xx tries again.
+            let _ = store.accept_tenant(&tenant, ACCEPTED_TTL).await;
+        });
+    }
+
+    /// The provider refused `tenant`'s credential (401 or 403): no more summaries for it
+    /// until a 2xx, on any replica.
+    pub fn refused(&self, tenant: Fingerprint) {
+        let known = lock(&self.accepted).remove(&tenant).is_some();
+        if known {
+            tracing::info!("the provider refused a credential it had accepted: its summaries stop");
+        }
+        self.in_background(async move |store: Store| {
+            let _ = store.reject_tenant(&tenant).await;
+        });
+    }
+
+    /// Runs a store write without making the request wait for it.
+    fn in_background<F>(&self, write: impl FnOnce(Store) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                // Failures are counted and logged by the store; the next 2xx tries again.
-                let _ = store.accept_tenant(&tenant).await;
-            });
+            runtime.spawn(write(self.store.clone()));
         }
     }
 
     /// Whether `tenant` may have a summary now: accepted by the provider and within its
     /// rate. Takes one summary from its budget when it may.
     pub async fn may_summarise(&self, tenant: Fingerprint) -> Result<(), Refusal> {
-        let known = lock(&self.accepted).contains_key(&tenant);
-        if !known {
+        let now = Instant::now();
+        let trusted = lock(&self.accepted)
+            .get(&tenant)
+            .is_some_and(|since| now.duration_since(*since) < TRUSTED_FOR);
+        if !trusted {
             match self.store.tenant_accepted(&tenant).await {
-                Ok(true) => {
-                    bounded_insert(&mut lock(&self.accepted), tenant, Instant::now(), |s| *s)
-                }
+                Ok(true) => bounded_insert(&mut lock(&self.accepted), tenant, now, |s| *s),
                 // Not accepted, or the store cannot say: no spending on its word.
-                _ => return Err(Refusal::NotAccepted),
+                _ => {
+                    lock(&self.accepted).remove(&tenant);
+                    return Err(Refusal::NotAccepted);
+                }
             }
         }
         self.take_token(tenant)

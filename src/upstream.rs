@@ -4,7 +4,12 @@
 //!
 //! The target is fixed by configuration: a client's path is appended to the base path (or,
 //! for Azure's classic `/openai/…` paths, to the base's classic root: see [`crate::azure`])
-//! and nothing in a request can change scheme, host or port.
+//! and nothing in a request can change scheme, host or port. Which of the two bases is
+//! decided by whose API the request speaks ([`Provider`]): with `anthropic_upstream`
+//! set, a request in Anthropic's credential style (`x-api-key`, `anthropic-version`)
+//! goes there whatever its path — `/v1/models`, `/v1/files`, `/v1/complete` alike — and
+//! so does every `/v1/messages…` path; an Anthropic key never reaches the other
+//! provider.
 
 use std::time::Duration;
 
@@ -20,6 +25,7 @@ use hyper_util::rt::TokioExecutor;
 use crate::azure::{self, Mapped};
 use crate::config::{Config, UpstreamBase};
 use crate::error::{Error, Shape};
+use crate::headers::{self, Provider};
 
 /// Path prefix clients use; the rest of their path is appended to the upstream base.
 pub const API_PREFIX: &str = "/v1";
@@ -89,17 +95,43 @@ impl Upstream {
         build(&self.base, format!("{root}{path}"))
     }
 
-    /// The upstream URI for a client request URI: `/v1/<rest>?<query>` (or Azure's
-    /// `/openai/v1/<rest>`) becomes `<base>/<rest>?<query>`, and Azure's classic
+    /// Whether the main upstream is an Azure v1 base (its credential is `api-key`).
+    pub fn is_azure(&self) -> bool {
+        azure::classic_root(&self.base.path).is_some()
+    }
+
+    /// Whose API a request speaks: Anthropic's on its routes (`/v1/messages…`) or in its
+    /// credential style, else the main upstream's.
+    pub fn provider_of(path: &str, request: &http::HeaderMap) -> Provider {
+        if Shape::for_path(path) == Shape::Anthropic || headers::anthropic_style(request) {
+            Provider::Anthropic
+        } else {
+            Provider::Main
+        }
+    }
+
+    /// Where a client request goes (see the module docs) and whose API it speaks.
+    pub fn route(
+        &self,
+        method: &http::Method,
+        uri: &Uri,
+        request: &http::HeaderMap,
+    ) -> Result<(Uri, Provider), Error> {
+        let provider = Self::provider_of(uri.path(), request);
+        let base = match (&self.anthropic, provider) {
+            (Some(anthropic), Provider::Anthropic) => anthropic,
+            _ => &self.base,
+        };
+        Ok((self.uri_on(base, method, uri)?, provider))
+    }
+
+    /// The upstream URI on `base` for a client request URI: `/v1/<rest>?<query>` (or
+    /// Azure's `/openai/v1/<rest>`) becomes `<base>/<rest>?<query>`, and Azure's classic
     /// `/openai/<rest>` becomes `<classic root>/<rest>?<query>` (see [`crate::azure`]).
     /// Other paths are unknown (404); segments that could climb out of the base path or
     /// be read differently upstream are refused (400; see [`is_unsafe_segment`]).
-    pub fn uri_for(&self, method: &http::Method, uri: &Uri) -> Result<Uri, Error> {
+    fn uri_on(&self, base: &UpstreamBase, method: &http::Method, uri: &Uri) -> Result<Uri, Error> {
         let path = uri.path();
-        let base = match &self.anthropic {
-            Some(anthropic) if Shape::for_path(path) == Shape::Anthropic => anthropic,
-            _ => &self.base,
-        };
         let (root, rest) = match azure::map(path) {
             Mapped::Base(rest) => (base.path.as_str(), rest),
             Mapped::Classic(rest) => match azure::classic_root(&base.path) {
@@ -118,7 +150,7 @@ impl Upstream {
                 });
             }
         };
-        if rest.split('/').any(is_unsafe_segment) {
+        if !is_safe_rest(rest) {
             return Err(Error::BadPath);
         }
         let mut target =
@@ -158,11 +190,27 @@ fn build(base: &UpstreamBase, path_and_query: String) -> Result<Uri, Error> {
         .map_err(|e| Error::Internal(format!("building upstream URI: {e}")))
 }
 
+/// Whether the part of a path appended to the base is safe to send: no segment is
+/// unsafe (see [`is_unsafe_segment`]) and none is empty but a trailing one (`a//b` is
+/// read as `a/b` by some servers and as a different resource by others).
+fn is_safe_rest(rest: &str) -> bool {
+    let mut segments = rest.split('/').skip(1).peekable();
+    while let Some(segment) = segments.next() {
+        let last = segments.peek().is_none();
+        if (segment.is_empty() && !last) || is_unsafe_segment(segment) {
+            return false;
+        }
+    }
+    true
+}
+
 /// Whether a path segment could climb out of the base path or be read differently by
 /// the upstream than by abridge: `.`/`..` once percent-decoded (`%2e%2e`), a segment
 /// holding an encoded `/` or `\` (`..%2f`, `%5c`), a raw backslash, a `;` parameter
-/// (`..;` reaches the parent on servlet-style servers), an encoded NUL, or an escape
-/// that is not two hex digits. An ordinary segment costs one scan and no allocation.
+/// (`..;` reaches the parent on servlet-style servers), an encoded NUL, an escape that
+/// is not two hex digits, or one that decodes to another escape (`%252e`: a server or
+/// gateway that decodes twice reads `.`). An ordinary segment costs one scan and no
+/// allocation.
 fn is_unsafe_segment(segment: &str) -> bool {
     let bytes = segment.as_bytes();
     if !bytes
@@ -193,8 +241,12 @@ fn is_unsafe_segment(segment: &str) -> bool {
             i += 1;
         }
     }
+    let escape_left = decoded
+        .windows(3)
+        .any(|w| w[0] == b'%' && w[1].is_ascii_hexdigit() && w[2].is_ascii_hexdigit());
     decoded == b"."
         || decoded == b".."
+        || escape_left
         || decoded.iter().any(|b| matches!(b, b'/' | b'\\' | b';' | 0))
 }
 
@@ -229,8 +281,12 @@ mod tests {
 
     fn target(base: &str, uri: &str) -> Result<String, Error> {
         upstream(base)
-            .uri_for(&Method::POST, &uri.parse().unwrap())
-            .map(|u| u.to_string())
+            .route(
+                &Method::POST,
+                &uri.parse().unwrap(),
+                &http::HeaderMap::new(),
+            )
+            .map(|(u, _)| u.to_string())
     }
 
     #[test]
@@ -241,12 +297,59 @@ mod tests {
             ..Config::default()
         };
         let upstream = Upstream::new(&config).unwrap();
-        let target = |uri: &str| {
+        let target_with = |uri: &str, pairs: &[(&'static str, &'static str)]| {
+            let mut headers = http::HeaderMap::new();
+            for (k, v) in pairs {
+                headers.insert(*k, http::HeaderValue::from_static(v));
+            }
             upstream
-                .uri_for(&Method::POST, &uri.parse().unwrap())
-                .unwrap()
-                .to_string()
+                .route(&Method::POST, &uri.parse().unwrap(), &headers)
+                .map(|(u, p)| (u.to_string(), p))
         };
+        let target = |uri: &str| target_with(uri, &[]).unwrap().0;
+        // Anthropic's credential style goes to Anthropic whatever the path: its key never
+        // reaches the other provider.
+        for (uri, pairs) in [
+            ("/v1/models", &[("x-api-key", "sk-ant")][..]),
+            ("/v1/models/claude-x", &[("x-api-key", "sk-ant")]),
+            ("/v1/files", &[("x-api-key", "sk-ant")]),
+            ("/v1/complete", &[("x-api-key", "sk-ant")]),
+            ("/v1/%6dessages", &[("x-api-key", "sk-ant")]),
+            ("/v1/chat/completions", &[("x-api-key", "sk-ant")]),
+            (
+                "/v1/models",
+                &[
+                    ("authorization", "Bearer oat"),
+                    ("anthropic-version", "2023-06-01"),
+                ],
+            ),
+        ] {
+            let (to, provider) = target_with(uri, pairs).unwrap();
+            assert!(
+                to.starts_with("https://api.anthropic.com/v1/"),
+                "{uri}: {to}"
+            );
+            assert_eq!(provider, Provider::Anthropic);
+        }
+        assert!(matches!(
+            target_with("/v1//messages", &[("x-api-key", "k")]),
+            Err(Error::BadPath)
+        ));
+        // Azure's classic paths are not Anthropic's: refused rather than sent.
+        assert!(
+            target_with(
+                "/openai/deployments/d/chat/completions",
+                &[("x-api-key", "k")]
+            )
+            .is_err()
+        );
+        assert_eq!(
+            target_with("/v1/models", &[("authorization", "Bearer sk")]).unwrap(),
+            (
+                "https://api.openai.com/v1/models".to_owned(),
+                Provider::Main
+            )
+        );
         assert_eq!(
             target("/v1/messages?beta=true"),
             "https://api.anthropic.com/v1/messages?beta=true"
@@ -393,10 +496,22 @@ mod tests {
         ] {
             assert!(target("https://a/v1", good).is_ok(), "{good}");
         }
-        // The authority never changes, whatever the path looks like.
-        assert_eq!(
-            target("https://a/v1", "/v1//evil.example/x").unwrap(),
-            "https://a/v1//evil.example/x"
-        );
+        // Double encodings and empty segments are refused; a trailing slash is not.
+        for bad in [
+            "/v1/%252e%252e/admin",
+            "/v1/%252E",
+            "/v1/files/%25%32%65",
+            "/v1//messages",
+            "/v1//evil.example/x",
+            "/v1/models//x",
+        ] {
+            assert!(
+                matches!(target("https://a/v1", bad), Err(Error::BadPath)),
+                "{bad}"
+            );
+        }
+        for good in ["/v1/models/", "/v1/files/100%25", "/v1/a%25zz"] {
+            assert!(target("https://a/v1", good).is_ok(), "{good}");
+        }
     }
 }

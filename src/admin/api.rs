@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::admin_error;
 use crate::AppState;
 use crate::identity::Fingerprint;
-use crate::store::{Checkpoint, now_ms};
+use crate::store::{Checkpoint, Piece, now_ms};
 
 /// Conversations used within this window count as active.
 const ACTIVE_WINDOW_MS: u64 = 3600 * 1000;
@@ -107,12 +107,16 @@ fn store_error(e: &crate::store::StoreError) -> Response {
     )
 }
 
-/// A checkpoint as the admin API shows it: what it covers, how big, and its text.
+/// A checkpoint as the admin API shows it: what it covers, how big, and its text — what
+/// abridge wrote; a client message it kept unchanged is shown by its index only (the
+/// store does not hold client text it forwards as it came).
 fn checkpoint_json(c: &Checkpoint) -> Value {
     let replacement: Vec<Value> = c
-        .replacement
-        .iter()
-        .map(|r| serde_json::from_str(r.get()).unwrap_or(Value::Null))
+        .pieces()
+        .map(|piece| match piece {
+            Piece::Stored(raw) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
+            Piece::Kept(k) => json!({"kept_message": k}),
+        })
         .collect();
     json!({
         "through": c.through,

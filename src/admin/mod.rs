@@ -1,6 +1,8 @@
 //! The admin listener: its own address (loopback by default), never the proxy port.
 //!
-//! - `GET /healthz` — alive (no auth).
+//! - `GET /healthz` — alive (no auth). It and `/readyz` answer even when the listener
+//!   is at `limits.admin_max_connections`: [`PROBE_CONNECTIONS`] more connections are
+//!   kept for them alone (one request each, sent within 2 s of connecting).
 //! - `GET /readyz` — 200 while the store answers; 503 when it does not (the proxy keeps
 //!   serving: fail-open) (no auth; the store's error text only with the admin token).
 //! - `GET /metrics` — Prometheus/OpenMetrics text, every metric `abridge_*` (no auth:
@@ -11,7 +13,8 @@
 //!   framing or sniffing.
 //! - `/admin/*` — `Authorization: Bearer <admin.token>` (constant-time compare); wrong or
 //!   missing → 401; more than `admin.auth_failures_per_minute` wrong tokens from one
-//!   address → 429 for the rest of that minute; no token configured → 403 saying how:
+//!   address → 429 for its further wrong tokens for the rest of that minute (the right
+//!   token is never refused); no token configured → 403 saying how:
 //!   `GET stats`, `GET compactions`, `GET conversations`, `GET|DELETE conversations/{id}`,
 //!   `POST conversations/{id}/compact`, `POST preview`.
 //!
@@ -77,9 +80,24 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Connections the admin listener keeps beyond `limits.admin_max_connections` for
+/// health and readiness probes alone.
+pub const PROBE_CONNECTIONS: usize = 8;
+
+/// What the admin listener's reserved connections serve: `/healthz` and `/readyz`, and
+/// for anything else the 503 a connection over the cap gets.
+pub fn probes(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { Error::Overloaded("limits.admin_max_connections") })
+        .with_state(state)
+}
+
 /// `/admin/*` needs `Authorization: Bearer <admin.token>`. A client address that
-/// presents more than `admin.auth_failures_per_minute` wrong tokens is answered 429
-/// (right tokens included) until its minute is over.
+/// presents more than `admin.auth_failures_per_minute` wrong tokens is answered 429 for
+/// every further wrong (or missing) token until its minute is over; the right token is
+/// always let in.
 async fn authorize(
     State(admin): State<Admin>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -93,6 +111,15 @@ async fn authorize(
             "admin_disabled",
         );
     };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    // The right token is never refused: the limit is for guessing, and anyone behind
+    // the same address (an ingress, a NAT) could otherwise lock the operator out.
+    if presented.is_some_and(|p| token.matches(p)) {
+        return next.run(request).await;
+    }
     if admin.failures.locked(peer.ip()) {
         let mut response = admin_error(
             StatusCode::TOO_MANY_REQUESTS,
@@ -104,27 +131,20 @@ async fn authorize(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
         return response;
     }
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-    if !presented.is_some_and(|p| token.matches(p)) {
-        // Only a token that was presented and is wrong counts towards the limit.
-        if presented.is_some() {
-            admin.failures.failed(peer.ip());
-            tracing::warn!(%peer, "wrong admin token");
-        }
-        let mut response = admin_error(
-            StatusCode::UNAUTHORIZED,
-            "Missing or wrong admin token (Authorization: Bearer <admin.token>).",
-            "unauthorized",
-        );
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return response;
+    // Only a token that was presented and is wrong counts towards the limit.
+    if presented.is_some() {
+        admin.failures.failed(peer.ip());
+        tracing::warn!(%peer, "wrong admin token");
     }
-    next.run(request).await
+    let mut response = admin_error(
+        StatusCode::UNAUTHORIZED,
+        "Missing or wrong admin token (Authorization: Bearer <admin.token>).",
+        "unauthorized",
+    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
 }
 
 /// Whether a request carries the right admin token (for what anyone may ask but only

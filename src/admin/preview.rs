@@ -103,13 +103,19 @@ pub(super) async fn preview(State(state): State<AppState>, body: Bytes) -> Respo
         &headers,
         state.config().identity.tenant_headers.iter().map(|h| &h.0),
     );
-    let format = preview.format.into();
+    let format: Format = preview.format.into();
+    // Whose API it speaks, as if it had come to the format's own route.
+    let route = match format {
+        Format::Messages => "/v1/messages",
+        Format::Chat | Format::Responses => "/v1/chat/completions",
+    };
+    let provider = crate::upstream::Upstream::provider_of(route, &headers);
     let prepared = match prepare(
         &state,
         Reason::Preview,
         (controls, credentials),
         (format, bytes),
-        None,
+        (None, provider),
     )
     .await
     {

@@ -141,7 +141,8 @@ impl Compactor {
             model,
             deployment: job.deployment.as_ref(),
             credentials: &job.credentials,
-            tenant: Some(job.tenant),
+            provider: job.provider,
+            payer: Some(job.payer),
         };
         let Some(attempt) = self.job_attempt(&turn, &job).await else {
             return;

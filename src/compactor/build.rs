@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use crate::identity::Fingerprint;
 use crate::outcome::Trigger;
-use crate::store::{Checkpoint, Lock, Saved, Store, now_ms};
-use crate::strategies::{self, CannotCompact, Input, Plan, Previous, Strategy, SummaryError};
+use crate::store::{Checkpoint, Kept, Lock, Saved, Store, now_ms};
+use crate::strategies::{
+    self, CannotCompact, Input, Origin, Plan, Previous, Strategy, SummaryError,
+};
 use crate::tokens::Estimator;
 
 use super::Compactor;
@@ -210,6 +212,7 @@ impl Compactor {
                 head: c.head as usize,
                 through: c.through as usize,
                 replacement: &c.replacement,
+                kept: &c.kept,
                 summary: c.summary.as_deref(),
             }),
             focus: attempt.focus,
@@ -235,10 +238,10 @@ impl Compactor {
         turn: &Turn<'_, '_>,
         request: strategies::SummaryRequest,
     ) -> Result<String, SummaryError> {
-        let Some(tenant) = turn.tenant else {
+        let Some(payer) = turn.payer else {
             return Err(SummaryError::NotAttempted("the request has no tenant"));
         };
-        if let Err(refusal) = self.tenants.may_summarise(tenant).await {
+        if let Err(refusal) = self.tenants.may_summarise(payer).await {
             self.stats.summary_refused();
             return Err(SummaryError::NotAttempted(refusal.reason()));
         }
@@ -247,11 +250,19 @@ impl Compactor {
         let result = self
             .summariser
             .summarise(
-                (turn.credentials, turn.format, turn.deployment),
+                (turn.credentials, turn.provider, turn.deployment),
                 turn.model,
                 &request,
             )
             .await;
+        // The provider refused the client's own credential on the summary call.
+        if let Err(SummaryFailure::Status {
+            status: 401 | 403, ..
+        }) = &result
+            && self.summariser.uses_client_credentials()
+        {
+            self.tenants.refused(payer);
+        }
         if let Err(failure) = &result {
             self.stats.summary_failure();
             tracing::warn!(conversation = ?turn.conversation, error = %failure, "summary failed; recency used");
@@ -361,15 +372,30 @@ impl Compactor {
     }
 }
 
+/// The checkpoint of a plan: what abridge wrote, stored; the client's messages it kept
+/// verbatim, by reference.
 fn checkpoint_of(plan: &Plan, prefixes: &[Fingerprint]) -> Result<Checkpoint, CannotCompact> {
     let prefix = *prefixes
         .get(plan.through)
         .ok_or(CannotCompact::NothingToReplace)?;
+    let index = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let mut replacement = Vec::with_capacity(plan.replacement.len());
+    let mut kept = Vec::new();
+    for (at, (raw, origin)) in plan.replacement.iter().zip(&plan.origin).enumerate() {
+        match origin {
+            Origin::Verbatim(k) => kept.push(Kept {
+                at: index(at),
+                of: index(*k),
+            }),
+            Origin::Authored | Origin::Digest(_) => replacement.push(raw.clone()),
+        }
+    }
     Ok(Checkpoint {
-        through: u32::try_from(plan.through).unwrap_or(u32::MAX),
+        through: index(plan.through),
         prefix,
-        head: u32::try_from(plan.head).unwrap_or(u32::MAX),
-        replacement: plan.replacement.clone(),
+        head: index(plan.head),
+        replacement,
+        kept,
         summary: plan.summary.clone(),
         strategy: plan.strategy,
         fallback: plan

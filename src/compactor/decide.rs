@@ -21,7 +21,7 @@ use crate::controls::Compact;
 use crate::conversation::{Item, Role};
 use crate::formats::Format;
 use crate::outcome::Trigger;
-use crate::store::{Checkpoint, Usage};
+use crate::store::{Checkpoint, Piece, Usage};
 use crate::tokens::Estimator;
 
 use super::turn::{Reason, Turn};
@@ -238,10 +238,11 @@ pub fn forwarded_estimate(
     };
     let (head, through) = (c.head as usize, c.through as usize);
     let replaced: u64 = c
-        .replacement
-        .iter()
-        .filter_map(|raw| format.item(raw))
-        .map(|m| estimator.message(&m))
+        .pieces()
+        .map(|piece| match piece {
+            Piece::Stored(raw) => format.item(raw).map_or(0, |m| estimator.message(&m)),
+            Piece::Kept(k) => messages.get(k).map_or(0, |m| estimator.message(m)),
+        })
         .sum();
     let kept: u64 = messages
         .iter()
@@ -334,6 +335,7 @@ pub fn applicable(c: &Checkpoint, messages: &[Item<'_>]) -> bool {
     let (head, through) = (c.head as usize, c.through as usize);
     let last_user = messages.iter().rposition(|m| m.role == Role::User);
     head <= through + 1
+        && c.kept_consistent()
         && last_user.is_some_and(|u| through < u)
         && messages
             .get(through + 1)

@@ -34,7 +34,7 @@ use crate::models;
 use crate::offload::Offload;
 use crate::outcome::Uncompactable;
 use crate::stats::Stats;
-use crate::store::{Checkpoint, Store};
+use crate::store::{Checkpoint, Piece, Store};
 use crate::strategies::{CannotCompact, Settings, Strategy};
 use crate::tenants::Tenants;
 
@@ -319,15 +319,20 @@ impl Compactor {
     }
 }
 
-/// The forwarded messages of `messages` with `checkpoint` applied.
+/// The forwarded messages of `messages` with `checkpoint` applied (its kept messages
+/// are the client's own, from `messages`).
 pub fn forwarded<'r>(
     messages: &'r [crate::conversation::Item<'r>],
     checkpoint: &'r Checkpoint,
 ) -> Vec<&'r serde_json::value::RawValue> {
+    let replacement = checkpoint.pieces().filter_map(|piece| match piece {
+        Piece::Stored(raw) => Some(raw),
+        Piece::Kept(k) => messages.get(k).map(|m| m.raw),
+    });
     crate::strategies::splice(
         messages,
         checkpoint.head as usize,
         checkpoint.through as usize,
-        checkpoint.replacement.iter().map(|r| &**r),
+        replacement,
     )
 }

@@ -3,8 +3,9 @@
 //!
 //! By default it calls the same upstream with the client's own credentials and the
 //! request's model (so it needs no configuration and bills the same account): for a
-//! conversation on Anthropic's route, that is `anthropic_upstream` when it is set, so a
-//! client's credential only ever goes to the provider it was meant for; for a
+//! request that speaks Anthropic's API (its route or its credential style, see
+//! `upstream`), that is `anthropic_upstream` when it is set, so a client's credential
+//! only ever goes to the provider it was meant for; for a
 //! conversation on Azure's classic deployment path, that is the same deployment (or the
 //! deployment `summary.model` names) with the request's `api-version`, so the summary is
 //! asked in the form the client's own request was. The client's credential headers go
@@ -28,8 +29,7 @@ use serde::Deserialize;
 use super::params::{Learned, Params};
 use crate::azure::Deployment;
 use crate::config::SummaryConfig;
-use crate::formats::Format;
-use crate::headers::Credentials;
+use crate::headers::{Credentials, Provider};
 use crate::secret::Secret;
 use crate::strategies::{SummaryError, SummaryRequest};
 use crate::upstream::Upstream;
@@ -102,6 +102,13 @@ impl Summariser {
         }
     }
 
+    /// Whether summaries are asked with the client's own credentials (no separate
+    /// summary provider): then the provider's refusal of a summary is its refusal of
+    /// the client's credential.
+    pub fn uses_client_credentials(&self) -> bool {
+        self.separate.is_none()
+    }
+
     /// The model a summary for a request of `request_model` uses.
     pub fn model_for<'a>(&'a self, request_model: &'a str) -> &'a str {
         if self.model.is_empty() {
@@ -112,18 +119,18 @@ impl Summariser {
     }
 
     /// Asks for a summary. `client` are the credentials of the request being compacted
-    /// (used only with the main upstream, or the Anthropic one for a conversation of
-    /// that `format`); `deployment`, the Azure deployment its path named. A 400 that
-    /// names a parameter the model does not accept is retried once in the other form
-    /// (per parameter), and the model's form is remembered.
+    /// (used only with the main upstream, or the Anthropic one for a request that speaks
+    /// that `provider`'s API); `deployment`, the Azure deployment its path named. A 400
+    /// that names a parameter the model does not accept is retried once in the other
+    /// form (per parameter), and the model's form is remembered.
     pub async fn summarise(
         &self,
-        (client, format, deployment): (&Credentials, Format, Option<&Deployment>),
+        (client, provider, deployment): (&Credentials, Provider, Option<&Deployment>),
         request_model: &str,
         call: &SummaryRequest,
     ) -> Result<String, SummaryFailure> {
-        let upstream = match (&self.anthropic, format) {
-            (Some(anthropic), Format::Messages) => anthropic,
+        let upstream = match (&self.anthropic, provider) {
+            (Some(anthropic), Provider::Anthropic) => anthropic,
             _ => &self.upstream,
         };
         let model = self.model_for(request_model);

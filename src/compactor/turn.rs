@@ -8,7 +8,7 @@ use crate::azure::Deployment;
 use crate::controls::{Controls, Report};
 use crate::conversation::Item;
 use crate::formats::{self, Format};
-use crate::headers::Credentials;
+use crate::headers::{Credentials, Provider};
 use crate::identity::Fingerprint;
 use crate::ingress::Held;
 use crate::store::{Checkpoint, Loaded};
@@ -30,9 +30,11 @@ pub struct Turn<'t, 'a> {
     pub deployment: Option<&'t Deployment>,
     /// The client's credentials (for the summariser on the main upstream).
     pub credentials: &'t Credentials,
-    /// The tenant's id (`None`: not identified); summaries are asked for only for a
-    /// tenant the provider has accepted (see [`crate::tenants`]).
-    pub tenant: Option<Fingerprint>,
+    /// Whose API the request speaks: where its summaries go.
+    pub provider: Provider,
+    /// The payer's id (`None`: not identified); summaries are asked for only for a
+    /// payer the provider has accepted (see [`crate::tenants`]).
+    pub payer: Option<Fingerprint>,
     /// Bytes of the request body: how heavy its estimates and compaction are.
     pub size: usize,
     /// The wire format the request came in.
@@ -110,7 +112,8 @@ pub struct Followup {
     pub prefixes: Vec<Fingerprint>,
     pub credentials: Credentials,
     pub deployment: Option<Deployment>,
-    pub tenant: Fingerprint,
+    pub provider: Provider,
+    pub payer: Fingerprint,
     /// The body's share of `limits.max_inflight_body_bytes`, kept while a background
     /// job holds the body.
     pub held: Option<Held>,

@@ -163,6 +163,14 @@ impl Config {
                     ),
                 ));
             }
+            if let Some(why) = weak_token(token) {
+                return Err((
+                    "admin.token",
+                    format!(
+                        "is too easy to guess ({why}); use a long random string (e.g. `openssl rand -hex 32`)"
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -244,6 +252,59 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Bits a token of random characters of its classes (lower, upper, digits, other)
+/// would carry at least; a token a person typed carries less, so the bar is high.
+const MIN_TOKEN_BITS: f64 = 64.0;
+
+/// Why an admin token of the right length is still easy to guess, if it is: few
+/// distinct characters (`aaaaaaaaaaaaaaaa`, `passwordpassword`), a run of neighbours
+/// (`0123456789abcdef`, `qwertyuiop…` is not caught: no dictionary here), a repeated
+/// pattern, or too few bits for its length and character classes.
+pub(super) fn weak_token(token: &str) -> Option<&'static str> {
+    let bytes = token.as_bytes();
+    let mut distinct = bytes.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() < 8 {
+        return Some("fewer than 8 distinct characters");
+    }
+    // Steps of 0 or ±1 between neighbours: `aaaa`, `abcd`, `9876`.
+    let steps = bytes
+        .windows(2)
+        .filter(|w| w[0].abs_diff(w[1]) <= 1)
+        .count();
+    if steps * 2 > bytes.len().saturating_sub(1) {
+        return Some("mostly a run of neighbouring characters");
+    }
+    if (1..=bytes.len() / 2).any(|p| bytes.len() % p == 0 && bytes[p..] == bytes[..bytes.len() - p])
+    {
+        return Some("a repeated pattern");
+    }
+    // The size of each character class the token uses: lower, upper, digits, other.
+    let class = |b: u8| match b {
+        b'a'..=b'z' => 0,
+        b'A'..=b'Z' => 1,
+        b'0'..=b'9' => 2,
+        _ => 3,
+    };
+    let mut used = [false; 4];
+    for &b in bytes {
+        used[class(b)] = true;
+    }
+    let alphabet: f64 = [26.0, 26.0, 10.0, 33.0]
+        .iter()
+        .zip(used)
+        .filter_map(|(size, used)| used.then_some(size))
+        .sum();
+    // A character cannot carry more than its class allows, nor more than the token's
+    // own variety shows.
+    let per_char = alphabet.min(distinct.len() as f64 * 2.0).log2();
+    if per_char * (bytes.len() as f64) < MIN_TOKEN_BITS {
+        return Some("too few bits for its length and characters");
+    }
+    None
 }
 
 /// Converts an environment value (text) to the TOML type of the key it sets. Keys the

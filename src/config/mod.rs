@@ -284,12 +284,13 @@ impl Default for SentinelConfig {
 pub struct AdminConfig {
     /// Address of the admin listener (health, readiness, metrics, admin API). Keep it private.
     pub listen: SocketAddr,
-    /// Bearer token for `/admin/*` (at least 16 characters). Unset means the admin API
-    /// answers 403.
+    /// Bearer token for `/admin/*` (at least 16 characters, and not easy to guess: see
+    /// `load::weak_token`). Unset means the admin API answers 403.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<Secret>,
     /// Wrong admin tokens one client address may present per minute; beyond it, its
-    /// admin requests are answered 429 until the minute is over.
+    /// further wrong tokens are answered 429 until the minute is over (the right token
+    /// is always let in).
     pub auth_failures_per_minute: u32,
 }
 
@@ -314,6 +315,12 @@ pub struct Timeouts {
     /// A request body abridge reads whole must arrive within this; a body streamed
     /// through may pause this long between two chunks.
     pub client_body_ms: u64,
+    /// A body streamed through (an upload to `/v1/files`, …) must arrive whole within
+    /// this, however steadily it trickles.
+    pub passthrough_body_ms: u64,
+    /// A response stream abridge relays lasts at most this long, then it is cut as an
+    /// upstream error (0: no limit; `stream_idle_ms` still cuts a silent one).
+    pub max_stream_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -420,6 +427,8 @@ impl Default for Timeouts {
             client_header_ms: 15_000,
             client_idle_ms: 75_000,
             client_body_ms: 60_000,
+            passthrough_body_ms: 900_000,
+            max_stream_ms: 0,
         }
     }
 }
@@ -445,6 +454,13 @@ impl Timeouts {
     }
     pub fn client_body(&self) -> Duration {
         Duration::from_millis(self.client_body_ms)
+    }
+    pub fn passthrough_body(&self) -> Duration {
+        Duration::from_millis(self.passthrough_body_ms)
+    }
+    /// `None`: streams are not limited in length.
+    pub fn max_stream(&self) -> Option<Duration> {
+        (self.max_stream_ms > 0).then(|| Duration::from_millis(self.max_stream_ms))
     }
 }
 

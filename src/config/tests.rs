@@ -105,7 +105,7 @@ fn environment_overrides_file_and_keeps_strings_exact() {
         "listen = \"127.0.0.1:1\"\n[admin]\ntoken = \"from-the-file-0123\"\n",
         &[
             ("ABRIDGE_LISTEN", "0.0.0.0:8081"),
-            ("ABRIDGE_ADMIN__TOKEN", "0070070070070070"),
+            ("ABRIDGE_ADMIN__TOKEN", "48173062591384072695"),
             ("ABRIDGE_TIMEOUTS__CONNECT_MS", "250"),
             ("ABRIDGE_LOG__ANSI", "true"),
             ("OTHER_VAR", "ignored"),
@@ -115,7 +115,7 @@ fn environment_overrides_file_and_keeps_strings_exact() {
     assert_eq!(config.listen, "0.0.0.0:8081".parse().unwrap());
     assert_eq!(
         config.admin.token.as_ref().map(Secret::expose),
-        Some("0070070070070070")
+        Some("48173062591384072695")
     );
     assert_eq!(config.timeouts.connect_ms, 250);
     assert!(config.log.ansi);
@@ -244,7 +244,38 @@ fn a_short_admin_token_is_refused() {
             .to_string();
         assert!(err.contains("admin.token") && err.contains("16"), "{err}");
     }
-    assert!(load("", &[("ABRIDGE_ADMIN__TOKEN", "0123456789abcdef")]).is_ok());
+    assert!(load("", &[("ABRIDGE_ADMIN__TOKEN", "9f3ac07e51d2b846")]).is_ok());
+}
+
+#[test]
+fn an_admin_token_easy_to_guess_is_refused_whatever_its_length() {
+    for weak in [
+        "aaaaaaaaaaaaaaaa",
+        "passwordpassword",
+        "0123456789abcdef",
+        "abcdefghijklmnopqrstuvwxyz",
+        "ab12cd34ab12cd34ab12cd34",
+        "1111111111111111111111112",
+    ] {
+        let err = load("", &[("ABRIDGE_ADMIN__TOKEN", weak)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("admin.token") && err.contains("easy to guess"),
+            "{weak}: {err}"
+        );
+    }
+    // What `openssl rand -hex 16`, `-base64 24` and a long passphrase give.
+    for strong in [
+        "4f1c9a7e2b3d8065e1a9c4f7b2d30e68",
+        "q2Vn8Zs+Lk0pWx7/Jr4tYb3H",
+        "correct-horse-battery-staple-42",
+    ] {
+        assert!(
+            load("", &[("ABRIDGE_ADMIN__TOKEN", strong)]).is_ok(),
+            "{strong}"
+        );
+    }
 }
 
 #[test]

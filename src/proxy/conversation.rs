@@ -73,8 +73,12 @@ async fn stages(
     exchange: &mut Exchange,
 ) -> Result<Response, Error> {
     let (mut parts, body) = request.into_parts();
-    let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
     let controls = Controls::from_headers(&parts.headers, state.config().compaction.allowed())?;
+    prepare_headers(&mut parts);
+    // Where it goes, by whose API it speaks, as the provider will see its headers.
+    let (target, provider) = state
+        .upstream()
+        .route(&parts.method, &parts.uri, &parts.headers)?;
 
     // ingress: the one body abridge reads whole, bounded.
     let (body, held) = ingress::read_body(
@@ -86,7 +90,6 @@ async fn stages(
     )
     .await?;
     exchange.held = Some(held);
-    prepare_headers(&mut parts);
     // The credentials as the provider will see them (hop-by-hop headers gone).
     let credentials = Credentials::from_headers(
         &parts.headers,
@@ -100,7 +103,7 @@ async fn stages(
         Reason::Request,
         (controls, credentials),
         (format, body),
-        deployment,
+        (deployment, provider),
     )
     .await
     {
@@ -139,7 +142,7 @@ async fn stages(
     {
         decision.report.add_note(note);
     }
-    exchange.tenant = prepared.identified.as_ref().map(|i| i.tenant);
+    exchange.payer = prepared.identified.as_ref().map(|i| i.payer);
     let followup = followup(&prepared, &decision);
     Ok(respond(
         state,
@@ -321,7 +324,7 @@ fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
     let identified = prepared.identified.as_ref()?;
     Some(Followup {
         held: None,
-        tenant: identified.tenant,
+        payer: identified.payer,
         conversation: identified.conversation,
         messages: u32::try_from(prepared.request.items().len()).unwrap_or(u32::MAX),
         prefix: identified
@@ -345,5 +348,6 @@ fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
         prefixes: identified.hashes.prefixes.clone(),
         credentials: prepared.credentials.clone(),
         deployment: prepared.deployment.clone(),
+        provider: prepared.provider,
     })
 }

@@ -40,8 +40,9 @@ struct Exchange {
     started: Instant,
     upstream_wait: Duration,
     inflight: Option<InFlight>,
-    /// The request's tenant, once identified: a 2xx from the provider marks it accepted.
-    tenant: Option<Fingerprint>,
+    /// Who pays for the request (the credential its provider authenticates), once
+    /// identified: a 2xx from the provider marks it accepted, a 401 or 403 refused.
+    payer: Option<Fingerprint>,
     /// The body's share of `limits.max_inflight_body_bytes`, until abridge is done with
     /// the body (the end of the response, or of the background compaction it feeds).
     held: Option<ingress::Held>,
@@ -53,19 +54,22 @@ impl Exchange {
             started: Instant::now(),
             upstream_wait: Duration::ZERO,
             inflight: Some(state.stats().request_started()),
-            tenant: None,
+            payer: None,
             held: None,
         }
     }
 
     fn finish(self, state: &AppState, route: Route, response: &Response) {
         state.stats().response(route, response.status());
-        // The provider accepted this tenant's credential (abridge's own errors never
-        // reach here with a tenant: they end the request before it is identified).
-        if let Some(tenant) = self.tenant
-            && response.status().is_success()
-        {
-            state.tenants().accepted(tenant);
+        // What the provider said of the credential (abridge's own errors never reach
+        // here with a payer: they end the request before it is identified).
+        if let Some(payer) = self.payer {
+            let status = response.status();
+            if status.is_success() {
+                state.tenants().accepted(payer);
+            } else if matches!(status.as_u16(), 401 | 403) {
+                state.tenants().refused(payer);
+            }
         }
         let own = self.started.elapsed().saturating_sub(self.upstream_wait);
         state.stats().added_latency(route, own);
@@ -90,11 +94,17 @@ async fn passthrough_stages(
     exchange: &mut Exchange,
 ) -> Result<Response, Error> {
     let (mut parts, body) = request.into_parts();
-    let target = state.upstream().uri_for(&parts.method, &parts.uri)?;
     headers::strip_request(&mut parts.headers);
+    // Whose API it speaks decides where it goes (what the provider will see: after
+    // hop-by-hop stripping).
+    let (target, _) = state
+        .upstream()
+        .route(&parts.method, &parts.uri, &parts.headers)?;
+    let timeouts = &state.config().timeouts;
     let body = Body::new(ingress::IdleBody::new(
         body,
-        state.config().timeouts.client_body(),
+        timeouts.client_body(),
+        timeouts.passthrough_body(),
     ));
     parts.uri = target;
     parts.version = Version::HTTP_11;
@@ -123,7 +133,9 @@ async fn passthrough_stages(
 fn relay_bounds(state: &AppState) -> relay::Bounds {
     relay::Bounds {
         idle: state.config().timeouts.stream_idle(),
+        max_stream: state.config().timeouts.max_stream(),
         max_decoded: state.config().limits.max_decoded_bytes,
+        budget: state.body_budget().clone(),
     }
 }
 

@@ -5,9 +5,15 @@
 //! `x-abridge-*` headers removed, the body wrapped in [`RelayBody`], which forwards
 //! what arrives as soon as the upstream has nothing more ready (frames that arrived
 //! together go in one write: [`burst`]), cuts the stream after
-//! `timeouts.stream_idle_ms` of silence, and feeds a [`Tap`] that reads `usage`:
+//! `timeouts.stream_idle_ms` of silence (and, when set, after `timeouts.max_stream_ms`
+//! in all), and feeds a [`Tap`] that reads `usage`:
 //! - JSON bodies: the chunks are kept as cheap `Bytes` clones and parsed once at the end;
 //! - SSE bodies: [`sse::SseTap`] scans events as they pass (and strips what abridge added).
+//!
+//! What a tap buffers (a JSON body up to 16 MB, an unfinished event up to 4 MB) counts
+//! against `limits.max_inflight_body_bytes` with the request bodies; when the process
+//! holds too much, the tap stops buffering and that response's usage is not read — the
+//! response itself is never failed for it.
 //!
 //! Compressed responses: abridge asks for `Accept-Encoding: identity` on the routes it
 //! reads, and if a provider compresses anyway (gzip or deflate) the relay decodes the
@@ -24,6 +30,7 @@
 
 mod burst;
 pub mod sse;
+mod tap;
 pub mod usage;
 
 use std::pin::Pin;
@@ -39,13 +46,10 @@ use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::headers;
+use crate::ingress::BodyBudget;
 use burst::Burst;
-use sse::SseTap;
+use tap::Tap;
 pub use usage::Usage;
-
-/// Largest non-streaming response kept aside to read its `usage`; larger bodies are
-/// relayed without it.
-const MAX_JSON_TAP_BYTES: usize = 16 * 1024 * 1024;
 
 /// What the relay should look for in a successful response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,11 +97,15 @@ pub type OnDone = Box<dyn FnOnce(Outcome) + Send>;
 /// Compressed bytes given to the decoder at a time (see the module docs).
 const DECODE_STEP: usize = 1024;
 
-/// The relay's bounds: `timeouts.stream_idle_ms` and `limits.max_decoded_bytes`.
-#[derive(Debug, Clone, Copy)]
+/// The relay's bounds: `timeouts.stream_idle_ms`, `timeouts.max_stream_ms`,
+/// `limits.max_decoded_bytes`, and the process's budget for what the taps buffer
+/// (`limits.max_inflight_body_bytes`, shared with the request bodies).
+#[derive(Debug, Clone)]
 pub struct Bounds {
     pub idle: Duration,
+    pub max_stream: Option<Duration>,
     pub max_decoded: usize,
+    pub budget: BodyBudget,
 }
 
 /// Builds the client's response from the provider's.
@@ -134,9 +142,15 @@ pub fn respond(
         parts.headers.remove(header::CONTENT_LENGTH);
     }
 
+    if let Some(tap) = tap.buffering() {
+        tap.budget = Some(bounds.budget.clone());
+    }
     let mut relay = RelayBody {
         inner: body,
         idle: bounds.idle,
+        lifetime: bounds
+            .max_stream
+            .map(|d| (d, Box::pin(tokio::time::sleep(d)))),
         decode_budget: bounds.max_decoded,
         last_data: Instant::now(),
         timer: None,
@@ -180,90 +194,6 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("text/event-stream"))
-}
-
-enum Tap {
-    None,
-    Json { chunks: Vec<Bytes>, size: usize },
-    Sse(SseTap),
-}
-
-impl Tap {
-    /// Whether an SSE tap is still reading events (it stops at an oversized one).
-    fn scanning(&self) -> bool {
-        match self {
-            Tap::Sse(sse) => sse.scanning(),
-            Tap::None | Tap::Json { .. } => false,
-        }
-    }
-
-    fn for_content_type(headers: &HeaderMap, strip: bool) -> Tap {
-        let content_type = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let mime = content_type.split(';').next().unwrap_or("").trim();
-        if mime.eq_ignore_ascii_case("text/event-stream") {
-            Tap::Sse(SseTap::new(strip))
-        } else if mime.eq_ignore_ascii_case("application/json") {
-            Tap::Json {
-                chunks: Vec::new(),
-                size: 0,
-            }
-        } else {
-            Tap::None
-        }
-    }
-
-    /// Whether the tap may change the bytes (so `Content-Length` no longer holds).
-    fn rewrites(&self) -> bool {
-        matches!(self, Tap::Sse(sse) if sse.strips())
-    }
-
-    fn feed(&mut self, data: Bytes) -> Bytes {
-        match self {
-            Tap::None => data,
-            Tap::Json { chunks, size } => {
-                *size += data.len();
-                if *size <= MAX_JSON_TAP_BYTES {
-                    chunks.push(data.clone());
-                } else {
-                    chunks.clear();
-                }
-                data
-            }
-            Tap::Sse(sse) => sse.feed(data),
-        }
-    }
-
-    /// The usage seen so far (for a body that did not end normally).
-    fn usage_so_far(&self) -> (Option<Usage>, u32) {
-        match self {
-            Tap::Sse(sse) => (sse.usage(), sse.dropped_events()),
-            Tap::None | Tap::Json { .. } => (None, 0),
-        }
-    }
-
-    /// End of body: the usage found, and any bytes still held back.
-    fn finish(&mut self) -> (Option<Usage>, Bytes, u32) {
-        match self {
-            Tap::None => (None, Bytes::new(), 0),
-            Tap::Json { chunks, size } => {
-                if *size > MAX_JSON_TAP_BYTES {
-                    return (None, Bytes::new(), 0);
-                }
-                let usage = match chunks.as_slice() {
-                    [one] => usage::from_json(one),
-                    many => usage::from_json(&many.concat()),
-                };
-                (usage, Bytes::new(), 0)
-            }
-            Tap::Sse(sse) => {
-                let tail = sse.finish();
-                (sse.usage(), tail, sse.dropped_events())
-            }
-        }
-    }
 }
 
 /// Streaming decoder for a compressed provider response.
@@ -347,6 +277,8 @@ fn take_budget(budget: &mut usize, n: usize) -> std::io::Result<()> {
 pub struct RelayBody {
     inner: Incoming,
     idle: Duration,
+    /// `timeouts.max_stream_ms` and its deadline, when set.
+    lifetime: Option<(Duration, Pin<Box<Sleep>>)>,
     /// Decoded bytes still allowed (`limits.max_decoded_bytes` at the start).
     decode_budget: usize,
     /// When the upstream last sent a frame. The idle timer is not reset per frame (a
@@ -381,6 +313,8 @@ pub enum RelayError {
     Decode(#[from] std::io::Error),
     #[error("upstream sent nothing for {0:?} (timeouts.stream_idle_ms)")]
     Idle(Duration),
+    #[error("upstream stream lasted longer than {0:?} (timeouts.max_stream_ms)")]
+    TooLong(Duration),
 }
 
 impl RelayBody {
@@ -517,6 +451,15 @@ impl HttpBody for RelayBody {
             }
             if this.ended {
                 return Poll::Ready(this.burst.take().map(|b| Ok(Frame::data(b))));
+            }
+            if let Some((limit, deadline)) = &mut this.lifetime
+                && deadline.as_mut().poll(cx).is_ready()
+            {
+                let limit = *limit;
+                this.abort(End::UpstreamError);
+                this.span
+                    .in_scope(|| tracing::warn!(?limit, "stream cut at timeouts.max_stream_ms"));
+                return this.after_burst(Err(RelayError::TooLong(limit)));
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {

@@ -88,6 +88,24 @@ impl SseTap {
         self.strip
     }
 
+    /// Bytes held for the unfinished event (its buffer, which is reused).
+    pub fn buffered(&self) -> usize {
+        self.partial.capacity()
+    }
+
+    /// Stops scanning now (the process cannot hold this stream's event): what strip
+    /// mode held back is released, and bytes flow on untouched from here.
+    pub fn release(&mut self) -> Bytes {
+        if self.disabled {
+            return Bytes::new();
+        }
+        if !self.strip {
+            // Observe mode already sent what it holds a copy of.
+            self.partial.clear();
+        }
+        self.give_up(BytesMut::new())
+    }
+
     /// How many events strip mode removed.
     pub fn dropped_events(&self) -> u32 {
         self.dropped_events

@@ -241,7 +241,7 @@ impl MemoryStore {
         all.into_iter().skip(offset).take(limit).collect()
     }
 
-    pub fn accept_tenant(&self, tenant: &Fingerprint) {
+    pub fn accept_tenant(&self, tenant: &Fingerprint, ttl: Duration) {
         let mut inner = lock(&self.inner);
         let now = Instant::now();
         if inner.tenants.len() >= self.max_conversations {
@@ -250,7 +250,11 @@ impl MemoryStore {
                 inner.tenants.clear();
             }
         }
-        inner.tenants.insert(*tenant, now + self.ttl);
+        inner.tenants.insert(*tenant, now + ttl.min(self.ttl));
+    }
+
+    pub fn reject_tenant(&self, tenant: &Fingerprint) {
+        lock(&self.inner).tenants.remove(tenant);
     }
 
     pub fn tenant_accepted(&self, tenant: &Fingerprint) -> bool {
@@ -382,6 +386,7 @@ mod tests {
             prefix: id(200),
             head: 1,
             replacement: vec![RawValue::from_string(text).unwrap_or_else(|_| unreachable!())],
+            kept: Vec::new(),
             summary: None,
             strategy: crate::strategies::Strategy::Recency,
             fallback: None,

@@ -40,7 +40,7 @@ use crate::secret::Secret;
 
 pub(crate) use types::checkpoint_field;
 pub use types::{
-    Checkpoint, INDEX_REFRESH_MS, Loaded, Lock, MAX_USAGE, Recent, Saved, State, Usage,
+    Checkpoint, INDEX_REFRESH_MS, Kept, Loaded, Lock, MAX_USAGE, Piece, Recent, Saved, State, Usage,
 };
 
 /// After a failure, the backend is not asked again for this long (but once, as a probe).
@@ -286,15 +286,33 @@ impl Store {
         .await
     }
 
-    /// Remembers that the provider accepted a tenant's credential (a 2xx), for the TTL.
-    pub async fn accept_tenant(&self, tenant: &Fingerprint) -> Result<(), StoreError> {
+    /// Remembers that the provider accepted a tenant's credential (a 2xx), for `ttl`.
+    pub async fn accept_tenant(
+        &self,
+        tenant: &Fingerprint,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         self.call("accept_tenant", async {
             match &self.backend {
                 Backend::Memory(m) => {
-                    m.accept_tenant(tenant);
+                    m.accept_tenant(tenant, ttl);
                     Ok(())
                 }
-                Backend::Redis(r) => r.accept_tenant(tenant).await,
+                Backend::Redis(r) => r.accept_tenant(tenant, ttl).await,
+            }
+        })
+        .await
+    }
+
+    /// Forgets that the provider accepted a tenant's credential (it refused it since).
+    pub async fn reject_tenant(&self, tenant: &Fingerprint) -> Result<(), StoreError> {
+        self.call("reject_tenant", async {
+            match &self.backend {
+                Backend::Memory(m) => {
+                    m.reject_tenant(tenant);
+                    Ok(())
+                }
+                Backend::Redis(r) => r.reject_tenant(tenant).await,
             }
         })
         .await

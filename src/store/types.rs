@@ -18,9 +18,15 @@ pub struct Checkpoint {
     pub prefix: Fingerprint,
     /// Messages `..head` are kept verbatim before the replacement.
     pub head: u32,
-    /// The replacement messages, each spliced in as is. Parsed once, when loaded (a
-    /// JSON array of raw values: each element is kept byte for byte).
+    /// The replacement messages abridge wrote (markers, summaries, digests), each
+    /// spliced in as is. Parsed once, when loaded (a JSON array of raw values: each
+    /// element is kept byte for byte).
     pub replacement: Vec<Box<RawValue>>,
+    /// The replacement messages that are client messages forwarded unchanged: kept by
+    /// reference, never as text (the store holds no client text abridge forwards
+    /// as it came). See [`Checkpoint::pieces`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<Kept>,
     /// The summary text, for an iterative update at the next compaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
@@ -38,7 +44,50 @@ pub struct Checkpoint {
     pub gate: Option<crate::strategies::Verdict>,
 }
 
+/// A client message in a checkpoint's replacement: at position `at` of the replacement,
+/// message `of` of the conversation (within `head..=through`, so the checkpoint's
+/// prefix hash vouches for its bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    pub at: u32,
+    pub of: u32,
+}
+
+/// One message of a checkpoint's replacement, in order.
+#[derive(Debug, Clone, Copy)]
+pub enum Piece<'c> {
+    /// Written by abridge, as stored.
+    Stored(&'c RawValue),
+    /// The conversation's message at this index, as the client sent it.
+    Kept(usize),
+}
+
 impl Checkpoint {
+    /// The replacement in order: what abridge wrote, and the client's messages kept.
+    pub fn pieces(&self) -> impl Iterator<Item = Piece<'_>> + '_ {
+        let mut stored = self.replacement.iter();
+        let mut kept = self.kept.iter().peekable();
+        (0..self.replacement.len() + self.kept.len()).filter_map(move |pos| {
+            match kept.next_if(|k| k.at as usize == pos) {
+                Some(k) => Some(Piece::Kept(k.of as usize)),
+                None => stored.next().map(|r| Piece::Stored(r)),
+            }
+        })
+    }
+
+    /// Whether the kept messages are where a checkpoint can have them: in order, within
+    /// the replacement, each one of the replaced messages. (What a store hands back is
+    /// checked before it is used.)
+    pub fn kept_consistent(&self) -> bool {
+        let total = self.replacement.len() + self.kept.len();
+        let mut last: Option<(u32, u32)> = None;
+        self.kept.iter().all(|k| {
+            let ordered = last.is_none_or(|(at, of)| k.at > at && k.of > of);
+            last = Some((k.at, k.of));
+            ordered && (k.at as usize) < total && k.of >= self.head && k.of <= self.through
+        })
+    }
+
     /// Bytes of the replacement as it is spliced in.
     pub fn replacement_bytes(&self) -> usize {
         self.replacement.iter().map(|r| r.get().len() + 1).sum()
@@ -62,6 +111,7 @@ impl PartialEq for Checkpoint {
                 .iter()
                 .zip(&other.replacement)
                 .all(|(a, b)| a.get() == b.get())
+            && self.kept == other.kept
             && self.summary == other.summary
             && self.strategy == other.strategy
             && self.fallback == other.fallback
@@ -112,7 +162,7 @@ pub struct Usage {
 
 impl Usage {
     /// The record's value as stored (Redis): numbers separated by `:`, `at_ms` last.
-    pub(crate) fn encode(&self) -> String {
+    pub fn encode(&self) -> String {
         let applied = self.applied.map_or(-1, i64::from);
         format!(
             "{}:{}:{applied}:{}:{}:{}:{}",
@@ -125,7 +175,7 @@ impl Usage {
         )
     }
 
-    pub(crate) fn decode(prefix: Fingerprint, value: &str) -> Option<Self> {
+    pub fn decode(prefix: Fingerprint, value: &str) -> Option<Self> {
         let mut parts = value.split(':');
         let mut next = || parts.next()?.parse::<i64>().ok();
         let (tokens, messages, applied, head_tokens, growth, ratio, at_ms) = (

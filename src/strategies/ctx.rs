@@ -369,6 +369,11 @@ impl<'i, 'a> Ctx<'i, 'a> {
                         .iter()
                         .map(|r| self.raw_tokens(r))
                         .sum::<u64>()
+                    + p.kept
+                        .iter()
+                        .filter(|k| (k.of as usize) < n)
+                        .map(|k| self.cost(k.of as usize..k.of as usize + 1))
+                        .sum::<u64>()
                     + before(p.through + 1..n)
             }
             _ => self.estimator().per_request() + before(0..n),

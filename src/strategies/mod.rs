@@ -290,8 +290,11 @@ pub struct Previous<'x> {
     pub head: usize,
     /// Its [`Plan::through`]. A new plan replaces at least as much (checkpoints only grow).
     pub through: usize,
-    /// Its [`Plan::replacement`]; read only to report [`Plan::tokens_before`].
+    /// Its [`Plan::replacement`] as stored (without the client's messages it kept,
+    /// `kept`); read only to report [`Plan::tokens_before`].
     pub replacement: &'x [Box<RawValue>],
+    /// The client's messages its replacement kept as they were.
+    pub kept: &'x [crate::store::Kept],
     /// Its [`Plan::summary`]: the summary body a structured update starts from.
     pub summary: Option<&'x str>,
 }
@@ -517,8 +520,6 @@ fn checked(ctx: &Ctx<'_, '_>, plan: Plan) -> Result<Plan, CannotCompact> {
     Ok(plan)
 }
 
-/// A message abridge writes, in the conversation's format: of the configured role, its
-/// content starting with [`FRAME`].
 /// `ratio` of `budget`, the ratio clamped to 0..=1 (not a number: 0).
 fn share(budget: u64, ratio: f64) -> u64 {
     let ratio = if ratio.is_finite() {
@@ -529,10 +530,13 @@ fn share(budget: u64, ratio: f64) -> u64 {
     (budget as f64 * ratio) as u64
 }
 
+/// A message abridge writes, in the conversation's format: of the configured role, its
+/// content starting with [`FRAME`], secrets redacted (see [`redact`]): what abridge
+/// writes is stored and shown by the admin API, so it never carries a pasted key.
 pub(crate) fn authored(format: Format, role: SummaryRole, body: &str) -> Box<RawValue> {
     let author = match role {
         SummaryRole::User => Author::User,
         SummaryRole::System => Author::System,
     };
-    format.authored(author, &format!("{FRAME}\n{body}"))
+    format.authored(author, &format!("{FRAME}\n{}", redact::redact(body)))
 }

@@ -161,7 +161,8 @@ fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)> {
     if !first.is_empty() {
         line.push_str(&format!("; first line: {}", quoted(&first)));
     }
-    let raw = ctx.input.format.digest(m, &line)?;
+    // The first line of a tool's output can hold a secret; the digest is stored.
+    let raw = ctx.input.format.digest(m, &super::redact::redact(&line))?;
     let tokens = ctx
         .input
         .format

@@ -184,3 +184,139 @@ async fn over_the_caps_clients_get_503_with_retry_after() {
     assert!(text.starts_with("HTTP/1.1 503"), "{text}");
     assert!(text.contains("max_connections"), "{text}");
 }
+
+/// A connection that never sends a byte holds its place under the cap only for the
+/// header deadline, not the keep-alive time: 64 silent sockets cannot starve a
+/// listener for 75 s.
+#[tokio::test]
+async fn a_connection_that_never_speaks_is_closed_at_the_header_deadline() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut config = config_for(&provider.url());
+    config.timeouts.client_header_ms = 300;
+    config.timeouts.client_idle_ms = 30_000;
+    let proxy = Proxy::start_with(config).await;
+    for addr in [proxy.addr, proxy.admin] {
+        let mut s = connect(addr).await;
+        let (_, after) = until_closed(&mut s, Duration::from_secs(10))
+            .await
+            .expect("a silent connection is closed long before the idle timeout");
+        assert!(after >= Duration::from_millis(250), "{after:?}");
+    }
+}
+
+/// The admin listener full of silent connections still answers its probes (a liveness
+/// probe must not restart a healthy abridge), and nothing else: the reserve serves only
+/// `/healthz` and `/readyz`, a few connections, one request each.
+#[tokio::test]
+async fn health_probes_answer_while_the_admin_listener_is_at_its_cap() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut config = config_for(&provider.url());
+    config.limits.admin_max_connections = 4;
+    config.timeouts.client_header_ms = 20_000;
+    let proxy = Proxy::start_with(config).await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(connect(proxy.admin).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for path in ["/healthz", "/readyz"] {
+        let answer = client()
+            .get(format!("http://{}{path}", proxy.admin))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "{path} at the cap");
+    }
+    let other = client()
+        .get(format!("http://{}/metrics", proxy.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 503, "the reserve is for the probes alone");
+    // A reserve connection that does not send its request is closed within seconds.
+    let mut lingering = connect(proxy.admin).await;
+    let (_, after) = until_closed(&mut lingering, Duration::from_secs(10))
+        .await
+        .expect("a silent reserve connection is closed");
+    assert!(after < Duration::from_secs(8), "{after:?}");
+    // With the reserve full too, a connection is refused at once.
+    let mut reserve = Vec::new();
+    for _ in 0..abridge::admin::PROBE_CONNECTIONS {
+        reserve.push(connect(proxy.admin).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut refused = connect(proxy.admin).await;
+    let (answer, _) = until_closed(&mut refused, Duration::from_secs(5))
+        .await
+        .expect("refused at once");
+    assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 503"));
+}
+
+/// An upload streamed through that never pauses long enough for the between-chunks
+/// deadline still has to arrive whole within `timeouts.passthrough_body_ms`.
+#[tokio::test]
+async fn a_steadily_trickling_upload_is_cut_at_its_overall_deadline() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut config = tight(&provider.url());
+    config.timeouts.client_body_ms = 2000;
+    config.timeouts.passthrough_body_ms = 1000;
+    let proxy = Proxy::start_with(config).await;
+    let mut s = connect(proxy.addr).await;
+    s.write_all(b"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // A byte every 200 ms: well within the 2 s between chunks, for ever.
+    let closed = loop {
+        if s.write_all(b"x").await.is_err() {
+            break started.elapsed();
+        }
+        let mut buf = [0u8; 1024];
+        match tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break started.elapsed(),
+            Ok(Ok(_)) | Err(_) => {}
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a trickling upload was held open for 10 s"
+        );
+    };
+    assert!(closed >= Duration::from_millis(900), "{closed:?}");
+}
+
+/// A stream the provider never ends is cut at `timeouts.max_stream_ms`, even though it
+/// is never silent for `stream_idle_ms`.
+#[tokio::test]
+async fn an_endless_stream_is_cut_at_the_longest_stream_duration() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut config = config_for(&provider.url());
+    config.timeouts.max_stream_ms = 800;
+    let proxy = Proxy::start_with(config).await;
+    let started = Instant::now();
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("x-fake-words", "100000")
+        .header("x-fake-delay-ms", "20")
+        .body(chat_body(true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let read = tokio::time::timeout(Duration::from_secs(15), response.bytes()).await;
+    assert!(read.is_ok(), "the stream was not cut");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(700), "{took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // Without the limit the same stream is relayed as long as it goes.
+    let proxy = Proxy::start_with(config_for(&provider.url())).await;
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("x-fake-words", "150")
+        .header("x-fake-delay-ms", "10")
+        .body(chat_body(true))
+        .send()
+        .await
+        .unwrap();
+    let body = response.bytes().await.unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+}

@@ -41,7 +41,10 @@ fn expected_conversation(port: u16, tenant: &str, explicit: Option<&str>) -> Fin
         abridge::headers::Credentials::from_headers(&headers, tenant_headers.iter().map(|h| &h.0));
     abridge::identity::identify(
         &key,
-        &credentials.tenant(),
+        (
+            &credentials.tenant(),
+            &credentials.payer(abridge::headers::Provider::Main, false),
+        ),
         abridge::identity::Scope {
             format: None,
             conversation: explicit.map(str::as_bytes),

@@ -156,4 +156,24 @@ async fn a_clients_id_is_propagated_and_echoed_and_the_providers_wins() {
     let id = id_of(&spaced);
     assert!(is_own(&id), "{id}");
     assert_eq!(provider.last_request().unwrap().headers["x-request-id"], id);
+    // A second value (never checked) does not pass upstream beside the first.
+    let twice = chat(
+        &proxy,
+        false,
+        &[
+            ("x-request-id", "gw-2c9e:0019"),
+            ("x-request-id", "injected\tvalue"),
+        ],
+    )
+    .await;
+    assert_eq!(twice.status(), 200);
+    let sent: Vec<_> = provider
+        .last_request()
+        .unwrap()
+        .headers
+        .get_all("x-request-id")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(sent, ["gw-2c9e:0019"]);
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use abridge::compactor::summariser::{Summariser, SummaryFailure};
 use abridge::config::SummaryConfig;
-use abridge::formats::Format;
 use abridge::headers::Credentials;
+use abridge::headers::Provider;
 use abridge::secret::Secret;
 use abridge::strategies::SummaryRequest;
 use abridge::upstream::Upstream;
@@ -44,7 +44,7 @@ async fn the_main_upstream_gets_the_clients_credentials_and_model() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
     let s = summariser(&provider, SummaryConfig::default());
     let text = s
-        .summarise((&client_headers(), Format::Chat, None), "gpt-4o", &call())
+        .summarise((&client_headers(), Provider::Main, None), "gpt-4o", &call())
         .await
         .unwrap();
     assert!(
@@ -77,7 +77,7 @@ async fn a_separate_provider_gets_its_own_key_and_never_the_clients() {
         ..SummaryConfig::default()
     };
     let s = summariser(&main, config);
-    s.summarise((&client_headers(), Format::Chat, None), "gpt-4o", &call())
+    s.summarise((&client_headers(), Provider::Main, None), "gpt-4o", &call())
         .await
         .unwrap();
     assert!(main.requests().is_empty());
@@ -94,7 +94,7 @@ async fn failures_are_reported_not_hidden() {
 
     provider.set_behavior(|b| b.summary = SummaryMode::Error);
     let err = s
-        .summarise((&client_headers(), Format::Chat, None), "m", &call())
+        .summarise((&client_headers(), Provider::Main, None), "m", &call())
         .await
         .unwrap_err();
     assert!(
@@ -104,7 +104,7 @@ async fn failures_are_reported_not_hidden() {
 
     provider.set_behavior(|b| b.summary = SummaryMode::Empty);
     assert_eq!(
-        s.summarise((&client_headers(), Format::Chat, None), "m", &call())
+        s.summarise((&client_headers(), Provider::Main, None), "m", &call())
             .await
             .unwrap_err(),
         SummaryFailure::Empty
@@ -123,7 +123,7 @@ async fn failures_are_reported_not_hidden() {
     );
     let started = std::time::Instant::now();
     let err = quick
-        .summarise((&client_headers(), Format::Chat, None), "m", &call())
+        .summarise((&client_headers(), Provider::Main, None), "m", &call())
         .await
         .unwrap_err();
     assert!(matches!(err, SummaryFailure::Timeout(_)), "{err}");
@@ -132,7 +132,7 @@ async fn failures_are_reported_not_hidden() {
     let nowhere = config_for(&format!("http://{}/v1", crate::common::closed_port().await));
     let s = Summariser::new(&SummaryConfig::default(), &Upstream::new(&nowhere).unwrap());
     assert!(matches!(
-        s.summarise((&client_headers(), Format::Chat, None), "m", &call())
+        s.summarise((&client_headers(), Provider::Main, None), "m", &call())
             .await
             .unwrap_err(),
         SummaryFailure::Unreachable(_)
@@ -145,7 +145,7 @@ async fn reasoning_models_are_asked_in_the_form_they_accept() {
     let s = summariser(&provider, SummaryConfig::default());
     let client = client_headers();
     // gpt-5 is known by its name: one request, in its form.
-    s.summarise((&client, Format::Chat, None), "gpt-5.2", &call())
+    s.summarise((&client, Provider::Main, None), "gpt-5.2", &call())
         .await
         .unwrap();
     let body = provider.last_request().unwrap().json();
@@ -157,7 +157,7 @@ async fn reasoning_models_are_asked_in_the_form_they_accept() {
     // parameter at a time), the call retried in the form it names, and the form
     // remembered — the next summary is one request.
     for expected in [4, 5] {
-        s.summarise((&client, Format::Chat, None), "fake-reasoning-1", &call())
+        s.summarise((&client, Provider::Main, None), "fake-reasoning-1", &call())
             .await
             .unwrap();
         assert_eq!(provider.requests().len(), expected);
@@ -172,7 +172,7 @@ async fn reasoning_models_are_asked_in_the_form_they_accept() {
     assert!(bodies[3].get("temperature").is_none());
     assert_eq!(bodies[4], bodies[3], "remembered");
     let other = s
-        .summarise((&client, Format::Chat, None), "gpt-4o", &call())
+        .summarise((&client, Provider::Main, None), "gpt-4o", &call())
         .await
         .unwrap();
     assert!(!other.is_empty());

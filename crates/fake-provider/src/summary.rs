@@ -53,7 +53,9 @@ pub(crate) fn summarise(messages: &[Value], mode: SummaryMode) -> String {
             || t.contains('_')
             || t.contains("://")
             || t.chars().any(|c| c.is_ascii_digit());
+        // The prompt's own fences (`<transcript-…>`) are not the conversation's.
         if looks_like_id
+            && !t.starts_with('<')
             && t.len() > 1
             && !identifiers.iter().any(|i| i == t)
             && identifiers.len() < 120

@@ -420,12 +420,24 @@ impl RedisStore {
             .collect())
     }
 
-    pub async fn accept_tenant(&self, tenant: &Fingerprint) -> Result<(), StoreError> {
+    pub async fn accept_tenant(
+        &self,
+        tenant: &Fingerprint,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         let _: () = redis::cmd("SET")
             .arg(self.key(tenant, "tenant"))
             .arg("1")
             .arg("PX")
-            .arg(self.inner.ttl_ms)
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1))
+            .query_async(&mut self.conn().await?)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn reject_tenant(&self, tenant: &Fingerprint) -> Result<(), StoreError> {
+        let _: () = redis::cmd("DEL")
+            .arg(self.key(tenant, "tenant"))
             .query_async(&mut self.conn().await?)
             .await?;
         Ok(())

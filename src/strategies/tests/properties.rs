@@ -382,6 +382,7 @@ proptest! {
                 head: first.head,
                 through: first.through,
                 replacement: &first.replacement,
+                kept: &[],
                 summary: first.summary.as_deref(),
             });
             let prompts = RefCell::new(Vec::new());

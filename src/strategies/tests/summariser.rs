@@ -65,6 +65,7 @@ fn structured_summarises_the_middle_and_updates_iteratively() {
         head: plan1.head,
         through: plan1.through,
         replacement: &plan1.replacement,
+        kept: &[],
         summary: plan1.summary.as_deref(),
     });
     let plan2 = run(Strategy::Structured, &inp, &settings, summarise).unwrap();
@@ -76,7 +77,7 @@ fn structured_summarises_the_middle_and_updates_iteratively() {
     assert!(req.prompt.contains("PREVIOUS SUMMARY"));
     assert!(req.prompt.contains(summary1.trim()));
     // Only the new messages are in the transcript, and no framed summary.
-    let new_part = req.prompt.split("<new-messages>").nth(1).unwrap();
+    let new_part = req.prompt.split("<new-messages-").nth(1).unwrap();
     assert!(!new_part.contains("Step 1: fix"), "old messages resent");
     assert!(new_part.contains("Step 11: fix") || new_part.contains("Step 12: fix"));
     assert!(!req.prompt.contains(FRAME));
@@ -277,7 +278,7 @@ fn ten_iterative_updates_never_lose_what_the_first_carried() {
     let forgetful = |r: SummaryRequest| {
         let new = r
             .prompt
-            .split("<new-messages>")
+            .split("<new-messages-")
             .last()
             .unwrap_or_default()
             .to_owned();
@@ -303,6 +304,7 @@ fn ten_iterative_updates_never_lose_what_the_first_carried() {
             head: p.head,
             through: p.through,
             replacement: &p.replacement,
+            kept: &[],
             summary: p.summary.as_deref(),
         });
         let plan = run(Strategy::Structured, &inp, &settings, forgetful).unwrap();

@@ -112,6 +112,8 @@ fn checkpoint(through: u32, prefix: Fingerprint, text: &str) -> Checkpoint {
         prefix,
         head: 1,
         replacement: vec![RawValue::from_string(replacement).unwrap()],
+        // A client message kept by reference travels through the store as it was.
+        kept: vec![abridge::store::Kept { at: 1, of: through }],
         summary: Some(format!("summary: {text}")),
         strategy: abridge::strategies::Strategy::Recency,
         fallback: None,
