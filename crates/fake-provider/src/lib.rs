@@ -315,6 +315,7 @@ impl Shared {
     }
 
     fn record(&self, r: Recorded) {
+        keep_body(&r);
         lock(&self.requests).push(r);
         self.changed.notify_waiters();
     }
@@ -493,6 +494,32 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
     }
     response
+}
+
+/// With `FAKE_PROVIDER_KEEP_BODIES=DIR`, every conversation request body the fake
+/// receives is written to `DIR/<route>/<n>.json` (`<route>`: chat, responses, messages):
+/// how the fuzz corpora got real clients' bodies (see `docs/src/development.md`).
+fn keep_body(r: &Recorded) {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let Some(dir) = std::env::var_os("FAKE_PROVIDER_KEEP_BODIES") else {
+        return;
+    };
+    let path = r.uri.path();
+    let route = if path.ends_with("/chat/completions") {
+        "chat"
+    } else if path.ends_with("/responses") {
+        "responses"
+    } else if path.ends_with("/messages") {
+        "messages"
+    } else {
+        return;
+    };
+    let dir = std::path::Path::new(&dir).join(route);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let name = format!("{}-{n}.json", std::process::id());
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let _ = std::fs::write(dir.join(name), &r.body);
+    }
 }
 
 /// Anthropic's `request_id` of the request numbered `id`.
