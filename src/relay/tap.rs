@@ -40,6 +40,13 @@ pub(super) struct Held {
 impl Held {
     const FREE: usize = 64 * 1024;
 
+    /// Gives back what the tap held (it buffers nothing more) and stops counting.
+    fn release(&mut self) {
+        self.permit = None;
+        self.covered = 0;
+        self.budget = None;
+    }
+
     /// Whether `bytes` buffered at once fit: the permit grows to cover them. The first
     /// [`Held::FREE`] bytes are not counted, so an ordinary stream (events of a few
     /// kilobytes) never touches the budget.
@@ -109,9 +116,11 @@ impl Tap {
                 if *size <= MAX_JSON_TAP_BYTES && held.cover(*size) {
                     chunks.push(data.clone());
                 } else {
-                    // Not read: over the tap's own limit or the process's budget.
+                    // Not read: over the tap's own limit or the process's budget; what
+                    // it held goes back.
                     *size = MAX_JSON_TAP_BYTES + 1;
                     *chunks = Vec::new();
+                    held.release();
                 }
                 data
             }
@@ -120,7 +129,9 @@ impl Tap {
                 if held.cover(sse.buffered()) {
                     out
                 } else {
-                    join(out, sse.release())
+                    let out = join(out, sse.release());
+                    held.release();
+                    out
                 }
             }
         }
