@@ -91,7 +91,20 @@ static API_KEY: HeaderName = HeaderName::from_static("api-key");
 /// `anthropic-version` every Anthropic client sends beside its credential (Claude Code
 /// signed in with OAuth sends `Authorization: Bearer` with it).
 pub fn anthropic_style(headers: &HeaderMap) -> bool {
-    headers.contains_key(&X_API_KEY) || headers.contains_key(&ANTHROPIC_VERSION)
+    headers.contains_key(&X_API_KEY)
+        || headers.contains_key(&ANTHROPIC_VERSION)
+        || headers
+            .get(header::AUTHORIZATION)
+            .is_some_and(|v| bearer(v.as_bytes()).is_some_and(|t| t.starts_with(b"sk-ant-")))
+}
+
+/// The token of a `Bearer` credential (the scheme in any case, spaces around it).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let value = value.trim_ascii();
+    let (scheme, token) = value.split_at(value.iter().position(|b| *b == b' ')?);
+    scheme
+        .eq_ignore_ascii_case(b"bearer")
+        .then(|| token.trim_ascii())
 }
 
 /// Headers that select an account under a credential: part of the tenant, and sent
@@ -107,7 +120,17 @@ static ACCOUNT_HEADERS: [HeaderName; 2] = [
 #[derive(Clone, Default)]
 pub struct Credentials {
     headers: HeaderMap,
+    /// Anthropic's protocol headers (`anthropic-version`, `anthropic-beta`): not part of
+    /// the tenant, but a summary asked of Anthropic's API needs them as the client sent
+    /// them (OAuth is a beta).
+    protocol: HeaderMap,
 }
+
+/// Anthropic's protocol headers kept for summary calls (see [`Credentials`]).
+static PROTOCOL_HEADERS: [HeaderName; 2] = [
+    HeaderName::from_static("anthropic-version"),
+    HeaderName::from_static("anthropic-beta"),
+];
 
 /// A copy of `value` in an allocation of its own. A parsed header's value is a slice
 /// of the connection's read buffer (8 KiB); credentials are kept for as long as the
@@ -126,18 +149,42 @@ impl Credentials {
         headers: &HeaderMap,
         tenant_headers: impl IntoIterator<Item = &'n HeaderName>,
     ) -> Self {
-        let mut out = HeaderMap::new();
-        for name in tenant_headers.into_iter().chain(&ACCOUNT_HEADERS) {
-            for value in headers.get_all(name) {
-                out.append(name.clone(), owned(value));
+        let copy = |names: &mut dyn Iterator<Item = &HeaderName>| {
+            let mut out = HeaderMap::new();
+            for name in names {
+                for value in headers.get_all(name) {
+                    out.append(name.clone(), owned(value));
+                }
             }
+            out
+        };
+        Self {
+            headers: copy(&mut tenant_headers.into_iter().chain(&ACCOUNT_HEADERS)),
+            protocol: copy(&mut PROTOCOL_HEADERS.iter()),
         }
-        Self { headers: out }
+    }
+
+    /// The protocol headers a summary asked of Anthropic's API carries (see
+    /// [`Credentials`]).
+    pub fn protocol(&self) -> &HeaderMap {
+        &self.protocol
     }
 
     /// Whether the request carried none.
     pub fn is_empty(&self) -> bool {
         self.headers.is_empty()
+    }
+
+    /// Whether the credential is a Claude subscription's OAuth sign-in (an
+    /// `sk-ant-oat…` bearer token and no API key), which Anthropic accepts only for
+    /// Claude Code's own requests.
+    pub fn is_subscription_sign_in(&self) -> bool {
+        !self.headers.contains_key(&X_API_KEY)
+            && self
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| bearer(v.as_bytes()))
+                .is_some_and(|t| t.starts_with(b"sk-ant-oat"))
     }
 
     /// The headers, to send with a summary call to the main upstream.
@@ -166,7 +213,8 @@ impl Credentials {
     /// else `Authorization`; for any other upstream `Authorization` — its first value,
     /// framed as in [`Credentials::tenant`]. A header the provider does not read is not
     /// part of it, so adding one never makes a new payer (with a fresh summary budget).
-    /// Empty when the request carries none of them.
+    /// A request that carries none of them has its tenant (every credential header it
+    /// has) as its payer: empty only for a request without any credential.
     pub fn payer(&self, provider: Provider, azure: bool) -> Vec<u8> {
         let names: &[&HeaderName] = match provider {
             Provider::Anthropic => &[&X_API_KEY, &header::AUTHORIZATION],
@@ -174,12 +222,23 @@ impl Credentials {
             Provider::Main => &[&header::AUTHORIZATION],
         };
         let mut out = Vec::new();
-        if let Some((name, value)) = names
+        match names
             .iter()
             .find_map(|name| Some((*name, self.headers.get(*name)?)))
         {
-            frame(&mut out, name.as_str().as_bytes());
-            frame(&mut out, value.as_bytes());
+            Some((name, value)) => {
+                frame(&mut out, name.as_str().as_bytes());
+                // `Bearer K`, `bearer K` and `Bearer  K` are one key.
+                match bearer(value.as_bytes()) {
+                    Some(token) if *name == header::AUTHORIZATION => {
+                        frame(&mut out, &[b"Bearer ".as_slice(), token].concat())
+                    }
+                    _ => frame(&mut out, value.as_bytes()),
+                }
+            }
+            // None of the headers the provider reads: the credentials it was sent with
+            // are the payer (never one shared by every such request).
+            None => return self.tenant(),
         }
         out
     }
@@ -290,14 +349,38 @@ mod tests {
         let claude = |c: &Credentials| c.payer(Provider::Anthropic, false);
         assert_eq!(claude(&anthropic), claude(&other));
         assert!(!claude(&anthropic).is_empty());
-        let oauth = credentials(&[("authorization", "Bearer sk-ant-oat-1")]);
+        let oauth = credentials(&[("authorization", "Bearer sk-ant-oat01-1")]);
         assert!(!claude(&oauth).is_empty());
         assert_ne!(claude(&oauth), claude(&anthropic));
         assert_ne!(
             anthropic.payer(Provider::Main, true),
             other.payer(Provider::Main, true)
         );
-        assert!(anthropic.payer(Provider::Main, false).is_empty());
+        // None of the headers the provider reads: not one payer shared by all such.
+        assert_eq!(anthropic.payer(Provider::Main, false), anthropic.tenant());
+        assert_ne!(
+            other.payer(Provider::Main, false),
+            anthropic.payer(Provider::Main, false)
+        );
+        assert!(credentials(&[]).payer(Provider::Main, false).is_empty());
+        // One key however the scheme is spelled.
+        let spelled = credentials(&[("authorization", "bearer   K")]);
+        assert_eq!(main(&spelled), main(&key));
+        // Claude subscriptions' OAuth tokens are told apart; an OpenAI-style bearer
+        // with an Anthropic key is Anthropic's.
+        assert!(oauth.is_subscription_sign_in());
+        assert!(!anthropic.is_subscription_sign_in());
+        let mut h = HeaderMap::new();
+        h.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer sk-ant-api03-x"),
+        );
+        assert!(anthropic_style(&h));
+        h.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer sk-proj-x"),
+        );
+        assert!(!anthropic_style(&h));
     }
 
     #[test]

@@ -174,7 +174,6 @@ impl Compactor {
     ) -> Option<(Attempt<'t>, f64)> {
         let threshold = self.threshold(turn.model);
         let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
-        let target = decide::target(&self.config, threshold, soft, job.growth);
         let loaded = turn.loaded?;
         let deepest = loaded
             .all_matching(turn.prefixes)
@@ -187,11 +186,18 @@ impl Compactor {
                 .find(|c| c.through == t && applicable(c, turn.messages))
         });
         let permit = self.cpu.permit_for(turn.size).await;
-        let (ratio, estimate) = self.cpu.run_with(&permit, || {
+        let (ratio, estimate, target) = self.cpu.run_with(&permit, || {
             let ratio = decide::calibration(turn, usage.as_ref(), active);
+            let target = decide::target(&self.config, threshold, soft, job.growth);
             (
                 ratio,
                 scaled(decide::estimate(turn, deepest, threshold), ratio),
+                decide::with_room(
+                    turn,
+                    target,
+                    soft.min(decide::raised_at_most(threshold, job.growth)),
+                    ratio,
+                ),
             )
         });
         drop(permit);

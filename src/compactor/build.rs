@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::headers::Provider;
 use crate::identity::Fingerprint;
 use crate::outcome::Trigger;
 use crate::store::{Checkpoint, Kept, Lock, Saved, Store, now_ms};
@@ -187,6 +188,14 @@ impl Compactor {
         stored: bool,
     ) -> Result<Built, CannotCompact> {
         let plan = self.run_strategy(turn, &attempt).await?;
+        // Neither stored nor forwarded: it would change the prefix (and the provider's
+        // cache) for nothing.
+        if plan.tokens_after >= plan.tokens_before {
+            return Err(CannotCompact::NoSmaller {
+                before: plan.tokens_before,
+                after: plan.tokens_after,
+            });
+        }
         let checkpoint = checkpoint_of(&plan, turn.prefixes)?;
         let note = checkpoint.fallback.clone();
         if !attempt.real {
@@ -237,10 +246,22 @@ impl Compactor {
         &self,
         turn: &Turn<'_, '_>,
         request: strategies::SummaryRequest,
-    ) -> Result<String, SummaryError> {
+    ) -> Result<strategies::Answer, SummaryError> {
         let Some(payer) = turn.payer else {
             return Err(SummaryError::NotAttempted("the request has no tenant"));
         };
+        // Claude Code's OAuth sign-ins are accepted by Anthropic for Claude Code's own
+        // requests only: a summary asked with one would be refused (and is not the
+        // subscriber's to spend). summary.upstream serves them.
+        if turn.provider == Provider::Anthropic
+            && self.summariser.uses_client_credentials()
+            && turn.credentials.is_subscription_sign_in()
+        {
+            self.stats.summary_refused();
+            return Err(SummaryError::NotAttempted(
+                "a Claude subscription sign-in (OAuth) cannot be used for summaries: set summary.upstream to summarise these conversations",
+            ));
+        }
         if let Err(refusal) = self.tenants.may_summarise(payer).await {
             self.stats.summary_refused();
             return Err(SummaryError::NotAttempted(refusal.reason()));
@@ -250,7 +271,12 @@ impl Compactor {
         let result = self
             .summariser
             .summarise(
-                (turn.credentials, turn.provider, turn.deployment),
+                (
+                    turn.credentials,
+                    turn.provider,
+                    turn.format,
+                    turn.deployment,
+                ),
                 turn.model,
                 &request,
             )

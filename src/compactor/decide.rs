@@ -116,7 +116,12 @@ pub fn decide<'c>(
     let forced = turn.controls.compact == Compact::Force
         || matches!(reason, Reason::Overflow { .. })
         || scheduled.is_some();
-    if !forced && prediction.tokens <= threshold {
+    // What the provider reported is exact; what was appended since is an estimate, and
+    // a twentieth of it (and a two-hundredth of the threshold, for its calibration) is
+    // allowed for its error, so a request predicted just under the threshold is not one
+    // the provider counts just over it.
+    let margin = prediction.appended / 20 + threshold / 200;
+    if !forced && prediction.tokens.saturating_add(margin) <= threshold {
         return decided;
     }
     decided.ratio = calibration(turn, usage.as_ref(), active);
@@ -140,16 +145,58 @@ pub fn decide<'c>(
             }
         }
     }
-    let (budget, trigger) = match reason {
-        Reason::Overflow { sent } => ((sent / 2).min(target), Trigger::Retry),
-        _ if forced => ((prediction.tokens / 2).min(target), Trigger::Forced),
-        _ => (target, Trigger::Threshold),
+    let (budget, trigger, ceiling) = match reason {
+        Reason::Overflow { sent } => (
+            (sent / 2).min(target),
+            Trigger::Retry,
+            (sent / 2).max(soft.min(sent / 10 * 9)),
+        ),
+        _ if forced => ((prediction.tokens / 2).min(target), Trigger::Forced, soft),
+        _ => (target, Trigger::Threshold, soft),
     };
+    let ceiling = ceiling.min(raised_at_most(threshold, growth));
+    let budget = with_room(turn, budget, ceiling, decided.ratio);
     decided.action = Action::Compact {
         budget: unscaled(budget, decided.ratio),
         trigger,
     };
     decided
+}
+
+/// Tokens a compaction leaves, where the threshold allows, for what replaces the
+/// middle (a summary, an index) beside the leading system messages and the final turn.
+pub const REPLACEMENT_FLOOR: u64 = 600;
+
+/// `budget` (the provider's count, `ratio` converts), raised where it leaves less than
+/// [`REPLACEMENT_FLOOR`] beside what every plan keeps, up to `ceiling` (the soft
+/// threshold, and [`raised_at_most`]): a fast-growing history on a small window must
+/// not aim so low that no summary or index fits.
+pub fn with_room(turn: &Turn<'_, '_>, budget: u64, ceiling: u64, ratio: f64) -> u64 {
+    let floor = scaled(essential(turn).saturating_add(REPLACEMENT_FLOOR), ratio);
+    budget.max(floor.min(ceiling))
+}
+
+/// How high a compaction's aim may be raised for room ([`with_room`]): a turn's growth
+/// (and a fifth of it, for the estimate's error) below the threshold, so the next turn
+/// still fits and compactions keep coming in steps.
+pub fn raised_at_most(threshold: u64, growth: u64) -> u64 {
+    threshold.saturating_sub(growth.saturating_add(growth / 5))
+}
+
+/// Estimated tokens of what every plan keeps: the leading system messages and the final
+/// turn (with the estimator the strategies count with).
+fn essential(turn: &Turn<'_, '_>) -> u64 {
+    let estimator = Estimator::for_model_ready(turn.model);
+    let head = turn
+        .messages
+        .iter()
+        .take_while(|m| matches!(m.role, Role::System | Role::Developer));
+    let last_user = turn.messages.iter().rposition(|m| m.role == Role::User);
+    let final_turn = last_user.map_or(&[][..], |u| &turn.messages[u..]);
+    head.chain(final_turn)
+        .map(|m| estimator.message(m))
+        .sum::<u64>()
+        + estimator.per_request()
 }
 
 /// What a compaction aims for: below the hard threshold by room for a few turns of

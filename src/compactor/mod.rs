@@ -7,7 +7,8 @@
 //! - [`build`] — running a strategy, single-flight, saving the checkpoint.
 //! - [`background`] — recording usage and the background builds.
 //! - [`ring`] — the latest compactions, for the admin API.
-//! - [`summariser`] — the one chat completion a summary is.
+//! - [`summariser`] — the one call a summary is; [`summary_wire`], its two forms
+//!   (chat completions, Anthropic's Messages).
 //! - [`overflow`] — recognising a provider's "context length exceeded".
 //!
 //! The strategies themselves are pure and live in [`crate::strategies`].
@@ -23,6 +24,7 @@ pub mod overflow;
 pub mod params;
 mod ring;
 pub mod summariser;
+mod summary_wire;
 mod turn;
 
 use std::sync::Arc;

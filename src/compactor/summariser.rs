@@ -24,14 +24,15 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyExt, Limited};
-use serde::Deserialize;
 
 use super::params::{Learned, Params};
+use super::summary_wire::{ANTHROPIC_VERSION, Wire, error_message};
 use crate::azure::Deployment;
 use crate::config::SummaryConfig;
+use crate::formats::Format;
 use crate::headers::{Credentials, Provider};
 use crate::secret::Secret;
-use crate::strategies::{SummaryError, SummaryRequest};
+use crate::strategies::{Answer, SummaryError, SummaryRequest};
 use crate::upstream::Upstream;
 
 /// Largest summary response read.
@@ -125,17 +126,28 @@ impl Summariser {
     /// form (per parameter), and the model's form is remembered.
     pub async fn summarise(
         &self,
-        (client, provider, deployment): (&Credentials, Provider, Option<&Deployment>),
+        (client, provider, format, deployment): (
+            &Credentials,
+            Provider,
+            Format,
+            Option<&Deployment>,
+        ),
         request_model: &str,
         call: &SummaryRequest,
-    ) -> Result<String, SummaryFailure> {
+    ) -> Result<Answer, SummaryFailure> {
         let upstream = match (&self.anthropic, provider) {
             (Some(anthropic), Provider::Anthropic) => anthropic,
             _ => &self.upstream,
         };
+        // A Messages conversation is summarised in the Messages API, on its own
+        // upstream (which may serve nothing else); every other one in chat completions.
+        let wire = match (format, &self.separate) {
+            (Format::Messages, None) => Wire::Messages,
+            _ => Wire::Chat,
+        };
         let model = self.model_for(request_model);
         let uri = self
-            .endpoint(upstream, deployment)
+            .endpoint(upstream, wire, deployment)
             .map_err(|e| SummaryFailure::Unreachable(e.to_string()))?;
         let mut params = self.learned.for_model(model);
         // At most one retry per parameter abridge can change (providers name one
@@ -143,13 +155,16 @@ impl Summariser {
         let mut retries = 2;
         loop {
             let result = self
-                .ask((upstream, &uri), client, (model, params), call)
+                .ask((upstream, &uri, wire), client, (model, params), call)
                 .await;
+            // Retried only in a form that changes what is sent.
             let next = match &result {
                 Err(SummaryFailure::Status {
                     status: 400,
                     message,
-                }) if retries > 0 => params.after_refusal(message),
+                }) if retries > 0 => params
+                    .after_refusal(message)
+                    .filter(|next| wire.sends_differently(params, *next)),
                 _ => None,
             };
             match next {
@@ -167,16 +182,18 @@ impl Summariser {
         }
     }
 
-    /// Where a summary goes: the chat completions of the upstream, or — on the main
-    /// upstream, for a conversation on Azure's classic path — those of the request's
-    /// deployment (`summary.model`'s, when set), with the request's `api-version`.
+    /// Where a summary goes: the chat completions (or Messages) of the upstream, or —
+    /// on the main upstream, for a conversation on Azure's classic path — the chat
+    /// completions of the request's deployment (`summary.model`'s, when set), with the
+    /// request's `api-version`.
     fn endpoint(
         &self,
         upstream: &Upstream,
+        wire: Wire,
         deployment: Option<&Deployment>,
     ) -> Result<Uri, crate::error::Error> {
         match deployment {
-            Some(d) if self.separate.is_none() => {
+            Some(d) if self.separate.is_none() && wire == Wire::Chat => {
                 let name = if self.model.is_empty() {
                     &d.name
                 } else {
@@ -184,19 +201,19 @@ impl Summariser {
                 };
                 upstream.classic_endpoint(&d.path_for(name, "/chat/completions"))
             }
-            _ => upstream.endpoint("/chat/completions"),
+            _ => upstream.endpoint(wire.path()),
         }
     }
 
     /// One summary request to `uri` on `upstream` for `model`, in the form `params`.
     async fn ask(
         &self,
-        (upstream, uri): (&Upstream, &Uri),
+        (upstream, uri, wire): (&Upstream, &Uri, Wire),
         client: &Credentials,
         (model, params): (&str, Params),
         call: &SummaryRequest,
-    ) -> Result<String, SummaryFailure> {
-        let request = self.request(uri.clone(), client, (model, params), call)?;
+    ) -> Result<Answer, SummaryFailure> {
+        let request = self.request((uri.clone(), wire), client, (model, params), call)?;
         let exchange = async {
             let response = upstream.send(request).await.map_err(|e| match e {
                 crate::error::Error::UpstreamTimeout(after) => SummaryFailure::Timeout(after),
@@ -219,40 +236,24 @@ impl Summariser {
                 message: error_message(&bytes),
             });
         }
-        let text = completion_text(&bytes).ok_or_else(|| {
-            SummaryFailure::Unreadable("the response is not a chat completion".into())
+        let answer = wire.answer(&bytes).ok_or_else(|| {
+            SummaryFailure::Unreadable("the response is not an answer of the API asked".into())
         })?;
-        if text.trim().is_empty() {
+        if answer.text.trim().is_empty() {
             return Err(SummaryFailure::Empty);
         }
-        Ok(text)
+        Ok(answer)
     }
 
     /// The summary request: body in the model's form, the credentials it carries.
     fn request(
         &self,
-        uri: Uri,
+        (uri, wire): (Uri, Wire),
         client: &Credentials,
         (model, params): (&str, Params),
         call: &SummaryRequest,
     ) -> Result<Request<Body>, SummaryFailure> {
-        let mut body = serde_json::json!({
-            "model": model,
-            "messages": [
-                {"role": "system", "content": call.system},
-                {"role": "user", "content": call.prompt},
-            ],
-            "stream": false,
-        });
-        let cap = if params.completion_tokens {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        };
-        body[cap] = serde_json::json!(call.max_tokens.max(1));
-        if !params.default_temperature {
-            body["temperature"] = serde_json::json!(self.temperature);
-        }
+        let body = wire.body((model, params), call, self.temperature);
         let body =
             serde_json::to_vec(&body).map_err(|e| SummaryFailure::Unreadable(e.to_string()))?;
         let mut request = Request::builder()
@@ -268,6 +269,17 @@ impl Summariser {
                 for (name, value) in client.headers() {
                     headers.append(name.clone(), value.clone());
                 }
+                if wire == Wire::Messages {
+                    for (name, value) in client.protocol() {
+                        headers.append(name.clone(), value.clone());
+                    }
+                    if !headers.contains_key("anthropic-version") {
+                        headers.insert(
+                            "anthropic-version",
+                            HeaderValue::from_static(ANTHROPIC_VERSION),
+                        );
+                    }
+                }
             }
             Some(Some(key)) => {
                 let value =
@@ -281,68 +293,5 @@ impl Summariser {
             Some(None) => {}
         }
         Ok(request)
-    }
-}
-
-/// `choices[0].message.content` of a chat completion.
-fn completion_text(body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Completion {
-        choices: Vec<Choice>,
-    }
-    #[derive(Deserialize)]
-    struct Choice {
-        message: Message,
-    }
-    #[derive(Deserialize)]
-    struct Message {
-        content: Option<String>,
-    }
-    let completion: Completion = serde_json::from_slice(body).ok()?;
-    Some(
-        completion
-            .choices
-            .into_iter()
-            .next()?
-            .message
-            .content
-            .unwrap_or_default(),
-    )
-}
-
-/// The provider's error message, or the start of its body.
-fn error_message(body: &[u8]) -> String {
-    #[derive(Deserialize)]
-    struct Envelope {
-        error: Inner,
-    }
-    #[derive(Deserialize)]
-    struct Inner {
-        message: String,
-    }
-    match serde_json::from_slice::<Envelope>(body) {
-        Ok(e) => e.error.message,
-        Err(_) => String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_the_completion_text_and_error_messages() {
-        let ok = br###"{"choices":[{"index":0,"message":{"role":"assistant","content":"## Goal\nx"}}]}"###;
-        assert_eq!(completion_text(ok).as_deref(), Some("## Goal\nx"));
-        assert_eq!(
-            completion_text(br#"{"choices":[{"message":{"content":null}}]}"#).as_deref(),
-            Some("")
-        );
-        assert_eq!(completion_text(b"nope"), None);
-        assert_eq!(
-            error_message(br#"{"error":{"message":"bad key","type":"x"}}"#),
-            "bad key"
-        );
-        assert_eq!(error_message(b"plain"), "plain");
     }
 }

@@ -106,6 +106,12 @@ impl<'i, 'a> Ctx<'i, 'a> {
             + self.cost(start..self.layout.len())
     }
 
+    /// Estimated tokens of the smallest plan: the leading system messages, a marker and
+    /// the final turn.
+    pub fn minimal(&self) -> u64 {
+        self.total(self.h_min, self.marker_reserve(), self.t_min)
+    }
+
     /// An upper bound of the recency marker's tokens (its counts are at most `n`).
     pub fn marker_reserve(&self) -> u64 {
         let n = self.layout.len();

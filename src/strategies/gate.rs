@@ -117,25 +117,16 @@ pub(super) fn judge(body: &str, covered: &Covered<'_>) -> Result<Judged, Fidelit
     if !filled.is_empty() {
         repaired.push(format!("sections: {}", filled.join(", ")));
     }
-    let mut out = String::new();
-    let (missing, of) = dropped(body, covered);
+    let (out, missing, of, ask) = appendix(body, covered);
     let score = if of == 0 {
         1.0
     } else {
-        (of - missing.len()) as f32 / of as f32
+        (of - missing) as f32 / of as f32
     };
-    if !missing.is_empty() {
-        let _ = write!(out, "\n\nAlso mentioned: {}", missing.join(", "));
-        repaired.push(format!("identifiers: {} appended", missing.len()));
+    if missing > 0 {
+        repaired.push(format!("identifiers: {missing} appended"));
     }
-    if let Some(ask) = covered.latest_ask
-        && !reflects(body, ask)
-    {
-        let _ = write!(
-            out,
-            "\n\nThe latest request in these messages: {}",
-            truncate_chars(ask.trim(), 300)
-        );
+    if ask {
         repaired.push("latest ask".to_owned());
     }
     Ok(Judged {
@@ -143,6 +134,27 @@ pub(super) fn judge(body: &str, covered: &Covered<'_>) -> Result<Judged, Fidelit
         appendix: out,
         verdict: Verdict { score, repaired },
     })
+}
+
+/// What the gate appends to `body`: the identifiers it should name and does not (see
+/// [`dropped`]), and the latest ask when it does not reflect it. Also how many were
+/// missing of how many, and whether the ask was appended. (Worked out again for a
+/// summary trimmed to fit, so what trimming took of them comes back here.)
+pub(super) fn appendix(body: &str, covered: &Covered<'_>) -> (String, usize, usize, bool) {
+    let mut out = String::new();
+    let (missing, of) = dropped(body, covered);
+    if !missing.is_empty() {
+        let _ = write!(out, "\n\nAlso mentioned: {}", missing.join(", "));
+    }
+    let ask = covered.latest_ask.filter(|ask| !reflects(body, ask));
+    if let Some(ask) = ask {
+        let _ = write!(
+            out,
+            "\n\nThe latest request in these messages: {}",
+            truncate_chars(ask.trim(), 300)
+        );
+    }
+    (out, missing.len(), of, ask.is_some())
 }
 
 /// Whether the summary reflects the request: a quarter of its keywords (their first five
@@ -182,11 +194,26 @@ pub(super) fn sections(body: &str) -> (String, Vec<&'static str>) {
     let mut preamble = String::new();
     let mut found: [Option<String>; 7] = Default::default();
     let mut current: Option<usize> = None;
+    // A summariser that repeats itself (the previous summary written out again) adds
+    // nothing the first copy did not say: a line said before, a heading met again.
+    let mut seen = std::collections::HashSet::new();
     for line in body.lines() {
+        let key = line.trim();
+        if !key.is_empty() && !key.starts_with('#') && !seen.insert(key.to_owned()) {
+            continue;
+        }
         match heading(line) {
             Some((i, rest)) if found[i].is_none() => {
                 found[i] = Some(rest.to_owned());
                 current = Some(i);
+            }
+            Some((i, rest)) => {
+                current = Some(i);
+                let text = found[i].get_or_insert_with(String::new);
+                if !rest.is_empty() && !text.contains(rest) {
+                    text.push('\n');
+                    text.push_str(rest);
+                }
             }
             _ => {
                 let target = match current {

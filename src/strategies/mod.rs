@@ -60,6 +60,7 @@
 
 mod ctx;
 mod deterministic;
+mod fit;
 pub(crate) mod gate;
 mod index;
 mod layout;
@@ -67,6 +68,7 @@ mod recency;
 pub mod redact;
 pub(crate) mod structured;
 pub(crate) mod text;
+mod transcript;
 mod validate;
 
 #[cfg(test)]
@@ -190,8 +192,8 @@ pub struct Settings {
     pub index_budget_ratio: f64,
     /// Role of the injected marker or summary (default user).
     pub summary_role: SummaryRole,
-    /// Most tokens the summariser may answer with (default 2000); capped at a fifth of the
-    /// budget (at least 256) so the summary leaves room for the rest.
+    /// Most tokens the summariser may answer with (default 2000); less when the budget
+    /// leaves less beside the head and the kept tail (the summary gets what is left).
     pub summary_max_tokens: u32,
     /// Summariser transcript: characters kept from the start of a long message (default 6000).
     pub message_head_chars: usize,
@@ -257,12 +259,6 @@ impl Settings {
     fn index_budget(&self, budget: u64) -> u64 {
         share(budget, self.index_budget_ratio)
     }
-
-    /// The summariser's `max_tokens` for this budget.
-    fn summary_tokens(&self, budget: u64) -> u32 {
-        let fifth = u32::try_from((budget / 5).max(256)).unwrap_or(u32::MAX);
-        self.summary_max_tokens.clamp(1, fifth.max(1))
-    }
 }
 
 /// What [`compact`] works on.
@@ -297,6 +293,22 @@ pub struct Previous<'x> {
     pub kept: &'x [crate::store::Kept],
     /// Its [`Plan::summary`]: the summary body a structured update starts from.
     pub summary: Option<&'x str>,
+}
+
+/// The summariser's answer: its text, and whether it stopped at its token cap
+/// (`finish_reason: "length"`, `stop_reason: "max_tokens"`, an `incomplete` Responses
+/// answer) rather than where it meant to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub text: String,
+    pub cut: bool,
+}
+
+impl From<String> for Answer {
+    /// A complete answer.
+    fn from(text: String) -> Self {
+        Self { text, cut: false }
+    }
 }
 
 /// What the summariser is asked: one system message and one user message.
@@ -370,6 +382,10 @@ pub enum CannotCompact {
     TooLarge { estimate: u64, budget: u64 },
     #[error("the plan failed validation: {0}")]
     Invalid(Violation),
+    #[error(
+        "the compacted request would be {after} tokens, no smaller than the {before} it replaces"
+    )]
+    NoSmaller { before: u64, after: u64 },
 }
 
 /// Where a replacement message comes from.
@@ -470,7 +486,7 @@ impl Cpu for Inline {
 /// summary that does not fit the budget) falls back to recency and says so in
 /// [`Plan::fallback`]. The returned plan has passed [`validate`]. The work around the
 /// summary runs on `cpu`.
-pub async fn compact<F, Fut>(
+pub async fn compact<F, Fut, A>(
     strategy: Strategy,
     input: &Input<'_>,
     settings: &Settings,
@@ -479,7 +495,8 @@ pub async fn compact<F, Fut>(
 ) -> Result<Plan, CannotCompact>
 where
     F: Fn(SummaryRequest) -> Fut,
-    Fut: Future<Output = Result<String, SummaryError>>,
+    Fut: Future<Output = Result<A, SummaryError>>,
+    A: Into<Answer>,
 {
     let permit = cpu.acquire().await;
     let ctx = cpu.run(&permit, || Ctx::new(input, settings))?;

@@ -41,11 +41,25 @@ pub(super) fn plan(
     requested: Strategy,
     fallback: Option<Fallback>,
 ) -> Result<Plan, super::CannotCompact> {
+    let wanted = index_budget(ctx);
+    let (mut plan, used) = attempt(ctx, requested, wanted);
+    // An index much smaller than its share leaves room a longer kept end can use: once
+    // more with the share it needed (the elided part, and its index, can only shrink).
+    let needed = used + used / 4 + 16;
+    if needed < wanted {
+        plan = attempt(ctx, requested, needed).0;
+    }
+    plan.fallback = fallback;
+    Ok(plan)
+}
+
+/// The plan with an index of about `index_budget` tokens, and the tokens its index
+/// took (0: the marker only counts).
+fn attempt(ctx: &Ctx<'_, '_>, requested: Strategy, index_budget: u64) -> (Plan, u64) {
     let messages = ctx.messages();
     let t_min = ctx.t_min();
     // What the agent saw last stays whole; only older bulky tool results are digested,
     // and the kept end fills the budget newest first.
-    let index_budget = ctx.settings.index_budget(ctx.input.budget);
     let reserve = ctx.marker_reserve() + index_budget;
     let whole = ctx.newest_whole(reserve).min(t_min);
     let cost_kept = |k: usize| match (k < whole).then(|| digest(ctx, k)).flatten() {
@@ -78,8 +92,9 @@ pub(super) fn plan(
         elided.iter().filter(|m| is_result(m)).count(),
     );
     let tokens = |text: &str| ctx.estimator().text(text);
-    let indexed =
-        index::index(elided, index_budget, &tokens).map(|index| format!("{counts}\n{index}"));
+    let indexed = |budget: u64| {
+        index::index(elided, budget, &tokens).map(|index| format!("{counts}\n{index}"))
+    };
     let mut kept: Vec<(Box<RawValue>, Origin)> = Vec::with_capacity(through + 1 - start);
     let mut digests = digests.into_iter().peekable();
     for (k, message) in messages.iter().enumerate().take(through + 1).skip(start) {
@@ -105,12 +120,34 @@ pub(super) fn plan(
             None,
         )
     };
-    let mut plan = match indexed.map(|marker| build(&marker)) {
-        Some(plan) if plan.tokens_after <= ctx.input.budget => plan,
-        _ => build(&counts),
-    };
-    plan.fallback = fallback;
-    Ok(plan)
+    // Should the plan's own estimate find the index over the budget, a smaller one; the
+    // marker that only counts always fits.
+    let fits = |plan: &Plan| plan.tokens_after <= ctx.input.budget;
+    let used = |marker: &str| tokens(marker).saturating_sub(tokens(&counts));
+    for share in [index_budget, index_budget / 2] {
+        if let Some(marker) = indexed(share) {
+            let plan = build(&marker);
+            if fits(&plan) {
+                return (plan, used(&marker));
+            }
+        }
+    }
+    (build(&counts), 0)
+}
+
+/// The index's share: `index_budget_ratio` of the budget at least, more when much is
+/// elided — an eighth of what must go (the conversation over the budget), up to half
+/// the budget — so a large elided middle keeps its identifiers (0 when the ratio is 0:
+/// a marker that only counts).
+fn index_budget(ctx: &Ctx<'_, '_>) -> u64 {
+    let budget = ctx.input.budget;
+    let floor = ctx.settings.index_budget(budget);
+    if floor == 0 {
+        return 0;
+    }
+    let elided = ctx.total(0, 0, 0).saturating_sub(budget);
+    let room = budget.saturating_sub(ctx.minimal());
+    floor.max((elided / 8).min(budget / 2)).min(room)
 }
 
 /// A byte-identical copy of a message.

@@ -184,6 +184,10 @@ fn identifier_patterns() -> &'static [Regex] {
             r"\b[A-Z]{1,4}[0-9]{2,6}\b",
             r"\b[a-z]{2,}_[A-Za-z0-9]*(?:[0-9][A-Za-z0-9]*[A-Z]|[A-Z][A-Za-z0-9]*[0-9])[A-Za-z0-9]*\b",
             r"\b[a-z][a-z0-9]*(?:-[a-z0-9]+){2,}\b",
+            // Dotted configuration keys and feature flags (`payments.release_lock_early`).
+            r"\b[a-z][a-z0-9_]*\.[a-z][a-z0-9]*_[a-z0-9_]*[a-z0-9]\b",
+            // Chat channels (`#payments-oncall`), not `#include` or a heading.
+            r"\B#[a-z][a-z0-9]*(?:[-_][a-z0-9]+)+",
         ])
     })
 }
@@ -314,6 +318,19 @@ mod tests {
         ] {
             assert!(ids.iter().any(|i| i == want), "{want} in {ids:?}");
         }
+        // Feature flags and config keys, chat channels; not headings or directives.
+        let ids = identifiers(
+            "Use the flag payments.release_lock_early; alert #payments-oncall, not ## Goal, \
+             #include or main.rs.",
+        );
+        for want in ["payments.release_lock_early", "#payments-oncall"] {
+            assert!(ids.iter().any(|i| i == want), "{want} in {ids:?}");
+        }
+        assert!(
+            !ids.iter()
+                .any(|i| i.contains("include") || i.contains("Goal")),
+            "{ids:?}"
+        );
         assert!(mentions(&without_spaces("took 250ms"), "250 ms"));
         // A path inside a URL is not a path; one after it is, once.
         assert_eq!(

@@ -200,3 +200,46 @@ async fn ignored_headers_do_not_multiply_a_keys_summary_budget() {
     );
     assert!(proxy.stats().summary_refused >= 10);
 }
+
+/// Claude Code signed in with a subscription (OAuth) sends a bearer token Anthropic
+/// accepts for Claude Code's own requests only: no summary is asked with it (it would
+/// be refused, and it is not the subscriber's to spend); the note says how to get them.
+#[tokio::test]
+async fn a_subscription_sign_in_is_never_used_for_summaries() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config_for(&provider.url());
+    cfg.compaction.strategy = Strategy::Structured;
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut messages = Vec::new();
+    for i in 0..6 {
+        messages.push(json!({"role": "user", "content": format!("Step {i}: fix src/m_{i}.rs {}", "context ".repeat(300))}));
+        messages.push(
+            json!({"role": "assistant", "content": format!("Done {i}. {}", "detail ".repeat(300))}),
+        );
+    }
+    messages.push(json!({"role": "user", "content": "And now?"}));
+    let body = json!({"model": "claude-sonnet-4", "max_tokens": 64, "messages": messages});
+    let send = |force: bool| {
+        let mut request = client()
+            .post(proxy.url("/v1/messages"))
+            .header("authorization", "Bearer sk-ant-oat01-subscriber")
+            .header("anthropic-version", "2023-06-01")
+            .header("anthropic-beta", "oauth-2025-04-20")
+            .body(body.to_string());
+        if force {
+            request = request.header("x-abridge-compact", "force");
+        }
+        async move { request.send().await.unwrap() }
+    };
+    assert_eq!(send(false).await.status(), 200);
+    let answer = send(true).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["x-abridge-strategy"], "recency");
+    let note = answer.headers()["x-abridge-note"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(note.contains("summary.upstream"), "{note}");
+    assert_eq!(summaries(&provider), 0);
+}

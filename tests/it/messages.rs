@@ -24,6 +24,12 @@ fn sent(provider: &FakeProvider) -> Vec<Recorded> {
         .requests()
         .into_iter()
         .filter(|r| r.uri.path().ends_with("/messages"))
+        // Summaries of the conversation are asked in the Messages API too.
+        .filter(|r| {
+            !r.json()["messages"]
+                .as_array()
+                .is_some_and(|m| fake_provider::is_summary_request(m))
+        })
         .collect()
 }
 
@@ -258,25 +264,40 @@ async fn one_abridge_serves_an_openai_and_an_anthropic_upstream() {
     // OpenAI saw only the chat request; the Anthropic provider saw the Messages
     // requests, count_tokens and the summary of its own conversation — the client's
     // Anthropic key never went to the other provider.
-    let seen = |p: &FakeProvider| -> Vec<(String, bool)> {
+    let seen = |p: &FakeProvider| -> Vec<(String, bool, bool)> {
         p.requests()
             .iter()
-            .map(|r| (r.uri.path().to_owned(), r.headers.contains_key("x-api-key")))
+            .map(|r| {
+                let summary = r.json()["messages"]
+                    .as_array()
+                    .is_some_and(|m| fake_provider::is_summary_request(m));
+                (
+                    r.uri.path().to_owned(),
+                    r.headers.contains_key("x-api-key"),
+                    summary,
+                )
+            })
             .collect()
     };
-    assert_eq!(seen(&openai), [("/v1/chat/completions".to_owned(), false)]);
+    assert_eq!(
+        seen(&openai),
+        [("/v1/chat/completions".to_owned(), false, false)]
+    );
     let at_anthropic = seen(&anthropic);
-    assert!(at_anthropic.iter().all(|(_, key)| *key), "{at_anthropic:?}");
     assert!(
-        at_anthropic
-            .iter()
-            .any(|(p, _)| p == "/v1/chat/completions"),
-        "the summary"
+        at_anthropic.iter().all(|(_, key, _)| *key),
+        "{at_anthropic:?}"
     );
     assert!(
         at_anthropic
             .iter()
-            .any(|(p, _)| p == "/v1/messages/count_tokens")
+            .any(|(p, _, summary)| p == "/v1/messages" && *summary),
+        "the summary, in the Messages API: {at_anthropic:?}"
+    );
+    assert!(
+        at_anthropic
+            .iter()
+            .any(|(p, _, _)| p == "/v1/messages/count_tokens")
     );
     assert!(proxy.stats().summary_failures == 0, "{:?}", proxy.stats());
 }

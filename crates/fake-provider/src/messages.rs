@@ -130,6 +130,16 @@ pub(crate) fn answer(
     if let Err(message) = validate(&request, b.strict_alternation, count_only) {
         return fail(&message);
     }
+    let summary = request["messages"]
+        .as_array()
+        .is_some_and(|m| crate::chat::is_summary_request(m));
+    if summary && b.summary == crate::SummaryMode::Error {
+        let status = StatusCode::INTERNAL_SERVER_ERROR;
+        return Answer::Whole(
+            status,
+            error_body(status, "The summariser failed (as told).", request_id),
+        );
+    }
     let prompt = Prompt::of(&request);
     let total = (prompt.total as f64 * b.token_scale).ceil() as u64;
     let whole = |value: Value| {
@@ -349,6 +359,22 @@ impl Reply {
                 },
                 "tool_use",
             ),
+            // A summary asked in the Messages API: the same summariser as chat's, which
+            // stops at max_tokens (about four characters a token) like a model.
+            _ if crate::chat::is_summary_request(messages) => {
+                let limit = request["max_tokens"]
+                    .as_u64()
+                    .map_or(usize::MAX, |t| usize::try_from(t * 4).unwrap_or(usize::MAX));
+                let mut text = crate::summary::summarise(messages, b.summary);
+                let stop = match text.char_indices().nth(limit) {
+                    Some((at, _)) => {
+                        text.truncate(at);
+                        "max_tokens"
+                    }
+                    None => "end_turn",
+                };
+                (Content::Text(text), stop)
+            }
             _ => {
                 let max = request["max_tokens"].as_u64();
                 let (text, truncated) = reply_text(&asked, b.reply_words, max);

@@ -8,46 +8,100 @@ use serde_json::Value;
 use crate::SummaryMode;
 use crate::chat::text_of;
 
-/// The bodies of the `[USER]` blocks of a transcript: a label line (`[USER]`,
-/// `[ASSISTANT]`, `[TOOL ...]`) starts a block, the lines up to the next label are its
-/// body (text on the label line itself counts too).
-fn user_blocks(transcript: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<(bool, String)> = None;
+/// The blocks of a transcript, each with its label (`[USER]`, `[ASSISTANT]`,
+/// `[TOOL CALL …]`, `[TOOL RESULT …]`) and body: a label line starts a block, the lines
+/// up to the next label are its body (text on the label line itself counts too).
+fn blocks(transcript: &str) -> Vec<(&str, String)> {
+    let mut out: Vec<(&str, String)> = Vec::new();
     for line in transcript.lines() {
         let t = line.trim();
-        let label = ["[USER", "[ASSISTANT", "[TOOL"]
-            .iter()
-            .find(|l| t.starts_with(**l));
-        if let (Some(label), Some(close)) = (label, t.find(']')) {
-            if let Some((true, body)) = current.take() {
-                blocks.push(body.trim().to_owned());
+        let label = ["[USER", "[ASSISTANT", "[TOOL RESULT", "[TOOL"]
+            .into_iter()
+            .find(|l| t.starts_with(l));
+        match (label, t.find(']')) {
+            (Some(label), Some(close)) => out.push((label, t[close + 1..].trim().to_owned())),
+            _ => {
+                if let Some((_, body)) = out.last_mut() {
+                    body.push(' ');
+                    body.push_str(t);
+                }
             }
-            current = Some((*label == "[USER", t[close + 1..].trim().to_owned()));
-        } else if let Some((_, body)) = &mut current {
-            body.push(' ');
-            body.push_str(t);
         }
     }
-    if let Some((true, body)) = current {
-        blocks.push(body.trim().to_owned());
-    }
-    blocks.retain(|b| !b.is_empty());
-    blocks
+    out
 }
 
-/// A summary in the structured template, built from the transcript in the last message.
+/// The bodies of the `[USER]` blocks of a transcript.
+fn user_blocks(transcript: &str) -> Vec<String> {
+    blocks(transcript)
+        .into_iter()
+        .filter(|(label, body)| *label == "[USER" && !body.trim().is_empty())
+        .map(|(_, body)| body.trim().to_owned())
+        .collect()
+}
+
+/// The text a model reads identifiers from, in the order it weighs them: what the
+/// previous summary carried, what the user and the assistant said (and the calls they
+/// made), then what the tools returned.
+fn by_weight(previous: &str, quoted: &str) -> String {
+    let blocks = blocks(quoted);
+    let (results, said): (Vec<_>, Vec<_>) = blocks
+        .iter()
+        .partition(|(label, _)| *label == "[TOOL RESULT");
+    let mut out = previous.to_owned();
+    for (_, body) in said.iter().chain(&results) {
+        out.push('\n');
+        out.push_str(body);
+    }
+    if blocks.is_empty() {
+        out.push('\n');
+        out.push_str(quoted);
+    }
+    out
+}
+
+/// The text between `<name-…>` and its closing `</name-…>` in a prompt (abridge fences
+/// what it quotes so the transcript cannot close it), or `None`.
+fn fenced<'p>(prompt: &'p str, name: &str) -> Option<&'p str> {
+    let open = format!("<{name}-");
+    let start = prompt.find(&open)?;
+    let tag_end = start + prompt[start..].find('>')? + 1;
+    let tag = &prompt[start + 1..tag_end - 1];
+    let close = format!("</{tag}>");
+    let end = prompt[tag_end..].find(&close)? + tag_end;
+    Some(&prompt[tag_end..end])
+}
+
+/// The section `name` of a summary in the template (its lines after `## name`).
+fn section<'s>(summary: &'s str, name: &str) -> Option<&'s str> {
+    let heading = format!("## {name}");
+    let start = summary.find(&heading)? + heading.len();
+    let rest = &summary[start..];
+    Some(rest[..rest.find("\n## ").unwrap_or(rest.len())].trim())
+}
+
+/// A summary in the structured template, built from what the prompt in the last message
+/// quotes — the transcript, or for an update the previous summary and the new messages
+/// — as a model following the template does: the previous summary's goal and what it
+/// carried stay, the new messages add to them. (A prompt without fences is read whole.)
 pub(crate) fn summarise(messages: &[Value], mode: SummaryMode) -> String {
-    let transcript = messages.last().map(text_of).unwrap_or_default();
-    let asks = user_blocks(&transcript);
+    let prompt = messages.last().map(text_of).unwrap_or_default();
+    let previous = fenced(&prompt, "previous-summary").unwrap_or_default();
+    let quoted = fenced(&prompt, "transcript")
+        .or_else(|| fenced(&prompt, "new-messages"))
+        .unwrap_or(&prompt);
+    let transcript = format!("{previous}\n{quoted}");
+    let asks = user_blocks(quoted);
     let short = |s: &str| s.chars().take(300).collect::<String>();
-    let goal = asks
-        .first()
-        .map_or_else(|| "continue the conversation".to_owned(), |a| short(a));
+    let goal = section(previous, "Goal")
+        .filter(|g| !g.is_empty() && !g.starts_with('('))
+        .map(short)
+        .or_else(|| asks.first().map(|a| short(a)))
+        .unwrap_or_else(|| "continue the conversation".to_owned());
     let latest = asks.last().map_or_else(|| goal.clone(), |a| short(a));
     let user_lines = &asks;
     let mut identifiers: Vec<String> = Vec::new();
-    for token in transcript.split_whitespace() {
+    for token in by_weight(previous, quoted).split_whitespace() {
         let t = token.trim_matches(|c: char| ",.;:()[]{}\"'`".contains(c));
         let looks_like_id = t.contains('/')
             || t.contains('_')
@@ -83,8 +137,8 @@ pub(crate) fn summarise(messages: &[Value], mode: SummaryMode) -> String {
     let stated = |cues: &[&str]| {
         let found: Vec<String> = transcript
             .split(['.', '\n'])
-            .map(str::trim)
-            .filter(|l| !l.starts_with('[') && l.len() > 8)
+            .map(|l| l.trim().trim_start_matches("- ").trim())
+            .filter(|l| !l.starts_with('[') && !l.starts_with('#') && l.len() > 8)
             .filter(|l| {
                 let lower = l.to_lowercase();
                 cues.iter().any(|c| lower.contains(c))

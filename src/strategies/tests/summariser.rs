@@ -105,14 +105,14 @@ fn summariser_failures_fall_back_to_recency() {
         let cases: Vec<(Plan, Expected)> = vec![
             (
                 run(strategy, &inp, &settings, |_| async {
-                    Err(SummaryError::Status(500))
+                    Err::<String, _>(SummaryError::Status(500))
                 })
                 .unwrap(),
                 |f| matches!(f, Fallback::Summariser(SummaryError::Status(500))),
             ),
             (
                 run(strategy, &inp, &settings, |_| async {
-                    Err(SummaryError::TimedOut)
+                    Err::<String, _>(SummaryError::TimedOut)
                 })
                 .unwrap(),
                 |f| matches!(f, Fallback::Summariser(SummaryError::TimedOut)),
@@ -255,7 +255,7 @@ fn transcript_truncates_and_redacts() {
         &Settings::default(),
         |r: SummaryRequest| {
             *seen.borrow_mut() = Some(r);
-            async { Err(SummaryError::TimedOut) }
+            async { Err::<String, _>(SummaryError::TimedOut) }
         },
     )
     .unwrap();
@@ -326,4 +326,88 @@ fn ten_iterative_updates_never_lose_what_the_first_carried() {
         previous = Some(plan);
     }
     assert!(updates >= 9, "{updates} updates");
+}
+
+/// Twenty successive updates by a summariser that rewrites freely — it keeps the whole
+/// previous summary, repeats it, and adds the new messages' identifiers — and stops at
+/// its token cap the way a model does: every summary stays within its cap (plus what
+/// the gate appends), and every identifier of the first is still in the twentieth.
+#[test]
+fn twenty_free_rewrites_stay_bounded_and_keep_the_first_summarys_identifiers() {
+    let msgs = agentic(84, 200);
+    let e = Estimator::approx();
+    let settings = Settings {
+        summary_max_tokens: 400,
+        ..Settings::default()
+    };
+    let rewriter = |r: SummaryRequest| {
+        let previous = r
+            .prompt
+            .split("<previous-summary-")
+            .nth(1)
+            .and_then(|p| p.split_once('>'))
+            .map(|(_, rest)| {
+                rest.split("</previous-summary-")
+                    .next()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .unwrap_or_default();
+        let new = r.prompt.split("<new-messages-").last().unwrap_or_default();
+        let ids = crate::strategies::text::identifiers(new);
+        let text = format!(
+            "## Goal\nFix bugs.\n{previous}\n{previous}\n## Critical Context\n{}",
+            ids.join(", ")
+        );
+        // A model stops at its cap: about four characters a token.
+        let cap = r.max_tokens as usize * 4;
+        let cut = text.chars().count() > cap;
+        let text: String = text.chars().take(cap).collect();
+        async move { Ok(Answer { text, cut }) }
+    };
+    let mut previous: Option<Plan> = None;
+    let mut first_ids: Vec<String> = Vec::new();
+    let mut updates = 0;
+    for turns in (8..=84).step_by(4) {
+        let len = 1 + 5 * turns;
+        let mut history = msgs[..len].to_vec();
+        history.push(json!({"role": "user", "content": "Continue with the next module please."}));
+        let b = body(&history);
+        let m = parse(&b);
+        let mut inp = input(&m, e.messages(&m) / 2, &e);
+        inp.previous = previous.as_ref().map(|p| Previous {
+            head: p.head,
+            through: p.through,
+            replacement: &p.replacement,
+            kept: &[],
+            summary: p.summary.as_deref(),
+        });
+        let plan = run(Strategy::Structured, &inp, &settings, rewriter).unwrap();
+        assert_eq!(plan.strategy, Strategy::Structured, "{:?}", plan.fallback);
+        assert!(plan.tokens_after <= inp.budget);
+        let summary = plan.summary.clone().unwrap();
+        if first_ids.is_empty() {
+            first_ids = crate::strategies::text::identifiers(&summary);
+            assert!(!first_ids.is_empty());
+        } else {
+            updates += 1;
+            for id in &first_ids {
+                assert!(
+                    crate::strategies::text::mentions(&summary.replace(' ', ""), id),
+                    "update {updates}: {id} of the first summary is gone:\n{summary}"
+                );
+            }
+        }
+        // Within the cap (in the rewriter's own measure, four characters a token), and
+        // what the gate repairs and appends (sections, the first summary's identifiers,
+        // the latest ask): it does not grow with the updates.
+        let appended: usize = first_ids.iter().map(|id| id.len() + 2).sum::<usize>() + 600;
+        let chars = summary.chars().count();
+        assert!(
+            chars <= settings.summary_max_tokens as usize * 4 + appended,
+            "update {updates}: {chars} characters:\n{summary}"
+        );
+        previous = Some(plan);
+    }
+    assert!(updates >= 19, "{updates} updates");
 }

@@ -340,3 +340,45 @@ async fn without_the_store_a_summarising_strategy_says_why_it_used_recency() {
         "no summary that could not be kept"
     );
 }
+
+/// A compaction that would not make the request smaller (a middle shorter than the
+/// marker that would replace it) is neither stored nor forwarded: the prefix, and the
+/// provider's cache, stay as they were, and the report says why.
+#[tokio::test]
+async fn a_compaction_that_saves_nothing_is_not_stored() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let body = json!({"model": "fake-model", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Ok?"},
+        {"role": "assistant", "content": "Yes."},
+        {"role": "user", "content": "And now?"},
+    ]});
+    let answer = crate::common::client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-nothing")
+        .header("x-abridge-compact", "force")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["x-abridge-compacted"], "false");
+    let note = answer.headers()["x-abridge-note"].to_str().unwrap();
+    assert!(note.contains("no smaller"), "{note}");
+    let conversation = abridge::identity::Fingerprint::from_hex(
+        answer.headers()["x-abridge-conversation"].to_str().unwrap(),
+    )
+    .unwrap();
+    let loaded = proxy.state.store().load(&conversation).await.unwrap();
+    assert!(loaded.checkpoints.is_empty(), "nothing stored");
+    assert_eq!(
+        main_requests(&provider).last().unwrap().json()["messages"],
+        body["messages"],
+        "forwarded as sent"
+    );
+}

@@ -152,7 +152,8 @@ async fn with_background_precompaction_the_crossing_turn_calls_no_summariser() {
         .iter()
         .skip(answers.iter().position(|(a, _)| a.compacted()).unwrap())
     {
-        assert!(count_tokens(&messages_of(r)) <= THRESHOLD);
+        let tokens = count_tokens(&messages_of(r));
+        assert!(tokens <= THRESHOLD, "{tokens} tokens at the provider");
     }
 
     // Without background work the crossing turn builds the summary itself.
