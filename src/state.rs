@@ -58,7 +58,10 @@ impl AppState {
         let body_budget = BodyBudget::new(config.limits.max_inflight_body_bytes);
         let tenants = Arc::new(Tenants::new(
             store.clone(),
-            config.summary.max_per_tenant_per_minute,
+            crate::tenants::Budget {
+                tokens: config.summary.max_tokens_per_tenant_per_minute,
+                calls: config.summary.max_per_tenant_per_minute,
+            },
         ));
         let compactor = Arc::new(Compactor::new(
             &config,

@@ -341,6 +341,11 @@ metrics! {
     summary_refused: "summary_refused",
         "Summaries not asked for: credential not yet accepted by the provider, or its rate spent"
         => fn summary_refused;
+    /// Summaries put off because the tenant's budget was spent and the request still fit
+    /// its window: forwarded with the checkpoint in force, built in the background.
+    summary_deferred: "summary_deferred",
+        "Summaries put off to the background: the tenant's budget was spent, the request still fit"
+        => fn summary_deferred;
     // The gate's score of each summary written: the share of the covered messages'
     // identifiers the summariser kept itself.
     gate_score: Histogram = Histogram::new([0.25, 0.5, 0.75, 0.9, 0.99, 1.0].into_iter()),

@@ -16,10 +16,17 @@
 //!   — on a request or on a summary call made with it — clears both at once: a revoked
 //!   key spends at most the summary that was already under way when it was revoked.
 //!   Until accepted, summarising strategies use `recency` and say why.
-//! - **Rate.** At most `summary.max_per_tenant_per_minute` summaries per tenant and
-//!   process (a token bucket); beyond it, `recency` (and a note) until the bucket
-//!   refills.
-
+//! - **Budget.** A tenant's summaries spend from a budget in tokens per minute and
+//!   process (`summary.max_tokens_per_tenant_per_minute`; a summary costs its prompt's
+//!   bytes / 4 plus the tokens it may answer with), and optionally a count
+//!   (`summary.max_per_tenant_per_minute`, 0: none). A summary may start while the
+//!   budget is not overdrawn; its cost is charged when it starts, so one call may
+//!   overdraw it. **The floor:** a conversation's first summary is never refused for
+//!   what the tenant's other conversations spent: it may start until the tenant has
+//!   overdrawn a second minute's budget (the bound that keeps a flood of fresh
+//!   conversations from spending without end). A refused update is built in the
+//!   background once the budget allows ([`Tenants::wait`]), not replaced by `recency`
+//!   when the request still fits.
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
@@ -41,12 +48,37 @@ const REFRESH_EVERY: Duration = Duration::from_secs(30);
 
 pub struct Tenants {
     store: Store,
-    per_minute: u32,
+    budget: Budget,
     /// Tenants known accepted, and since when (std mutex: plain map operations, never
     /// held across an `.await`).
     accepted: Mutex<HashMap<Fingerprint, Instant>>,
-    /// Summary budgets: tokens left and when they were last refilled.
-    buckets: Mutex<HashMap<Fingerprint, (f64, Instant)>>,
+    /// Summary budgets: what is left of each (tokens, calls) and when they were last
+    /// refilled.
+    buckets: Mutex<HashMap<Fingerprint, Left>>,
+}
+
+/// A tenant's summary budget per minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Tokens per minute (at least 1).
+    pub tokens: u64,
+    /// Calls per minute; 0: not counted.
+    pub calls: u32,
+}
+
+/// What is left of a tenant's budget (negative: overdrawn), as of `at`.
+#[derive(Debug, Clone, Copy)]
+struct Left {
+    tokens: f64,
+    calls: f64,
+    at: Instant,
+}
+
+/// Whether a summary is its conversation's first (the floor applies) or an update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    First,
+    Update,
 }
 
 /// Why a summary is not asked for now.
@@ -65,17 +97,20 @@ impl Refusal {
                 "summaries start once the provider has accepted this request's credential"
             }
             Refusal::RateLimited => {
-                "this credential's summary rate (summary.max_per_tenant_per_minute) is spent"
+                "this credential's summary budget (summary.max_tokens_per_tenant_per_minute, max_per_tenant_per_minute) is spent"
             }
         }
     }
 }
 
 impl Tenants {
-    pub fn new(store: Store, per_minute: u32) -> Self {
+    pub fn new(store: Store, budget: Budget) -> Self {
         Self {
             store,
-            per_minute,
+            budget: Budget {
+                tokens: budget.tokens.max(1),
+                ..budget
+            },
             accepted: Mutex::new(HashMap::new()),
             buckets: Mutex::new(HashMap::new()),
         }
@@ -123,8 +158,14 @@ impl Tenants {
     }
 
     /// Whether `tenant` may have a summary now: accepted by the provider and within its
-    /// rate. Takes one summary from its budget when it may.
-    pub async fn may_summarise(&self, tenant: Fingerprint) -> Result<(), Refusal> {
+    /// budget (see the module docs for the floor of a `Kind::First`). Charges `cost`
+    /// tokens (and one call) when it may.
+    pub async fn may_summarise(
+        &self,
+        tenant: Fingerprint,
+        kind: Kind,
+        cost: u64,
+    ) -> Result<(), Refusal> {
         let now = Instant::now();
         let trusted = lock(&self.accepted)
             .get(&tenant)
@@ -139,22 +180,79 @@ impl Tenants {
                 }
             }
         }
-        self.take_token(tenant)
+        self.spend(tenant, kind, cost)
     }
 
-    fn take_token(&self, tenant: Fingerprint) -> Result<(), Refusal> {
-        let capacity = f64::from(self.per_minute.max(1));
+    /// Whether the budget would refuse a summary of `kind` now (nothing is charged): an
+    /// accepted tenant's refusal that waiting would lift.
+    pub fn spent(&self, tenant: Fingerprint, kind: Kind) -> bool {
+        let left = self.refilled(&lock(&self.buckets), tenant, Instant::now());
+        !self.allows(&left, kind)
+    }
+
+    /// How long until the budget allows an update again (zero: now).
+    pub fn wait(&self, tenant: Fingerprint) -> Duration {
+        let left = self.refilled(&lock(&self.buckets), tenant, Instant::now());
+        let per_second = |per_minute: f64| per_minute / 60.0;
+        let mut wait: f64 = 0.0;
+        if left.tokens <= 0.0 {
+            wait = wait.max(-left.tokens / per_second(self.budget.tokens as f64) + 0.05);
+        }
+        if self.budget.calls > 0 && left.calls < 1.0 {
+            wait = wait.max((1.0 - left.calls) / per_second(f64::from(self.budget.calls)));
+        }
+        Duration::from_secs_f64(wait.min(120.0))
+    }
+
+    fn spend(&self, tenant: Fingerprint, kind: Kind, cost: u64) -> Result<(), Refusal> {
         let now = Instant::now();
         let mut buckets = lock(&self.buckets);
-        let (tokens, at) = buckets.get(&tenant).copied().unwrap_or((capacity, now));
-        let refilled =
-            (tokens + now.duration_since(at).as_secs_f64() * capacity / 60.0).min(capacity);
-        if refilled < 1.0 {
-            buckets.insert(tenant, (refilled, now));
-            return Err(Refusal::RateLimited);
+        let mut left = self.refilled(&buckets, tenant, now);
+        let allowed = self.allows(&left, kind);
+        if allowed {
+            left.tokens -= cost as f64;
+            left.calls -= 1.0;
         }
-        bounded_insert(&mut buckets, tenant, (refilled - 1.0, now), |(_, at)| *at);
-        Ok(())
+        bounded_insert(&mut buckets, tenant, left, |l| l.at);
+        if allowed {
+            Ok(())
+        } else {
+            Err(Refusal::RateLimited)
+        }
+    }
+
+    /// `tenant`'s budget as of `now`: refilled at its rate, up to a minute's worth.
+    fn refilled(
+        &self,
+        buckets: &HashMap<Fingerprint, Left>,
+        tenant: Fingerprint,
+        now: Instant,
+    ) -> Left {
+        let (tokens, calls) = (self.budget.tokens as f64, f64::from(self.budget.calls));
+        let Some(left) = buckets.get(&tenant) else {
+            return Left {
+                tokens,
+                calls,
+                at: now,
+            };
+        };
+        let minutes = now.duration_since(left.at).as_secs_f64() / 60.0;
+        Left {
+            tokens: (left.tokens + minutes * tokens).min(tokens),
+            calls: (left.calls + minutes * calls).min(calls),
+            at: now,
+        }
+    }
+
+    /// An update starts while nothing is overdrawn; a conversation's first summary
+    /// while less than a second minute's budget is.
+    fn allows(&self, left: &Left, kind: Kind) -> bool {
+        let (tokens, calls) = (self.budget.tokens as f64, f64::from(self.budget.calls));
+        let counted = self.budget.calls > 0;
+        match kind {
+            Kind::Update => left.tokens > 0.0 && (!counted || left.calls >= 1.0),
+            Kind::First => left.tokens > -tokens && (!counted || left.calls >= 1.0 - calls),
+        }
     }
 }
 
@@ -189,38 +287,85 @@ mod tests {
         Fingerprint::from_hex(&format!("{n:02x}").repeat(32)).unwrap()
     }
 
+    const CALLS: Budget = Budget {
+        tokens: 1_000_000,
+        calls: 3,
+    };
+
     #[tokio::test]
     async fn summaries_wait_for_a_2xx_and_keep_to_the_rate() {
         let store = Store::from_config(&StoreConfig::default()).unwrap();
-        let tenants = Tenants::new(store.clone(), 3);
-        assert_eq!(
-            tenants.may_summarise(tenant(1)).await,
-            Err(Refusal::NotAccepted)
-        );
+        let tenants = Tenants::new(store.clone(), CALLS);
+        let update = |t| tenants.may_summarise(t, Kind::Update, 100);
+        assert_eq!(update(tenant(1)).await, Err(Refusal::NotAccepted));
         tenants.accepted(tenant(1));
         for _ in 0..3 {
-            assert_eq!(tenants.may_summarise(tenant(1)).await, Ok(()));
+            assert_eq!(update(tenant(1)).await, Ok(()));
         }
-        assert_eq!(
-            tenants.may_summarise(tenant(1)).await,
-            Err(Refusal::RateLimited)
+        assert_eq!(update(tenant(1)).await, Err(Refusal::RateLimited));
+        assert!(tenants.spent(tenant(1), Kind::Update));
+        // A call refills in a third of a minute.
+        let wait = tenants.wait(tenant(1));
+        assert!(
+            wait > Duration::from_secs(15) && wait <= Duration::from_secs(20),
+            "{wait:?}"
         );
         // Another tenant is neither accepted nor limited by the first.
-        assert_eq!(
-            tenants.may_summarise(tenant(2)).await,
-            Err(Refusal::NotAccepted)
-        );
+        assert_eq!(update(tenant(2)).await, Err(Refusal::NotAccepted));
         // The store remembers it for other replicas (and a restarted process).
         tokio::task::yield_now().await;
-        let other_replica = Tenants::new(store, 3);
+        let other_replica = Tenants::new(store, CALLS);
         let mut known = false;
         for _ in 0..50 {
-            if other_replica.may_summarise(tenant(1)).await.is_ok() {
+            if other_replica
+                .may_summarise(tenant(1), Kind::Update, 100)
+                .await
+                .is_ok()
+            {
                 known = true;
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(known);
+    }
+
+    /// Four conversations on one key: once the updates have spent the minute's tokens,
+    /// each conversation's first summary still starts — up to a second minute's
+    /// overdraft, and not beyond.
+    #[tokio::test]
+    async fn a_first_summary_is_not_refused_for_other_conversations_spending() {
+        let store = Store::from_config(&StoreConfig::default()).unwrap();
+        let tenants = Tenants::new(
+            store,
+            Budget {
+                tokens: 10_000,
+                calls: 0,
+            },
+        );
+        tenants.accepted(tenant(1));
+        let ask = |kind, cost| tenants.may_summarise(tenant(1), kind, cost);
+        assert_eq!(ask(Kind::Update, 6_000).await, Ok(()));
+        // Not overdrawn: one more may start, and overdraw.
+        assert_eq!(ask(Kind::Update, 6_000).await, Ok(()));
+        assert_eq!(ask(Kind::Update, 100).await, Err(Refusal::RateLimited));
+        assert!(tenants.spent(tenant(1), Kind::Update));
+        assert!(!tenants.spent(tenant(1), Kind::First));
+        for _ in 0..3 {
+            assert_eq!(ask(Kind::First, 2_000).await, Ok(()));
+        }
+        // −8,000 now: the last first summary that may start overdraws past −10,000 …
+        assert_eq!(ask(Kind::First, 2_500).await, Ok(()));
+        // … and after it, none.
+        assert_eq!(ask(Kind::First, 100).await, Err(Refusal::RateLimited));
+        // The wait is what refills the overdraft at 10,000 a minute: about a minute.
+        let wait = tenants.wait(tenant(1));
+        assert!(
+            wait > Duration::from_secs(60) && wait < Duration::from_secs(64),
+            "{wait:?}"
+        );
+        // Nothing is charged for a refusal.
+        assert_eq!(ask(Kind::Update, 1).await, Err(Refusal::RateLimited));
+        assert!(tenants.wait(tenant(1)) <= wait);
     }
 }

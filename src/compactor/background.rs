@@ -3,8 +3,12 @@
 //! worker, so the turn that crosses the threshold finds it ready. Bounded: a fixed
 //! number of workers, a queue of `compaction.background_queue` jobs (more are dropped
 //! and counted), one job per conversation at a time.
+//!
+//! A summary the tenant's budget refuses now waits for it (at most as many jobs as the
+//! queue holds, each for at most two minutes) instead of becoming `recency`: the job is
+//! put back once the budget refills, with the conversation's latest request by then.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
@@ -14,10 +18,10 @@ use crate::controls::Controls;
 use crate::identity::Fingerprint;
 use crate::outcome::Trigger;
 use crate::store::{INDEX_REFRESH_MS, Usage, now_ms};
-use crate::strategies::CannotCompact;
+use crate::strategies::{CannotCompact, Strategy};
 
 use super::Compactor;
-use super::build::Attempt;
+use super::build::{Attempt, summary_kind};
 use super::decide::{self, applicable, next_ratio, scaled, unscaled};
 use super::turn::{Followup, Turn};
 
@@ -25,8 +29,13 @@ use super::turn::{Followup, Turn};
 pub(super) struct Background {
     jobs: mpsc::Sender<Followup>,
     queue: Mutex<Option<mpsc::Receiver<Followup>>>,
-    /// Conversations with a job queued or running (std mutex: no `.await` under it).
+    /// Conversations with a job queued, running or waiting (std mutex: no `.await`
+    /// under it).
     pending: Mutex<HashSet<Fingerprint>>,
+    /// Jobs waiting for their tenant's summary budget, the latest request of each
+    /// conversation (at most `capacity`).
+    waiting: Mutex<HashMap<Fingerprint, Followup>>,
+    capacity: usize,
 }
 
 impl Background {
@@ -36,6 +45,8 @@ impl Background {
             jobs,
             queue: Mutex::new(Some(queue)),
             pending: Mutex::new(HashSet::new()),
+            waiting: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
         }
     }
 
@@ -87,7 +98,15 @@ impl Compactor {
 
     fn queue_job(&self, followup: Followup) {
         let conversation = followup.conversation;
-        if !self.store.is_healthy() || !lock(&self.background.pending).insert(conversation) {
+        if !self.store.is_healthy() {
+            return;
+        }
+        // Waiting for the budget: it will build with this, the latest request.
+        if let Some(waiting) = lock(&self.background.waiting).get_mut(&conversation) {
+            *waiting = followup;
+            return;
+        }
+        if !lock(&self.background.pending).insert(conversation) {
             return;
         }
         // The follow-up is the job: it holds the parsed request and the body's share of
@@ -116,17 +135,20 @@ impl Compactor {
                     };
                     let Some(job) = job else { break };
                     let conversation = job.conversation;
-                    me.run_job(job).await;
-                    lock(&me.background.pending).remove(&conversation);
+                    if !me.run_job(job).await {
+                        lock(&me.background.pending).remove(&conversation);
+                    }
                 }
             });
         }
         set
     }
 
-    async fn run_job(&self, job: Followup) {
+    /// Runs a job; true when it was put off until its tenant's budget refills (the
+    /// conversation stays pending).
+    async fn run_job(self: &Arc<Self>, job: Followup) -> bool {
         let Ok(loaded) = self.store.load(&job.conversation).await else {
-            return;
+            return false;
         };
         let model = crate::azure::model_of(job.request.model(), job.deployment.as_ref());
         let controls = Controls::default();
@@ -145,9 +167,18 @@ impl Compactor {
             payer: Some(job.payer),
         };
         let Some(attempt) = self.job_attempt(&turn, &job).await else {
-            return;
+            return false;
         };
         let (mut attempt, ratio) = attempt;
+        let llm = matches!(
+            attempt.strategy,
+            Strategy::Structured | Strategy::LlmReplace
+        );
+        if llm && self.tenants.spent(job.payer, summary_kind(&turn)) {
+            let wait = self.tenants.wait(job.payer);
+            drop(loaded);
+            return self.wait_for_budget(job, wait);
+        }
         let mut result = self.compact_now(&turn, attempt).await;
         // Not even the minimal plan fits the target: the minimal plan, if it fits the
         // threshold.
@@ -160,6 +191,34 @@ impl Compactor {
         if let Err(e) = result {
             tracing::debug!(conversation = %job.conversation, error = %e, "background compaction skipped");
         }
+        false
+    }
+
+    /// Puts `job` back in the queue after `wait`, with whatever later request of its
+    /// conversation arrived meanwhile; false (dropped, counted) when as many jobs wait
+    /// already as the queue holds.
+    fn wait_for_budget(self: &Arc<Self>, job: Followup, wait: std::time::Duration) -> bool {
+        let conversation = job.conversation;
+        {
+            let mut waiting = lock(&self.background.waiting);
+            if waiting.len() >= self.background.capacity {
+                self.stats.background_dropped();
+                return false;
+            }
+            waiting.insert(conversation, job);
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let Some(job) = lock(&me.background.waiting).remove(&conversation) else {
+                return;
+            };
+            if me.background.jobs.try_send(job).is_err() {
+                lock(&me.background.pending).remove(&conversation);
+                me.stats.background_dropped();
+            }
+        });
+        true
     }
 
     /// What a job builds, and the ratio its budget is calibrated with; `None` when there

@@ -12,6 +12,7 @@ use crate::store::{Checkpoint, Kept, Lock, Saved, Store, now_ms};
 use crate::strategies::{
     self, CannotCompact, Input, Origin, Plan, Previous, Strategy, SummaryError,
 };
+use crate::tenants::Kind;
 use crate::tokens::Estimator;
 
 use super::Compactor;
@@ -262,7 +263,14 @@ impl Compactor {
                 "a Claude subscription sign-in (OAuth) cannot be used for summaries: set summary.upstream to summarise these conversations",
             ));
         }
-        if let Err(refusal) = self.tenants.may_summarise(payer).await {
+        // Charged as it starts: its prompt at about four bytes a token, and its cap.
+        let cost = (request.system.len() + request.prompt.len()) as u64 / 4
+            + u64::from(request.max_tokens);
+        if let Err(refusal) = self
+            .tenants
+            .may_summarise(payer, summary_kind(turn), cost)
+            .await
+        {
             self.stats.summary_refused();
             return Err(SummaryError::NotAttempted(refusal.reason()));
         }
@@ -395,6 +403,19 @@ impl Compactor {
             }
         }
         Peer::Slow
+    }
+}
+
+/// Whether a summary for `turn` would be its conversation's first (no checkpoint of its
+/// history holds one): the tenant budget's floor applies.
+pub(super) fn summary_kind(turn: &Turn<'_, '_>) -> Kind {
+    let summarised = turn
+        .loaded
+        .is_some_and(|l| l.all_matching(turn.prefixes).any(|c| c.summary.is_some()));
+    if summarised {
+        Kind::Update
+    } else {
+        Kind::First
     }
 }
 

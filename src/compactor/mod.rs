@@ -34,11 +34,12 @@ use crate::config::{CompactionConfig, CompactionMode, Config};
 use crate::controls::{Compact, Report};
 use crate::models;
 use crate::offload::Offload;
+use crate::outcome::Trigger;
 use crate::outcome::Uncompactable;
 use crate::stats::Stats;
 use crate::store::{Checkpoint, Piece, Store};
 use crate::strategies::{CannotCompact, Settings, Strategy};
-use crate::tenants::Tenants;
+use crate::tenants::{self, Tenants};
 
 use background::Background;
 use build::Attempt;
@@ -154,6 +155,16 @@ impl Compactor {
                 checkpoint,
                 estimate,
             } => self.use_checkpoint(&mut decision, Some(checkpoint), estimate, dry),
+            Action::Compact { trigger, .. }
+                if !dry && self.defers(turn, &decided, trigger, reason, decision.strategy) =>
+            {
+                self.stats.summary_deferred();
+                self.use_checkpoint(&mut decision, decided.active, decided.predicted, false);
+                decision.report.add_note(format!(
+                    "{}: the summary is built in the background once it refills; forwarded with the checkpoint in force",
+                    tenants::Refusal::RateLimited.reason()
+                ));
+            }
             Action::Compact { budget, trigger } => {
                 let attempt = Attempt {
                     // Observe mode: what recency (no LLM, nothing stored) would do.
@@ -175,6 +186,43 @@ impl Compactor {
             }
         }
         decision
+    }
+
+    /// Whether a summary the threshold calls for waits for the background: the tenant's
+    /// budget refuses it now (an update; a first summary has its floor), and the request
+    /// still fits the model's window with half the room above the threshold to spare.
+    /// An overflow, a forced or scheduled compaction, and one without a store or
+    /// background workers are compacted now (recency, with the reason, if need be).
+    fn defers(
+        &self,
+        turn: &Turn<'_, '_>,
+        decided: &Decided<'_>,
+        trigger: Trigger,
+        reason: Reason,
+        strategy: Strategy,
+    ) -> bool {
+        let llm = matches!(strategy, Strategy::Structured | Strategy::LlmReplace);
+        let (Some(payer), Some(_), Some(_)) = (turn.payer, turn.conversation, turn.loaded) else {
+            return false;
+        };
+        if !llm
+            || reason != Reason::Request
+            || trigger != Trigger::Threshold
+            || self.config.mode != CompactionMode::On
+            || !self.config.background
+            || !self.store.is_healthy()
+            || !self.tenants.spent(payer, build::summary_kind(turn))
+        {
+            return false;
+        }
+        let threshold = decided.threshold;
+        let window = models::context_window(
+            turn.model,
+            &self.config.context_windows,
+            self.config.default_context_window,
+        )
+        .max(threshold);
+        decided.predicted <= threshold + (window - threshold) / 2
     }
 
     /// The decision before anything is decided: forward as sent.

@@ -169,8 +169,13 @@ pub struct SummaryConfig {
     pub timeout_ms: u64,
     /// Sampling temperature for summaries (low: faithful, repeatable).
     pub temperature: f64,
-    /// Summaries asked for at most per tenant (credential) and minute, per process;
-    /// beyond it, `recency` until the budget refills.
+    /// Summary tokens (prompt bytes / 4 plus the answer's cap) per tenant (credential)
+    /// and minute, per process. A conversation's first summary is not refused for what
+    /// the tenant's other conversations spent (up to a second minute's overdraft); a
+    /// refused update is built in the background once the budget refills.
+    pub max_tokens_per_tenant_per_minute: u64,
+    /// Summary calls per tenant and minute, per process, besides the tokens (0: not
+    /// counted).
     pub max_per_tenant_per_minute: u32,
 }
 
@@ -182,7 +187,8 @@ impl Default for SummaryConfig {
             api_key: None,
             timeout_ms: 60_000,
             temperature: 0.2,
-            max_per_tenant_per_minute: 30,
+            max_tokens_per_tenant_per_minute: 400_000,
+            max_per_tenant_per_minute: 0,
         }
     }
 }

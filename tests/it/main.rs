@@ -11,6 +11,7 @@ mod common;
 
 mod admin;
 mod azure;
+mod budget;
 
 mod compaction;
 
