@@ -150,6 +150,7 @@ fn run_stage(
                 focus: None,
                 estimator: &estimator,
                 format: abridge::formats::Format::Chat,
+                summary_window: None,
             };
             runtime
                 .block_on(compact(strategy, &input, &settings, summarise, &Inline))

@@ -93,6 +93,7 @@ fn strategies(c: &mut Criterion) {
                 focus: None,
                 estimator,
                 format: abridge::formats::Format::Chat,
+                summary_window: None,
             };
             // Each case must produce what it claims.
             let plan = runtime

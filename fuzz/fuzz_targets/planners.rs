@@ -44,6 +44,7 @@ fuzz_target!(|data: &[u8]| {
         focus: None,
         estimator: &estimator,
         format: Format::Chat,
+        summary_window: None,
     };
     let answer = control >> 4;
     let summarise = |request: SummaryRequest| {

@@ -228,6 +228,11 @@ impl Compactor {
             focus: attempt.focus,
             estimator: &estimator,
             format: turn.format,
+            summary_window: Some(crate::models::context_window(
+                self.summariser.model_for(turn.model),
+                &self.config.context_windows,
+                self.config.default_context_window,
+            )),
         };
         let summarise = |request| self.summarise(turn, request);
         strategies::compact(

@@ -276,6 +276,9 @@ pub struct Input<'x> {
     /// The wire format the conversation came in: what abridge's own messages and
     /// digests are written in.
     pub format: Format,
+    /// The summariser's context window in tokens, where known: a transcript longer
+    /// than it holds is summarised in parts.
+    pub summary_window: Option<u64>,
 }
 
 /// The checkpoint in force: the plan of an earlier compaction of this conversation.

@@ -8,6 +8,10 @@
 //! - A later compaction with the previous summary at hand sends `PREVIOUS SUMMARY` plus
 //!   only the messages since, and asks for an update: never a summary of a summary, and
 //!   the cost of an update does not grow with the conversation.
+//! - A transcript longer than one request holds (`transcript_max_chars`, or what the
+//!   summariser's window leaves beside the prompt, a previous summary and the answer)
+//!   is summarised in parts, oldest first, each an update of the summary so far (at
+//!   most [`MAX_PARTS`]; older messages are left out, and counted).
 //! - Before use, the gate ([`super::gate`]): sections repaired, what the summary dropped
 //!   appended, rejected only for inventing. A summary keeping fewer than
 //!   `min_identifier_ratio` of the covered messages' identifiers is asked for once more,
@@ -34,6 +38,12 @@ use super::{
 const FRAMING_TOKENS: u64 = 96;
 /// The smallest summary worth asking for: the edges leave at least this much room.
 const MIN_SUMMARY_TOKENS: u64 = 160;
+/// Parts one transcript is summarised in at most (older messages are left out).
+const MAX_PARTS: usize = 4;
+/// Tokens of the summariser's window its instructions and the template take.
+const PROMPT_TOKENS: u64 = 1_000;
+/// The smallest part worth sending, in characters.
+const MIN_PART_CHARS: usize = 4_000;
 
 pub(super) async fn plan<F, Fut, A>(
     ctx: &Ctx<'_, '_>,
@@ -61,49 +71,52 @@ where
             budget: ctx.input.budget,
         });
     }
-    let judged = match &prepared.ask {
-        None => None,
-        Some((transcript, request)) => {
-            let covered = (transcript, prepared.previous);
-            Some(ask(ctx, covered, request.clone(), summarise, cpu).await?)
+    let (judged, previous) = match &prepared.ask {
+        None => (None, prepared.previous.map(str::to_owned)),
+        Some((parts, max_tokens)) => {
+            let asked = (parts.as_slice(), *max_tokens);
+            let (judged, merged) = in_parts(ctx, asked, prepared.previous, summarise, cpu).await?;
+            (Some(judged), merged)
         }
     };
     let edges = (prepared.head, prepared.through);
     let permit = cpu.acquire().await;
-    cpu.run(&permit, || match (judged, &prepared.ask) {
-        (Some(judged), Some((transcript, _))) => {
-            // What the gate appends, worked out again for a summary trimmed to fit.
-            let carried = prepared.previous.map(identifiers).unwrap_or_default();
-            let covered = Covered {
-                text: "",
-                said: &transcript.said,
-                observed: &transcript.observed,
-                carried: &carried,
-                latest_ask: transcript.latest_ask.as_deref(),
-            };
-            let remake = |body: &str| gate::appendix(body, &covered).0;
-            let gate::Judged {
-                body,
-                appendix,
-                verdict,
-            } = judged;
-            fitted(
-                ctx,
-                (strategy, edges),
-                (body, appendix),
-                Some(verdict),
-                &remake,
-            )
-        }
-        _ => {
-            let previous = prepared.previous.unwrap_or_default().trim().to_owned();
-            fitted(
-                ctx,
-                (strategy, edges),
-                (previous, String::new()),
-                None,
-                &|_| String::new(),
-            )
+    cpu.run(&permit, || {
+        match (judged, prepared.ask.as_ref().and_then(|(p, _)| p.last())) {
+            (Some(judged), Some(transcript)) => {
+                // What the gate appends, worked out again for a summary trimmed to fit.
+                let carried = previous.as_deref().map(identifiers).unwrap_or_default();
+                let covered = Covered {
+                    text: "",
+                    said: &transcript.said,
+                    observed: &transcript.observed,
+                    carried: &carried,
+                    latest_ask: transcript.latest_ask.as_deref(),
+                };
+                let remake = |body: &str| gate::appendix(body, &covered).0;
+                let gate::Judged {
+                    body,
+                    appendix,
+                    verdict,
+                } = judged;
+                fitted(
+                    ctx,
+                    (strategy, edges),
+                    (body, appendix),
+                    Some(verdict),
+                    &remake,
+                )
+            }
+            _ => {
+                let previous = previous.unwrap_or_default().trim().to_owned();
+                fitted(
+                    ctx,
+                    (strategy, edges),
+                    (previous, String::new()),
+                    None,
+                    &|_| String::new(),
+                )
+            }
         }
     })
 }
@@ -198,6 +211,77 @@ fn framed(
     )
 }
 
+/// Summarises the parts of a transcript in turn, each an update of the summary so far
+/// (the first, of `previous` when there is one); the last through [`ask`] like a
+/// single transcript. The judged last answer, and the summary it updated.
+async fn in_parts<F, Fut, A>(
+    ctx: &Ctx<'_, '_>,
+    (parts, max_tokens): (&[Transcript], u32),
+    previous: Option<&str>,
+    summarise: &F,
+    cpu: &impl Cpu,
+) -> Result<(gate::Judged, Option<String>), Fallback>
+where
+    F: Fn(SummaryRequest) -> Fut,
+    Fut: Future<Output = Result<A, SummaryError>>,
+    A: Into<Answer>,
+{
+    let mut so_far = previous.map(str::to_owned);
+    let Some((last, earlier)) = parts.split_last() else {
+        return Err(Fallback::EmptySummary);
+    };
+    for part in earlier {
+        let judged = ask(
+            ctx,
+            (part, so_far.as_deref()),
+            request(ctx, part, so_far.as_deref(), max_tokens),
+            summarise,
+            cpu,
+        )
+        .await?;
+        so_far = Some(carried_on(ctx, judged, max_tokens));
+    }
+    let request = request(ctx, last, so_far.as_deref(), max_tokens);
+    let mut judged = ask(ctx, (last, so_far.as_deref()), request, summarise, cpu).await?;
+    if !earlier.is_empty() {
+        judged
+            .verdict
+            .repaired
+            .push(format!("summarised in {} parts", parts.len()));
+    }
+    Ok((judged, so_far))
+}
+
+/// The request for one transcript (an update of `previous` when there is one).
+fn request(
+    ctx: &Ctx<'_, '_>,
+    transcript: &Transcript,
+    previous: Option<&str>,
+    max_tokens: u32,
+) -> SummaryRequest {
+    SummaryRequest {
+        system: SYSTEM.to_owned(),
+        prompt: prompt(transcript, previous, (ctx.input.focus, max_tokens)),
+        max_tokens,
+    }
+}
+
+/// A part's summary as the next part's previous summary: with what the gate appended
+/// (so the next update, and its gate, carry those identifiers on), that list trimmed
+/// when the whole is over twice the cap.
+fn carried_on(ctx: &Ctx<'_, '_>, judged: gate::Judged, max_tokens: u32) -> String {
+    let tokens = |text: &str| ctx.estimator().text(text);
+    let cap = 2 * u64::from(max_tokens);
+    let whole = tokens(&judged.body) + tokens(&judged.appendix);
+    let appendix = match whole.checked_sub(cap) {
+        Some(over) if over > 0 => {
+            fit::trim_appendix(&judged.appendix, over, &tokens).unwrap_or_default()
+        }
+        _ => judged.appendix,
+    };
+    format!("{}{appendix}", judged.body)
+}
+
 /// Asks the summariser and puts the answer through the gate. An answer that kept fewer
 /// than `min_identifier_ratio` of the covered identifiers — the new messages' and, for
 /// an update, the previous summary's, so nothing it carried silently disappears — is
@@ -290,7 +374,8 @@ struct Prepared<'p> {
     head: usize,
     through: usize,
     previous: Option<&'p str>,
-    ask: Option<(Transcript, SummaryRequest)>,
+    /// The transcript in parts (oldest first), and the summary's cap.
+    ask: Option<(Vec<Transcript>, u32)>,
     /// The room the edges leave, when it is less than a minimal summary.
     short_of_room: Option<u64>,
 }
@@ -321,17 +406,12 @@ fn prepare<'p>(ctx: &Ctx<'_, 'p>, tail: Tail) -> Prepared<'p> {
         Some((p_through, _)) if p_through == through => None,
         _ => {
             let from = previous.map_or(head, |(p_through, _)| p_through + 1);
-            let transcript = Transcript::new(ctx, from..=through);
-            let request = SummaryRequest {
-                system: SYSTEM.to_owned(),
-                prompt: prompt(
-                    &transcript,
-                    previous.map(|(_, s)| s),
-                    (ctx.input.focus, max_tokens),
-                ),
-                max_tokens,
-            };
-            Some((transcript, request))
+            let parts = Transcript::parts(
+                ctx,
+                from..=through,
+                (part_chars(ctx, max_tokens), MAX_PARTS),
+            );
+            Some((parts, max_tokens))
         }
     };
     Prepared {
@@ -341,6 +421,20 @@ fn prepare<'p>(ctx: &Ctx<'_, 'p>, tail: Tail) -> Prepared<'p> {
         ask,
         short_of_room: (room < MIN_SUMMARY_TOKENS).then_some(room),
     }
+}
+
+/// The most characters of transcript one summary request carries: `transcript_max_chars`,
+/// and no more than the summariser's window holds beside the instructions, a previous
+/// summary and the answer (at three characters a token: code and logs run denser than
+/// prose).
+fn part_chars(ctx: &Ctx<'_, '_>, max_tokens: u32) -> usize {
+    let configured = ctx.settings.transcript_max_chars;
+    let Some(window) = ctx.input.summary_window else {
+        return configured;
+    };
+    let room = window.saturating_sub(PROMPT_TOKENS + 2 * u64::from(max_tokens));
+    let chars = usize::try_from(room.saturating_mul(3)).unwrap_or(usize::MAX);
+    configured.min(chars).max(MIN_PART_CHARS)
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! What the summariser is asked: the transcript of the messages a summary covers (or,
 //! for an update, the previous summary and the messages since), labelled `[USER]` /
 //! `[ASSISTANT]` (+ `[TOOL CALL]`) / `[TOOL RESULT id]`, long bodies cut to their start
-//! and end, secrets redacted first (see [`super::redact`]), the oldest messages left out
-//! beyond `transcript_max_chars`, inside a fence nothing in it can close (see
-//! [`fence`]); the template, and the size asked for in words.
+//! and end, secrets redacted first (see [`super::redact`]), inside a fence nothing in it
+//! can close (see [`fence`]); the template, and the size asked for in words. A range
+//! longer than one part (`transcript_max_chars`, or what the summariser's window holds)
+//! is written in parts, summarised one after another as updates (see
+//! [`super::structured`]); the oldest messages beyond the last part are left out.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -73,29 +75,59 @@ pub(super) struct Transcript {
 }
 
 impl Transcript {
-    pub(super) fn new(ctx: &Ctx<'_, '_>, range: RangeInclusive<usize>) -> Self {
-        let s = ctx.settings;
+    /// The transcript of `range` in parts of at most `part_chars` each, oldest first,
+    /// at most `max_parts` of them: what is older than that is left out (and counted, in
+    /// the first part). One part when all of it fits.
+    pub(super) fn parts(
+        ctx: &Ctx<'_, '_>,
+        range: RangeInclusive<usize>,
+        (part_chars, max_parts): (usize, usize),
+    ) -> Vec<Self> {
         let messages = ctx.messages();
         let count = range.clone().count();
-        let mut blocks: Vec<(String, Vec<String>, bool)> = Vec::new();
+        let part_chars = part_chars.max(1);
+        let max_parts = max_parts.max(1);
+        // Newest first, so the limit drops the oldest; each part at least one message.
+        let mut parts: Vec<Vec<(String, Vec<String>, usize)>> = vec![Vec::new()];
         let mut chars = 0;
-        let mut latest_ask = None;
-        // Newest first, so the length limit drops the oldest.
         for i in range.rev() {
-            let m = &messages[i];
-            let (block, bodies) = render(ctx, i, m);
+            let (block, bodies) = render(ctx, i, &messages[i]);
             let len = block.chars().count();
-            if chars + len > s.transcript_max_chars && !blocks.is_empty() {
-                break;
+            if chars + len > part_chars && parts.last().is_some_and(|p| !p.is_empty()) {
+                if parts.len() == max_parts {
+                    break;
+                }
+                parts.push(Vec::new());
+                chars = 0;
             }
             chars += len;
-            if latest_ask.is_none() && m.role == Role::User {
-                latest_ask = bodies.first().cloned();
+            if let Some(part) = parts.last_mut() {
+                part.push((block, bodies, i));
             }
-            blocks.push((block, bodies, m.is_result()));
         }
-        blocks.reverse();
-        let left_out = count - blocks.len();
+        let included: usize = parts.iter().map(Vec::len).sum();
+        let left_out = count - included;
+        parts.reverse();
+        let last = parts.len() - 1;
+        parts
+            .into_iter()
+            .enumerate()
+            .map(|(n, mut blocks)| {
+                blocks.reverse();
+                let mut part = Self::of(ctx, &blocks, if n == 0 { left_out } else { 0 });
+                // The latest ask is the last part's: an earlier part's is not current.
+                if n < last {
+                    part.latest_ask = None;
+                }
+                part
+            })
+            .collect()
+    }
+
+    /// One part of blocks (oldest first), `left_out` older messages counted first.
+    fn of(ctx: &Ctx<'_, '_>, blocks: &[(String, Vec<String>, usize)], left_out: usize) -> Self {
+        let messages = ctx.messages();
+        let chars: usize = blocks.iter().map(|(b, _, _)| b.len()).sum();
         let mut text = String::with_capacity(chars + 128);
         if left_out > 0 {
             let _ = writeln!(
@@ -104,17 +136,26 @@ impl Transcript {
             );
         }
         let (mut said, mut observed) = (Vec::new(), Vec::new());
-        for (block, bodies, result) in &blocks {
+        let mut latest_ask = None;
+        for (block, bodies, i) in blocks {
             text.push_str(block);
             text.push('\n');
-            let ids = if *result { &mut observed } else { &mut said };
+            let m = &messages[*i];
+            if m.role == Role::User {
+                latest_ask = bodies.first().cloned();
+            }
+            let ids = if m.is_result() {
+                &mut observed
+            } else {
+                &mut said
+            };
             for body in bodies {
                 ids.extend(identifiers(body));
             }
         }
         Self {
             text,
-            messages: count,
+            messages: blocks.len() + left_out,
             said,
             observed,
             latest_ask,

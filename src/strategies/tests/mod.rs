@@ -55,6 +55,7 @@ fn input<'x>(messages: &'x [Item<'x>], budget: u64, estimator: &'x Estimator) ->
         focus: None,
         estimator,
         format: crate::formats::Format::Chat,
+        summary_window: None,
     }
 }
 

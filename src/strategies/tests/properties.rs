@@ -302,6 +302,7 @@ fn check_too_large_estimate(
         focus: inp.focus,
         estimator: inp.estimator,
         format: crate::formats::Format::Chat,
+        summary_window: None,
     };
     match run(Strategy::Recency, &at_estimate, settings, |r| {
         let a = answer(fake, &r);

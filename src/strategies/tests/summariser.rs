@@ -411,3 +411,64 @@ fn twenty_free_rewrites_stay_bounded_and_keep_the_first_summarys_identifiers() {
     }
     assert!(updates >= 19, "{updates} updates");
 }
+
+/// A transcript longer than the summariser's window holds is summarised in parts, oldest
+/// first, each an update of the summary so far: every request fits the window, and what
+/// the oldest part named reaches the final summary. Without a window, the one request
+/// `transcript_max_chars` allows.
+#[test]
+fn a_transcript_longer_than_the_summarisers_window_is_summarised_in_parts() {
+    let msgs = agentic(30, 3000);
+    let body = body(&msgs);
+    let messages = parse(&body);
+    let e = Estimator::approx();
+    let budget = e.messages(&messages) / 4;
+    let settings = Settings::default();
+    let seen = RefCell::new(Vec::new());
+    let summarise = |r: SummaryRequest| {
+        seen.borrow_mut().push(r.clone());
+        let answer = echo_summary(&r);
+        async move { Ok(answer) }
+    };
+    let window = 16_384;
+    let mut inp = input(&messages, budget, &e);
+    inp.summary_window = Some(window);
+    let plan = run(Strategy::Structured, &inp, &settings, summarise).unwrap();
+    assert_eq!(plan.strategy, Strategy::Structured, "{:?}", plan.fallback);
+    validate(&messages, &plan).unwrap();
+    assert!(plan.tokens_after <= budget);
+    let requests = seen.borrow().clone();
+    assert!(
+        (3..=4).contains(&requests.len()),
+        "{} parts",
+        requests.len()
+    );
+    assert!(!requests[0].prompt.contains("PREVIOUS SUMMARY"));
+    for (n, r) in requests.iter().enumerate() {
+        let size = e.text(&r.system) + e.text(&r.prompt) + u64::from(r.max_tokens);
+        assert!(size <= window, "request {n}: {size} tokens");
+        if n > 0 {
+            assert!(r.prompt.contains("PREVIOUS SUMMARY"), "request {n}");
+        }
+    }
+    // Nothing was left out: the first part starts where the head ends.
+    assert!(!requests[0].prompt.contains("left out of this transcript"));
+    assert!(requests[0].prompt.contains("Step 1: fix the bug"));
+    let summary = plan.summary.as_deref().unwrap();
+    for id in ["src/mod_0.rs", "ABC-1", "src/mod_12.rs"] {
+        assert!(summary.contains(id), "{id}: {summary}");
+    }
+    let verdict = plan.verdict.as_ref().unwrap();
+    assert!(
+        verdict
+            .repaired
+            .contains(&format!("summarised in {} parts", requests.len())),
+        "{verdict:?}"
+    );
+
+    seen.borrow_mut().clear();
+    inp.summary_window = None;
+    let whole = run(Strategy::Structured, &inp, &settings, summarise).unwrap();
+    assert_eq!(whole.strategy, Strategy::Structured);
+    assert_eq!(seen.borrow().len(), 1);
+}
