@@ -1,5 +1,6 @@
 //! Text helpers shared by the strategies: character-safe truncation, first lines, and
-//! the identifiers (file paths, URLs, IDs, numbers with units) a summary must keep.
+//! the identifiers (file paths, URLs, IDs, numbers with units, ports, names) a summary
+//! must keep.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -188,9 +189,26 @@ fn identifier_patterns() -> &'static [Regex] {
             r"\b[a-z][a-z0-9_]*\.[a-z][a-z0-9]*_[a-z0-9_]*[a-z0-9]\b",
             // Chat channels (`#payments-oncall`), not `#include` or a heading.
             r"\B#[a-z][a-z0-9]*(?:[-_][a-z0-9]+)+",
+            // Ports (`port 8443`).
+            r"\b[Pp]ort [0-9]{2,5}\b",
         ])
     })
 }
+
+/// Names of people, places and products: two or three capitalised words after another
+/// word (`ask Amara Okafor`, `Ask Amara Okafor`, `at Northwind Cloud`), the word before
+/// in group 1, the name in group 2. A name after an article or a determiner (`The
+/// Indexer Node`) is a capitalised phrase, not taken.
+fn name_pattern() -> &'static Regex {
+    static P: OnceLock<Vec<Regex>> = OnceLock::new();
+    &P.get_or_init(|| compile(&[r"\b([A-Za-z]+)[,;:]? ((?:[A-Z][a-z]+ ){1,2}[A-Z][a-z]+)\b"]))[0]
+}
+
+/// Words before a capitalised phrase that make it not a name.
+const DETERMINERS: &[&str] = &[
+    "the", "a", "an", "this", "that", "these", "those", "our", "my", "your", "their", "its", "his",
+    "her", "each", "every", "some", "any", "no",
+];
 
 /// Every identifier in `s`, in order of appearance, repeats included.
 pub fn identifiers(s: &str) -> Vec<String> {
@@ -212,6 +230,17 @@ pub fn identifiers(s: &str) -> Vec<String> {
                 continue;
             }
             found.push((m.start(), t.to_owned()));
+        }
+    }
+    for c in name_pattern().captures_iter(s) {
+        let (Some(before), Some(name)) = (c.get(1), c.get(2)) else {
+            continue;
+        };
+        if !DETERMINERS
+            .iter()
+            .any(|d| before.as_str().eq_ignore_ascii_case(d))
+        {
+            found.push((name.start(), name.as_str().to_owned()));
         }
     }
     found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
@@ -329,6 +358,19 @@ mod tests {
         assert!(
             !ids.iter()
                 .any(|i| i.contains("include") || i.contains("Goal")),
+            "{ids:?}"
+        );
+        // Ports, and names in the middle of a sentence; not a sentence's first words.
+        let ids = identifiers(
+            "Ask Amara Okafor before the move, then Tomasz Wrona. The Indexer Node listens \
+             on port 4100.\n## Key Decisions",
+        );
+        for want in ["Amara Okafor", "Tomasz Wrona", "port 4100"] {
+            assert!(ids.iter().any(|i| i == want), "{want} in {ids:?}");
+        }
+        assert!(
+            !ids.iter()
+                .any(|i| i.contains("Ask") || i.contains("Indexer") || i.contains("Key")),
             "{ids:?}"
         );
         assert!(mentions(&without_spaces("took 250ms"), "250 ms"));
