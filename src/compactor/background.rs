@@ -18,7 +18,7 @@ use crate::controls::Controls;
 use crate::identity::Fingerprint;
 use crate::outcome::Trigger;
 use crate::store::{INDEX_REFRESH_MS, Usage, now_ms};
-use crate::strategies::{CannotCompact, Strategy};
+use crate::strategies::CannotCompact;
 
 use super::Compactor;
 use super::build::{Attempt, summary_kind};
@@ -170,11 +170,7 @@ impl Compactor {
             return false;
         };
         let (mut attempt, ratio) = attempt;
-        let llm = matches!(
-            attempt.strategy,
-            Strategy::Structured | Strategy::LlmReplace
-        );
-        if llm && self.tenants.spent(job.payer, summary_kind(&turn)) {
+        if attempt.strategy.summarises() && self.tenants.spent(job.payer, summary_kind(&turn)) {
             let wait = self.tenants.wait(job.payer);
             drop(loaded);
             return self.wait_for_budget(job, wait);

@@ -121,10 +121,7 @@ impl Compactor {
     ) -> Result<Built, CannotCompact> {
         let has_store = turn.loaded.is_some() && turn.conversation.is_some();
         let stored = attempt.real && has_store;
-        let llm = matches!(
-            attempt.strategy,
-            Strategy::Structured | Strategy::LlmReplace
-        );
+        let llm = attempt.strategy.summarises();
         if llm && !has_store {
             // Without a store a summary could not be kept: it would be paid for every
             // turn. Say why the summary was not made: a note, not a silent downgrade.
@@ -228,11 +225,7 @@ impl Compactor {
             focus: attempt.focus,
             estimator: &estimator,
             format: turn.format,
-            summary_window: Some(crate::models::context_window(
-                self.summariser.model_for(turn.model),
-                &self.config.context_windows,
-                self.config.default_context_window,
-            )),
+            summary_window: Some(self.window(self.summariser.model_for(turn.model))),
         };
         let summarise = |request| self.summarise(turn, request);
         strategies::compact(

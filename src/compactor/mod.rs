@@ -91,17 +91,22 @@ impl Compactor {
         }
     }
 
+    /// The context window of a model: configured, else the built-in table, else
+    /// `compaction.default_context_window`.
+    pub fn window(&self, model: &str) -> u64 {
+        models::context_window(
+            model,
+            &self.config.context_windows,
+            self.config.default_context_window,
+        )
+    }
+
     /// The hard threshold for a model.
     pub fn threshold(&self, model: &str) -> u64 {
         if self.config.threshold_tokens > 0 {
             return self.config.threshold_tokens;
         }
-        let window = models::context_window(
-            model,
-            &self.config.context_windows,
-            self.config.default_context_window,
-        );
-        ((window as f64) * self.config.threshold_ratio) as u64
+        ((self.window(model) as f64) * self.config.threshold_ratio) as u64
     }
 
     /// The latest compactions, newest first.
@@ -201,11 +206,10 @@ impl Compactor {
         reason: Reason,
         strategy: Strategy,
     ) -> bool {
-        let llm = matches!(strategy, Strategy::Structured | Strategy::LlmReplace);
         let (Some(payer), Some(_), Some(_)) = (turn.payer, turn.conversation, turn.loaded) else {
             return false;
         };
-        if !llm
+        if !strategy.summarises()
             || reason != Reason::Request
             || trigger != Trigger::Threshold
             || self.config.mode != CompactionMode::On
@@ -216,12 +220,7 @@ impl Compactor {
             return false;
         }
         let threshold = decided.threshold;
-        let window = models::context_window(
-            turn.model,
-            &self.config.context_windows,
-            self.config.default_context_window,
-        )
-        .max(threshold);
+        let window = self.window(turn.model).max(threshold);
         decided.predicted <= threshold + (window - threshold) / 2
     }
 

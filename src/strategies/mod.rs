@@ -123,6 +123,12 @@ impl Strategy {
         Strategy::LlmReplace,
     ];
 
+    /// Whether it asks an LLM for a summary (`structured`, `llm_replace`): it needs the
+    /// store, a tenant the provider accepted, and the tenant's summary budget.
+    pub fn summarises(self) -> bool {
+        matches!(self, Strategy::Structured | Strategy::LlmReplace)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Strategy::Deterministic => "deterministic",
