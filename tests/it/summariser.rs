@@ -10,7 +10,7 @@ use abridge::formats::Format;
 use abridge::headers::Credentials;
 use abridge::headers::Provider;
 use abridge::secret::Secret;
-use abridge::strategies::SummaryRequest;
+use abridge::strategies::{Answer, SummaryRequest};
 use abridge::upstream::Upstream;
 use fake_provider::{Behavior, FakeProvider, SummaryMode};
 use http::HeaderMap;
@@ -34,6 +34,18 @@ fn client_headers() -> Credentials {
     Credentials::from_headers(&h, tenant_headers.iter().map(|h| &h.0))
 }
 
+/// A chat-completions summary of `call` for `model`, on the main upstream with `client`'s
+/// credentials.
+async fn chat(
+    s: &Summariser,
+    client: &Credentials,
+    model: &str,
+    call: &SummaryRequest,
+) -> Result<Answer, SummaryFailure> {
+    s.summarise((client, Provider::Main, Format::Chat, None), model, call)
+        .await
+}
+
 fn summariser(main: &FakeProvider, summary: SummaryConfig) -> Summariser {
     let config = config_for(&main.url());
     let upstream = Upstream::new(&config).unwrap();
@@ -44,12 +56,7 @@ fn summariser(main: &FakeProvider, summary: SummaryConfig) -> Summariser {
 async fn the_main_upstream_gets_the_clients_credentials_and_model() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
     let s = summariser(&provider, SummaryConfig::default());
-    let text = s
-        .summarise(
-            (&client_headers(), Provider::Main, Format::Chat, None),
-            "gpt-4o",
-            &call(),
-        )
+    let text = chat(&s, &client_headers(), "gpt-4o", &call())
         .await
         .unwrap()
         .text;
@@ -83,13 +90,9 @@ async fn a_separate_provider_gets_its_own_key_and_never_the_clients() {
         ..SummaryConfig::default()
     };
     let s = summariser(&main, config);
-    s.summarise(
-        (&client_headers(), Provider::Main, Format::Chat, None),
-        "gpt-4o",
-        &call(),
-    )
-    .await
-    .unwrap();
+    chat(&s, &client_headers(), "gpt-4o", &call())
+        .await
+        .unwrap();
     assert!(main.requests().is_empty());
     let seen = cheap.last_request().unwrap();
     assert_eq!(seen.headers["authorization"], "Bearer sk-summary");
@@ -103,14 +106,7 @@ async fn failures_are_reported_not_hidden() {
     let s = summariser(&provider, SummaryConfig::default());
 
     provider.set_behavior(|b| b.summary = SummaryMode::Error);
-    let err = s
-        .summarise(
-            (&client_headers(), Provider::Main, Format::Chat, None),
-            "m",
-            &call(),
-        )
-        .await
-        .unwrap_err();
+    let err = chat(&s, &client_headers(), "m", &call()).await.unwrap_err();
     assert!(
         matches!(err, SummaryFailure::Status { status: 500, .. }),
         "{err}"
@@ -118,13 +114,7 @@ async fn failures_are_reported_not_hidden() {
 
     provider.set_behavior(|b| b.summary = SummaryMode::Empty);
     assert_eq!(
-        s.summarise(
-            (&client_headers(), Provider::Main, Format::Chat, None),
-            "m",
-            &call()
-        )
-        .await
-        .unwrap_err(),
+        chat(&s, &client_headers(), "m", &call()).await.unwrap_err(),
         SummaryFailure::Empty
     );
 
@@ -140,12 +130,7 @@ async fn failures_are_reported_not_hidden() {
         },
     );
     let started = std::time::Instant::now();
-    let err = quick
-        .summarise(
-            (&client_headers(), Provider::Main, Format::Chat, None),
-            "m",
-            &call(),
-        )
+    let err = chat(&quick, &client_headers(), "m", &call())
         .await
         .unwrap_err();
     assert!(matches!(err, SummaryFailure::Timeout(_)), "{err}");
@@ -154,13 +139,7 @@ async fn failures_are_reported_not_hidden() {
     let nowhere = config_for(&format!("http://{}/v1", crate::common::closed_port().await));
     let s = Summariser::new(&SummaryConfig::default(), &Upstream::new(&nowhere).unwrap());
     assert!(matches!(
-        s.summarise(
-            (&client_headers(), Provider::Main, Format::Chat, None),
-            "m",
-            &call()
-        )
-        .await
-        .unwrap_err(),
+        chat(&s, &client_headers(), "m", &call()).await.unwrap_err(),
         SummaryFailure::Unreachable(_)
     ));
 }
@@ -171,13 +150,7 @@ async fn reasoning_models_are_asked_in_the_form_they_accept() {
     let s = summariser(&provider, SummaryConfig::default());
     let client = client_headers();
     // gpt-5 is known by its name: one request, in its form.
-    s.summarise(
-        (&client, Provider::Main, Format::Chat, None),
-        "gpt-5.2",
-        &call(),
-    )
-    .await
-    .unwrap();
+    chat(&s, &client, "gpt-5.2", &call()).await.unwrap();
     let body = provider.last_request().unwrap().json();
     assert_eq!(body["max_completion_tokens"], 500);
     assert!(body.get("max_tokens").is_none() && body.get("temperature").is_none());
@@ -187,13 +160,9 @@ async fn reasoning_models_are_asked_in_the_form_they_accept() {
     // parameter at a time), the call retried in the form it names, and the form
     // remembered — the next summary is one request.
     for expected in [4, 5] {
-        s.summarise(
-            (&client, Provider::Main, Format::Chat, None),
-            "fake-reasoning-1",
-            &call(),
-        )
-        .await
-        .unwrap();
+        chat(&s, &client, "fake-reasoning-1", &call())
+            .await
+            .unwrap();
         assert_eq!(provider.requests().len(), expected);
     }
     let bodies: Vec<_> = provider.requests().iter().map(|r| r.json()).collect();
@@ -205,15 +174,7 @@ async fn reasoning_models_are_asked_in_the_form_they_accept() {
     );
     assert!(bodies[3].get("temperature").is_none());
     assert_eq!(bodies[4], bodies[3], "remembered");
-    let other = s
-        .summarise(
-            (&client, Provider::Main, Format::Chat, None),
-            "gpt-4o",
-            &call(),
-        )
-        .await
-        .unwrap()
-        .text;
+    let other = chat(&s, &client, "gpt-4o", &call()).await.unwrap().text;
     assert!(!other.is_empty());
     assert_eq!(
         provider.last_request().unwrap().json()["max_tokens"],
@@ -287,14 +248,7 @@ async fn a_chat_summary_cut_at_its_cap_comes_back_marked() {
         max_tokens: 10,
         ..call()
     };
-    let answer = s
-        .summarise(
-            (&client_headers(), Provider::Main, Format::Chat, None),
-            "gpt-4o",
-            &small,
-        )
-        .await
-        .unwrap();
+    let answer = chat(&s, &client_headers(), "gpt-4o", &small).await.unwrap();
     assert!(answer.cut);
     assert!(!answer.text.is_empty());
 }

@@ -61,13 +61,7 @@ fn structured_summarises_the_middle_and_updates_iteratively() {
     let b2 = body(&msgs);
     let m2 = parse(&b2);
     let mut inp = input(&m2, budget, &e);
-    inp.previous = Some(Previous {
-        head: plan1.head,
-        through: plan1.through,
-        replacement: &plan1.replacement,
-        kept: &[],
-        summary: plan1.summary.as_deref(),
-    });
+    inp.previous = Some(previous_of(&plan1));
     let plan2 = run(Strategy::Structured, &inp, &settings, summarise).unwrap();
     assert_eq!(plan2.strategy, Strategy::Structured, "{:?}", plan2.fallback);
     validate(&m2, &plan2).unwrap();
@@ -82,6 +76,25 @@ fn structured_summarises_the_middle_and_updates_iteratively() {
     assert!(new_part.contains("Step 11: fix") || new_part.contains("Step 12: fix"));
     assert!(!req.prompt.contains(FRAME));
     assert_eq!(frames(&m2, &plan2), 1);
+}
+
+/// The first `turns` turns of an [`agentic`] conversation, then a request to go on.
+fn first_turns(msgs: &[Value], turns: usize) -> Vec<Value> {
+    let mut history = msgs[..1 + 5 * turns].to_vec();
+    history.push(json!({"role": "user", "content": "Continue with the next module please."}));
+    history
+}
+
+/// `plan` as the checkpoint in force for the next compaction (read only for its edges
+/// and summary: no kept messages).
+fn previous_of(plan: &Plan) -> Previous<'_> {
+    Previous {
+        head: plan.head,
+        through: plan.through,
+        replacement: &plan.replacement,
+        kept: &[],
+        summary: plan.summary.as_deref(),
+    }
 }
 
 /// Every heading, nothing else.
@@ -294,19 +307,10 @@ fn ten_iterative_updates_never_lose_what_the_first_carried() {
     let mut first: Option<String> = None;
     let mut updates = 0;
     for turns in (8..=44).step_by(4) {
-        let len = 1 + 5 * turns;
-        let mut history = msgs[..len].to_vec();
-        history.push(json!({"role": "user", "content": "Continue with the next module please."}));
-        let b = body(&history);
+        let b = body(&first_turns(&msgs, turns));
         let m = parse(&b);
         let mut inp = input(&m, e.messages(&m) / 2, &e);
-        inp.previous = previous.as_ref().map(|p| Previous {
-            head: p.head,
-            through: p.through,
-            replacement: &p.replacement,
-            kept: &[],
-            summary: p.summary.as_deref(),
-        });
+        inp.previous = previous.as_ref().map(previous_of);
         let plan = run(Strategy::Structured, &inp, &settings, forgetful).unwrap();
         assert_eq!(plan.strategy, Strategy::Structured, "{:?}", plan.fallback);
         validate(&m, &plan).unwrap();
@@ -369,19 +373,10 @@ fn twenty_free_rewrites_stay_bounded_and_keep_the_first_summarys_identifiers() {
     let mut first_ids: Vec<String> = Vec::new();
     let mut updates = 0;
     for turns in (8..=84).step_by(4) {
-        let len = 1 + 5 * turns;
-        let mut history = msgs[..len].to_vec();
-        history.push(json!({"role": "user", "content": "Continue with the next module please."}));
-        let b = body(&history);
+        let b = body(&first_turns(&msgs, turns));
         let m = parse(&b);
         let mut inp = input(&m, e.messages(&m) / 2, &e);
-        inp.previous = previous.as_ref().map(|p| Previous {
-            head: p.head,
-            through: p.through,
-            replacement: &p.replacement,
-            kept: &[],
-            summary: p.summary.as_deref(),
-        });
+        inp.previous = previous.as_ref().map(previous_of);
         let plan = run(Strategy::Structured, &inp, &settings, rewriter).unwrap();
         assert_eq!(plan.strategy, Strategy::Structured, "{:?}", plan.fallback);
         assert!(plan.tokens_after <= inp.budget);
