@@ -319,9 +319,14 @@ fn refused_addition(upstream: &Upstream) -> bool {
     text.contains("stream_options") || text.contains("include_usage")
 }
 
-/// What the record stage needs to know about this request (`None`: not identified).
+/// What the record stage needs to know about this request (`None`: not identified, or
+/// its conversation could not be read). A request the store could not be read for was
+/// decided without the checkpoints; its usage, recorded once the store is back, would
+/// read as "the checkpoint in force is none" and make the next turn compact afresh,
+/// breaking the forwarded prefix the checkpoints kept (seen across a Sentinel failover).
 fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
     let identified = prepared.identified.as_ref()?;
+    prepared.loaded.as_ref()?;
     Some(Followup {
         held: None,
         payer: identified.payer,

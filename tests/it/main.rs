@@ -30,6 +30,7 @@ mod hardening;
 mod lifecycle;
 mod llama;
 mod messages;
+mod outage;
 mod passthrough;
 mod redis_support;
 mod redis_tls;
