@@ -228,11 +228,7 @@ impl Compactor {
             focus: attempt.focus,
             estimator: &estimator,
             format: turn.format,
-            summary_window: Some(crate::models::context_window(
-                self.summariser.model_for(turn.model),
-                &self.config.context_windows,
-                self.config.default_context_window,
-            )),
+            summary_window: Some(self.window(turn.provider, self.summariser.model_for(turn.model))),
         };
         let summarise = |request| self.summarise(turn, request);
         strategies::compact(

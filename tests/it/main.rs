@@ -44,3 +44,4 @@ mod store;
 mod streaming;
 mod summariser;
 mod traffic;
+mod windows;
