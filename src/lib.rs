@@ -107,6 +107,7 @@ pub mod strategies;
 pub mod tenants;
 pub mod tokens;
 pub mod upstream;
+pub mod windows;
 
 pub use config::Config;
 pub use error::Error;

@@ -43,21 +43,32 @@ const KNOWN: &[(&str, u64)] = &[
 /// The context window of `model`: configured prefixes first, then the built-in table,
 /// longest prefix winning in each; else `default`.
 pub fn context_window(model: &str, configured: &BTreeMap<String, u64>, default: u64) -> u64 {
+    configured_window(model, configured)
+        .or_else(|| table_window(model))
+        .unwrap_or(default)
+}
+
+/// The window `compaction.context_windows` gives `model` (longest prefix), if any.
+pub fn configured_window(model: &str, configured: &BTreeMap<String, u64>) -> Option<u64> {
+    longest(model, &mut configured.iter().map(|(k, v)| (k.as_str(), *v)))
+}
+
+/// The built-in table's window for `model` (longest prefix), if any.
+pub fn table_window(model: &str) -> Option<u64> {
+    longest(model, &mut KNOWN.iter().copied())
+}
+
+fn longest(model: &str, entries: &mut dyn Iterator<Item = (&str, u64)>) -> Option<u64> {
     let name = model.rsplit('/').next().unwrap_or(model);
     // Case-insensitive prefix test without allocating: this runs on every request.
     let has_prefix = |prefix: &str| {
         name.len() >= prefix.len()
             && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
     };
-    let longest = |entries: &mut dyn Iterator<Item = (&str, u64)>| {
-        entries
-            .filter(|(prefix, _)| has_prefix(prefix) || model.eq_ignore_ascii_case(prefix))
-            .max_by_key(|(prefix, _)| prefix.len())
-            .map(|(_, window)| window)
-    };
-    longest(&mut configured.iter().map(|(k, v)| (k.as_str(), *v)))
-        .or_else(|| longest(&mut KNOWN.iter().copied()))
-        .unwrap_or(default)
+    entries
+        .filter(|(prefix, _)| has_prefix(prefix) || model.eq_ignore_ascii_case(prefix))
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, window)| window)
 }
 
 #[cfg(test)]

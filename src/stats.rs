@@ -137,6 +137,11 @@ struct CaseLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CompactedLabel {
     compacted: bool,
 }
@@ -360,6 +365,14 @@ metrics! {
     fallbacks: "fallbacks", "Summarising strategies that fell back to recency" => fn fallback;
     /// Requests compacted and retried after "context length exceeded".
     retries: "retries", "Requests compacted and retried after context length exceeded" => fn retry;
+    /// Overflows the provider answered ("context length exceeded"), whether or not a
+    /// retry followed: what abridge could not avoid.
+    context_overflows: "context_overflows",
+        "Context overflows the provider answered (abridge could not avoid them)";
+    overflows_by_model: Family<ModelLabel, Counter> = Family::default(),
+        "context_overflows_by_model",
+        "Context overflows the provider answered, by model (the first 64 models; then other)"
+        => {};
     anti_thrash: Family<CaseLabel, Counter> = Family::default(),
         "anti_thrash",
         "Requests not compacted because even the minimal plan (head, marker, final turn) is over the threshold, by case: head or final_turn"
@@ -470,6 +483,16 @@ impl Stats {
     /// A compacted request was forwarded: the estimate of the tokens it did not send.
     pub fn tokens_saved(&self, tokens: u64) {
         self.tokens_saved_estimated.inc_by(tokens);
+    }
+
+    /// The provider answered an overflow for `model` (its label bounded by the caller).
+    pub fn context_overflow(&self, model: &str) {
+        self.context_overflows.inc();
+        self.overflows_by_model
+            .get_or_create(&ModelLabel {
+                model: model.to_owned(),
+            })
+            .inc();
     }
 
     pub fn anti_thrash(&self, case: Uncompactable) {

@@ -40,6 +40,9 @@ pub(super) async fn stats(State(state): State<AppState>) -> Response {
             "threshold_tokens": state.config().compaction.threshold_tokens,
             "threshold_ratio": state.config().compaction.threshold_ratio,
         },
+        // Context windows learned from the providers: upstream, model, window, how
+        // (overflow, shrunk, asked) and when.
+        "learned_windows": state.compactor().learned_windows(),
     });
     axum::Json(body).into_response()
 }

@@ -124,6 +124,18 @@ impl Compactor {
         let Some(queue) = lock(&self.background.queue).take() else {
             return set;
         };
+        // What other replicas and earlier runs learned of the models' windows: now, and
+        // every so often.
+        let (me, mut stop_refresh) = (self.clone(), stop.clone());
+        set.spawn(async move {
+            loop {
+                me.refresh_windows().await;
+                tokio::select! {
+                    _ = stop_refresh.changed() => break,
+                    () = tokio::time::sleep(crate::windows::REFRESH_EVERY) => {}
+                }
+            }
+        });
         let queue = Arc::new(tokio::sync::Mutex::new(queue));
         for _ in 0..self.config.background_workers.max(1) {
             let (me, queue, mut stop) = (self.clone(), queue.clone(), stop.clone());
@@ -179,7 +191,7 @@ impl Compactor {
         // Not even the minimal plan fits the target: the minimal plan, if it fits the
         // threshold.
         if let Err(CannotCompact::TooLarge { estimate, .. }) = result
-            && scaled(estimate, ratio) <= self.threshold(model)
+            && scaled(estimate, ratio) <= self.threshold(job.provider, model)
         {
             attempt.budget = estimate;
             result = self.compact_now(&turn, attempt).await;
@@ -227,7 +239,7 @@ impl Compactor {
         turn: &Turn<'t, '_>,
         job: &Followup,
     ) -> Option<(Attempt<'t>, f64)> {
-        let threshold = self.threshold(turn.model);
+        let threshold = self.threshold(turn.provider, turn.model);
         let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
         let loaded = turn.loaded?;
         let deepest = loaded

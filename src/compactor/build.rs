@@ -225,7 +225,7 @@ impl Compactor {
             focus: attempt.focus,
             estimator: &estimator,
             format: turn.format,
-            summary_window: Some(self.window(self.summariser.model_for(turn.model))),
+            summary_window: Some(self.window(turn.provider, self.summariser.model_for(turn.model))),
         };
         let summarise = |request| self.summarise(turn, request);
         strategies::compact(

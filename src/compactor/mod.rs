@@ -26,13 +26,13 @@ mod ring;
 pub mod summariser;
 mod summary_wire;
 mod turn;
+mod window;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{CompactionConfig, CompactionMode, Config};
 use crate::controls::{Compact, Report};
-use crate::models;
 use crate::offload::Offload;
 use crate::outcome::Trigger;
 use crate::outcome::Uncompactable;
@@ -40,6 +40,7 @@ use crate::stats::Stats;
 use crate::store::{Checkpoint, Piece, Store};
 use crate::strategies::{CannotCompact, Settings, Strategy};
 use crate::tenants::{self, Tenants};
+use crate::windows::Windows;
 
 use background::Background;
 use build::Attempt;
@@ -65,6 +66,9 @@ pub struct Compactor {
     max_checkpoints: usize,
     background: Background,
     ring: Ring,
+    /// Windows learned from the providers, and what they are learned for.
+    windows: Arc<Windows>,
+    upstreams: window::Upstreams,
 }
 
 impl Compactor {
@@ -84,29 +88,13 @@ impl Compactor {
             settings: config.strategies.clone(),
             summariser,
             summary_timeout: config.summary.timeout(),
-            store,
             stats,
             background: Background::new(config.compaction.background_queue),
             ring: Ring::default(),
+            windows: Arc::new(Windows::new(store.clone())),
+            upstreams: window::Upstreams::of(config),
+            store,
         }
-    }
-
-    /// The context window of a model: configured, else the built-in table, else
-    /// `compaction.default_context_window`.
-    pub fn window(&self, model: &str) -> u64 {
-        models::context_window(
-            model,
-            &self.config.context_windows,
-            self.config.default_context_window,
-        )
-    }
-
-    /// The hard threshold for a model.
-    pub fn threshold(&self, model: &str) -> u64 {
-        if self.config.threshold_tokens > 0 {
-            return self.config.threshold_tokens;
-        }
-        ((self.window(model) as f64) * self.config.threshold_ratio) as u64
     }
 
     /// The latest compactions, newest first.
@@ -122,7 +110,7 @@ impl Compactor {
     /// plan: decides (off the async workers for a large request) and carries the
     /// decision out (see [`decide`]).
     pub async fn plan(&self, turn: &Turn<'_, '_>, reason: Reason) -> Decision {
-        let threshold = self.threshold(turn.model);
+        let threshold = self.threshold(turn.provider, turn.model);
         let mut decision = self.decision(turn, threshold);
         if turn.controls.compact == Compact::Off || self.config.mode == CompactionMode::Off {
             decision.report.note = Some("compaction off".to_owned());
@@ -220,7 +208,7 @@ impl Compactor {
             return false;
         }
         let threshold = decided.threshold;
-        let window = self.window(turn.model).max(threshold);
+        let window = self.window(turn.provider, turn.model).max(threshold);
         decided.predicted <= threshold + (window - threshold) / 2
     }
 

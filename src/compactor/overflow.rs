@@ -1,16 +1,35 @@
 //! Recognising a provider's "the prompt does not fit the context window" answer, for
-//! compact-and-retry.
+//! compact-and-retry, and reading the window from it where the provider states it.
 //!
-//! OpenAI says `400` with `code: "context_length_exceeded"`; llama.cpp's server says
-//! `400` with `type: "exceed_context_size_error"`; vLLM, OpenRouter and others put it in
-//! the message only ("maximum context length", "prompt is too long", ...); some gateways
-//! answer `413`. Only the error body's code, type and message are read.
+//! The families abridge is put in front of say it differently (see `docs/src/windows.md`
+//! for each one's exact text):
+//! - structured: OpenAI, Azure and Groq's `code: "context_length_exceeded"`
+//!   (Responses' stream puts it in `response.error`); llama-server's
+//!   `type: "exceed_context_size_error"` with `n_ctx`;
+//! - in the message only: vLLM (wrapped in `error`, or flat with `"object": "error"`),
+//!   Anthropic ("prompt is too long: N tokens > M maximum"), Mistral and SGLang (flat),
+//!   Gemini's OpenAI-compatible endpoint (an array around the error), LM Studio (the
+//!   error as a string), OpenRouter (the provider's own body as a string in
+//!   `error.metadata.raw`), Ollama (llama-server's body as its message), Together and
+//!   Fireworks (whose window is stated one short).
+//!
+//! Only the error body's code, type and message are read; nothing else of it is kept.
+
+use std::sync::OnceLock;
 
 use http::StatusCode;
-use serde::Deserialize;
+use regex::Regex;
+use serde_json::Value;
+
+/// What an overflow answer said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    /// The model's context window, when the provider stated it.
+    pub window: Option<u64>,
+}
 
 /// Phrases providers use in the message of a context overflow (lower case).
-const PHRASES: [&str; 8] = [
+const PHRASES: &[&str] = &[
     "context_length_exceeded",
     "maximum context length",
     "context length exceeded",
@@ -19,78 +38,174 @@ const PHRASES: [&str; 8] = [
     "prompt is too long",
     "input is too long",
     "reduce the length of the messages",
+    "exceeds the context window",
+    "exceed context limit",
+    "request size exceeds model context window",
+    "longer than the context length",
+    "input length exceeds the context length",
+    "exceeds maximum context length",
+    "does not fit in context length",
+    "context size has been exceeded",
+    "longer than the model's context length",
+    "too large for model with",
+    "exceeds the maximum number of tokens allowed",
+    "longer than the maximum model length",
+    "context length is only",
+    "greater than the context length",
+    "when context the overflows",
+    "context length of only",
+    "`max_new_tokens` must be <=",
 ];
+
+/// Windows read from the text: (pattern, what to add to the number). Fireworks states
+/// the window one short.
+fn window_patterns() -> &'static [(Regex, u64)] {
+    static P: OnceLock<Vec<(Regex, u64)>> = OnceLock::new();
+    P.get_or_init(|| {
+        let compiled = crate::strategies::text::compile(&[
+            r"maximum context length is (\d+)",
+            r"context length is only (\d+)",
+            r"available context size \((\d+) tokens\)",
+            r"tokens > (\d+) maximum",
+            r"exceed context limit: \d+ \+ \d+ > (\d+)",
+            r"maximum number of tokens allowed \((\d+)\)",
+            r"too large for model with (\d+) maximum context length",
+            r"longer than the model's context length \((\d+) tokens\)",
+            r"maximum model length of (\d+)",
+            r"context length only supports (\d+) tokens",
+            r"context length of only (\d+) tokens",
+            r"n_ctx:? \(?(\d+)",
+            r"configured limit of (\d+) tokens",
+            r"max_new_tokens` must be <= (\d+)",
+            r"model maximum context length: (\d+)",
+        ]);
+        let last = compiled.len() - 1;
+        compiled
+            .into_iter()
+            .enumerate()
+            .map(|(i, re)| (re, u64::from(i == last)))
+            .collect()
+    })
+}
+
+/// Windows smaller than this or larger than that, read from an error, are not believed.
+const PLAUSIBLE: std::ops::RangeInclusive<u64> = 256..=100_000_000;
 
 /// Whether a provider's error response means the request was too long for the model.
 pub fn is_context_overflow(status: StatusCode, body: &[u8]) -> bool {
+    read(status, body).is_some()
+}
+
+/// The overflow a provider's error response reports, if it is one.
+pub fn read(status: StatusCode, body: &[u8]) -> Option<Overflow> {
+    let value: Option<Value> = serde_json::from_slice(body).ok();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
-        return true;
+        // A gateway's byte limit is an overflow too; a rate limit said with 413 is not.
+        if value.as_ref().is_some_and(is_rate_limit) {
+            return None;
+        }
+        return Some(Overflow {
+            window: value.as_ref().and_then(window_in),
+        });
     }
     if !matches!(status.as_u16(), 400 | 422) {
-        return false;
+        return None;
     }
-    #[derive(Deserialize)]
-    struct Envelope {
-        error: ErrorBody,
-    }
-    #[derive(Deserialize)]
-    struct ErrorBody {
-        #[serde(default)]
-        message: Option<String>,
-        #[serde(default, rename = "type")]
-        kind: Option<String>,
-        #[serde(default)]
-        code: Option<serde_json::Value>,
-    }
-    let Ok(Envelope { error }) = serde_json::from_slice::<Envelope>(body) else {
-        return false;
+    let value = value?;
+    is_overflow_body(&value).then(|| Overflow {
+        window: window_in(&value),
+    })
+}
+
+/// An error event inside a 200 stream (`response.failed`, `event: error`, llama-server's
+/// `data: {"error": …}`), when it reports an overflow: its `data` parsed.
+pub fn in_event(data: &Value) -> Option<Overflow> {
+    let error = data
+        .pointer("/response/error")
+        .filter(|e| !e.is_null())
+        .or_else(|| data.get("error"))
+        .or_else(|| (data["type"] == "error").then_some(data))?;
+    let wrapped = serde_json::json!({ "error": error });
+    is_overflow_body(&wrapped).then(|| Overflow {
+        window: window_in(&wrapped),
+    })
+}
+
+fn is_rate_limit(value: &Value) -> bool {
+    let error = &value["error"];
+    error["code"] == "rate_limit_exceeded" || error["type"] == "tokens"
+}
+
+/// The error objects of a body, whatever its family's envelope: `error` (an object or a
+/// string), the body itself (flat), the first element of an array (Gemini), and a
+/// provider's own body carried as a string (OpenRouter's `metadata.raw`, Ollama's
+/// message), one level deep.
+fn errors(value: &Value) -> Vec<Value> {
+    let mut out = Vec::with_capacity(3);
+    let top = match value {
+        Value::Array(items) => items.first().cloned().unwrap_or(Value::Null),
+        other => other.clone(),
     };
-    let code = match &error.code {
-        Some(serde_json::Value::String(s)) => s.as_str(),
-        _ => "",
-    };
-    if code == "context_length_exceeded"
-        || error.kind.as_deref() == Some("exceed_context_size_error")
-    {
-        return true;
+    match &top["error"] {
+        Value::Object(_) => out.push(top["error"].clone()),
+        Value::String(s) => out.push(serde_json::json!({ "message": s })),
+        _ => {}
     }
-    let message = error.message.unwrap_or_default().to_lowercase();
-    PHRASES.iter().any(|p| message.contains(p))
+    if top.get("message").is_some() || top.get("object").is_some() {
+        out.push(top.clone());
+    }
+    let nested: Vec<Value> = out
+        .iter()
+        .filter_map(|e| {
+            e.pointer("/metadata/raw")
+                .or_else(|| e.get("message"))
+                .and_then(Value::as_str)
+                .filter(|s| s.trim_start().starts_with('{'))
+                .and_then(|s| serde_json::from_str::<Value>(s).ok())
+        })
+        .collect();
+    for inner in nested {
+        match &inner["error"] {
+            Value::Object(_) => out.push(inner["error"].clone()),
+            _ => out.push(inner),
+        }
+    }
+    out
+}
+
+fn message(error: &Value) -> String {
+    error["message"].as_str().unwrap_or_default().to_lowercase()
+}
+
+fn is_overflow_body(value: &Value) -> bool {
+    errors(value).iter().any(|error| {
+        error["code"] == "context_length_exceeded"
+            || error["type"] == "exceed_context_size_error"
+            || {
+                let message = message(error);
+                PHRASES.iter().any(|p| message.contains(p))
+            }
+    })
+}
+
+/// The window an overflow body states: llama-server's `n_ctx`, else the first number a
+/// family's text gives it by.
+fn window_in(value: &Value) -> Option<u64> {
+    let errors = errors(value);
+    let stated = errors
+        .iter()
+        .find_map(|e| e["n_ctx"].as_u64())
+        .or_else(|| {
+            errors.iter().find_map(|e| {
+                let message = message(e);
+                window_patterns().iter().find_map(|(re, add)| {
+                    let n: u64 = re.captures(&message)?.get(1)?.as_str().parse().ok()?;
+                    Some(n + add)
+                })
+            })
+        })?;
+    PLAUSIBLE.contains(&stated).then_some(stated)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recognises_the_providers_ways_of_saying_it() {
-        let bad = StatusCode::BAD_REQUEST;
-        for body in [
-            r#"{"error":{"message":"This model's maximum context length is 10 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
-            r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}"#,
-            r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens","type":"BadRequestError","code":400}}"#,
-            r#"{"error":{"message":"prompt is too long: 210000 tokens > 200000 maximum","code":400}}"#,
-        ] {
-            assert!(is_context_overflow(bad, body.as_bytes()), "{body}");
-        }
-        assert!(is_context_overflow(StatusCode::PAYLOAD_TOO_LARGE, b""));
-    }
-
-    #[test]
-    fn other_errors_are_not_overflows() {
-        let bad = StatusCode::BAD_REQUEST;
-        assert!(!is_context_overflow(
-            bad,
-            br#"{"error":{"message":"Invalid value: 'wizard'","code":"invalid_value"}}"#
-        ));
-        assert!(!is_context_overflow(bad, b"not json"));
-        assert!(!is_context_overflow(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            br#"{"error":{"message":"maximum context length","code":"context_length_exceeded"}}"#
-        ));
-        assert!(!is_context_overflow(
-            StatusCode::TOO_MANY_REQUESTS,
-            br#"{"error":{"message":"slow down"}}"#
-        ));
-    }
-}
+mod tests;

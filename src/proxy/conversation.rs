@@ -215,7 +215,14 @@ async fn forward(
         );
     }
     // Boxed: a retry holds a second plan and send, which only an overflow needs.
-    if may_compact && upstream.is_overflow() {
+    let overflow = upstream.overflow();
+    if let Some(overflow) = overflow {
+        // Learned for every later request of this model, whatever this one does.
+        state
+            .compactor()
+            .overflowed(turn.provider, turn.model, overflow, decision.estimate);
+    }
+    if may_compact && overflow.is_some() {
         upstream = Box::pin(overflow_retry(
             state,
             turn,
@@ -263,7 +270,7 @@ fn rewrite(state: &AppState, request: &Conversation, apply: Option<&Checkpoint>)
 
 /// compact-and-retry: the provider said the prompt is too long, and nothing has reached
 /// the client yet. Compacts harder and sends once more; when that cannot be sent, the
-/// provider's own answer is passed on. Called only on an overflow ([`Upstream::is_overflow`]).
+/// provider's own answer is passed on. Called only on an overflow ([`Upstream::overflow`]).
 async fn overflow_retry(
     state: &AppState,
     turn: &Turn<'_, '_>,

@@ -149,9 +149,11 @@ enum Upstream {
 impl Upstream {
     /// The provider said the prompt is too long (read whole, so nothing reached the
     /// client yet).
-    fn is_overflow(&self) -> bool {
-        matches!(self, Upstream::Buffered(head, error)
-            if crate::compactor::overflow::is_context_overflow(head.status, error))
+    fn overflow(&self) -> Option<crate::compactor::overflow::Overflow> {
+        match self {
+            Upstream::Buffered(head, error) => crate::compactor::overflow::read(head.status, error),
+            Upstream::Streaming(_) => None,
+        }
     }
 }
 

@@ -55,6 +55,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
     stats.added_latency(Route::Chat, Duration::from_millis(1));
     stats.compaction(Strategy::Recency, Trigger::Threshold, 2, 1);
     stats.anti_thrash(Uncompactable::Head);
+    stats.context_overflow("fake-model");
     let usage = crate::relay::Usage {
         prompt_tokens: 1,
         completion_tokens: None,
@@ -83,7 +84,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         usage_unreadable stripped_events upstream_errors client_gone idle_timeouts \
         compactions compaction_tokens_estimated tokens_saved_estimated checkpoints_applied \
         summary_calls summary_failures summary_refused summary_deferred summary_gate_score summary_repairs \
-        fallbacks retries anti_thrash observed waited_for_peer background_dropped";
+        fallbacks retries context_overflows context_overflows_by_model anti_thrash observed waited_for_peer background_dropped";
     assert_eq!(names, expected.split(' ').collect::<Vec<_>>(), "{text}");
     // The reference page names each, as a query does (a counter with `_total`).
     let page = include_str!("../../docs/src/metrics.md");
@@ -113,7 +114,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         stripped_events upstream_errors client_gone idle_timeouts compactions \
         estimated_tokens_before estimated_tokens_after tokens_saved_estimated \
         checkpoints_applied summary_calls summary_failures summary_refused summary_deferred summary_repairs \
-        fallbacks retries anti_thrash observed waited_for_peer background_dropped";
+        fallbacks retries context_overflows anti_thrash observed waited_for_peer background_dropped";
     let mut expected: Vec<&str> = expected.split(' ').collect();
     // A `serde_json::Value` map may be sorted by key: compare as sets.
     fields.sort_unstable();

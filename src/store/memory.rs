@@ -33,6 +33,8 @@ struct Inner {
     /// Tenants the provider accepted, until when.
     tenants: HashMap<Fingerprint, Instant>,
     secret: Option<Secret>,
+    /// Learned context windows, by field (see `crate::windows`).
+    windows: HashMap<String, String>,
     /// Writes since the last sweep of expired conversations.
     writes: usize,
     /// Bytes the conversations' checkpoints take, in all.
@@ -262,6 +264,22 @@ impl MemoryStore {
             .tenants
             .get(tenant)
             .is_some_and(|until| *until > Instant::now())
+    }
+
+    /// Sets a learned window unless `max` others are there already.
+    pub fn learn_window(&self, field: &str, value: &str, max: usize) {
+        let mut inner = lock(&self.inner);
+        if inner.windows.len() < max || inner.windows.contains_key(field) {
+            inner.windows.insert(field.to_owned(), value.to_owned());
+        }
+    }
+
+    pub fn windows(&self) -> Vec<(String, String)> {
+        lock(&self.inner)
+            .windows
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     pub fn identity_secret(&self, candidate: &Secret) -> Secret {

@@ -351,6 +351,37 @@ impl Store {
         .await
     }
 
+    /// Remembers a learned context window (`crate::windows`), kept without a TTL;
+    /// at most `max` of them.
+    pub async fn learn_window(
+        &self,
+        field: &str,
+        value: &str,
+        max: usize,
+    ) -> Result<(), StoreError> {
+        self.call("learn_window", async {
+            match &self.backend {
+                Backend::Memory(m) => {
+                    m.learn_window(field, value, max);
+                    Ok(())
+                }
+                Backend::Redis(r) => r.learn_window(field, value, max).await,
+            }
+        })
+        .await
+    }
+
+    /// Every learned context window, as stored.
+    pub async fn windows(&self) -> Result<Vec<(String, String)>, StoreError> {
+        self.call("windows", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.windows()),
+                Backend::Redis(r) => r.windows().await,
+            }
+        })
+        .await
+    }
+
     /// The identity secret shared through the store: `candidate` if none was there yet
     /// (set-if-absent), else the one already there. Kept without a TTL: it holds no user
     /// data, and if it expired while replicas run, a restarted replica would create a

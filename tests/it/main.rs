@@ -45,3 +45,4 @@ mod store;
 mod streaming;
 mod summariser;
 mod traffic;
+mod windows;

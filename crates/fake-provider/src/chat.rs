@@ -169,15 +169,8 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
     if let Some(window) = b.context_window
         && prompt_tokens > window
     {
-        return error_answer(
-            StatusCode::BAD_REQUEST,
-            &format!(
-                "This model's maximum context length is {window} tokens. However, your messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
-            ),
-            "invalid_request_error",
-            Some("messages"),
-            Some("context_length_exceeded"),
-        );
+        let (status, body) = b.overflow.answer(window, prompt_tokens);
+        return Answer::Whole(status, body);
     }
 
     let summary = is_summary_request(messages);

@@ -51,6 +51,7 @@ mod azure;
 mod chat;
 pub mod faults;
 pub mod messages;
+pub mod overflow;
 pub mod prompt_cache;
 pub mod responses;
 mod summary;
@@ -106,6 +107,9 @@ pub enum SummaryMode {
 pub struct Behavior {
     /// Prompt tokens above this → 400 `context_length_exceeded`.
     pub context_window: Option<u64>,
+    /// Whose overflow answer the chat route gives, and which window endpoint it serves
+    /// (with `context_window`).
+    pub overflow: overflow::Family,
     /// Pause between SSE events.
     pub chunk_delay: Duration,
     /// Pause before the response headers.
@@ -145,6 +149,7 @@ impl Default for Behavior {
     fn default() -> Self {
         Self {
             context_window: None,
+            overflow: overflow::Family::OpenAi,
             chunk_delay: Duration::ZERO,
             latency: Duration::ZERO,
             reply_words: 12,
@@ -196,6 +201,9 @@ impl Behavior {
         }
         if let Some(window) = get("x-fake-window").and_then(|v| v.parse().ok()) {
             b.context_window = Some(window);
+        }
+        if let Some(family) = get("x-fake-overflow").and_then(overflow::Family::from_name) {
+            b.overflow = family;
         }
         if let Some(words) = get("x-fake-words").and_then(|v| v.parse().ok()) {
             b.reply_words = words;
@@ -573,6 +581,19 @@ fn route(
             count_only,
         );
         transport::send(behavior, &answer, completion)
+    } else if let Some(value) = behavior.context_window.and_then(|window| {
+        let endpoint = match (&parts.method, path) {
+            (&Method::GET, p) if p.ends_with("/props") => "/props",
+            (&Method::POST, p) if p.ends_with("/api/show") => "/api/show",
+            (&Method::GET, p) if p.ends_with("/models") => "/v1/models",
+            _ => "",
+        };
+        behavior
+            .overflow
+            .window_endpoint(endpoint, "fake-model", window)
+    }) {
+        completion.complete();
+        json(StatusCode::OK, &value)
     } else if parts.method == Method::GET && path.ends_with("/models") {
         completion.complete();
         json(

@@ -15,11 +15,14 @@ fake-provider — an offline LLM provider (OpenAI chat completions and Responses
 Anthropic Messages) for trying and testing abridge
 
 USAGE:
-    fake-provider [--listen ADDR] [--window TOKENS] [--delay-ms MS] [--words N] [--bench]
+    fake-provider [--listen ADDR] [--window TOKENS] [--overflow FAMILY] [--delay-ms MS] [--words N] [--bench]
 
 OPTIONS:
     --listen ADDR      address to serve on (default 127.0.0.1:8000)
     --window TOKENS    context window: larger prompts get context_length_exceeded
+    --overflow FAMILY  whose overflow answer and window endpoint: openai (default),
+                       llama-server, vllm, vllm-renderer, ollama, lm-studio, openrouter,
+                       gemini, mistral, groq, together, fireworks
     --delay-ms MS      pause between streamed events (default 0)
     --words N          words per reply (default 12)
     --bench            load-benchmark mode: record no requests (flat memory) and answer a
@@ -42,6 +45,11 @@ fn main() -> ExitCode {
             match arg {
                 Long("listen") => listen = parser.value()?.parse()?,
                 Long("window") => behavior.context_window = Some(parser.value()?.parse()?),
+                Long("overflow") => {
+                    let name: String = parser.value()?.parse()?;
+                    behavior.overflow = fake_provider::overflow::Family::from_name(&name)
+                        .ok_or_else(|| format!("--overflow: no family named {name}"))?;
+                }
                 Long("delay-ms") => {
                     behavior.chunk_delay = Duration::from_millis(parser.value()?.parse()?)
                 }

@@ -451,6 +451,42 @@ impl RedisStore {
         Ok(exists == 1)
     }
 
+    /// Sets a learned window unless `max` others are there already (checked first: a
+    /// race lets a few more in, which only costs a few bytes).
+    pub async fn learn_window(
+        &self,
+        field: &str,
+        value: &str,
+        max: usize,
+    ) -> Result<(), StoreError> {
+        let key = self.global("windows");
+        let mut conn = self.conn().await?;
+        let (len, present): (usize, bool) = redis::pipe()
+            .cmd("HLEN")
+            .arg(&key)
+            .cmd("HEXISTS")
+            .arg(&key)
+            .arg(field)
+            .query_async(&mut conn)
+            .await?;
+        if len < max || present {
+            let _: () = redis::cmd("HSET")
+                .arg(&key)
+                .arg(field)
+                .arg(value)
+                .query_async(&mut conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    pub async fn windows(&self) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(redis::cmd("HGETALL")
+            .arg(self.global("windows"))
+            .query_async(&mut self.conn().await?)
+            .await?)
+    }
+
     pub async fn identity_secret(&self, candidate: &Secret) -> Result<Secret, StoreError> {
         let key = self.global("secret");
         let mut pipe = redis::pipe();

@@ -1,0 +1,117 @@
+//! The context window a request's model has behind its upstream — configured, else
+//! learned from the provider (see [`crate::windows`]), else the built-in table, else
+//! `compaction.default_context_window` — the threshold it makes, and what an overflow
+//! teaches.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use crate::config::Config;
+use crate::headers::Provider;
+use crate::models;
+use crate::windows::Listed;
+
+use super::Compactor;
+use super::overflow::Overflow;
+
+/// Model names an overflow is counted under at most; later ones count as `other`.
+const LABELLED_MODELS: usize = 64;
+
+/// What windows are learned for: each route's upstream, by its base URL.
+pub(super) struct Upstreams {
+    main: String,
+    anthropic: String,
+    /// Models overflows were counted under (bounded: clients choose model names).
+    labelled: Mutex<HashSet<String>>,
+}
+
+impl Upstreams {
+    pub(super) fn of(config: &Config) -> Self {
+        let main = config.upstream.to_string();
+        Self {
+            anthropic: config
+                .anthropic_upstream
+                .as_ref()
+                .map_or_else(|| main.clone(), ToString::to_string),
+            main,
+            labelled: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn of_provider(&self, provider: Provider) -> &str {
+        match provider {
+            Provider::Main => &self.main,
+            Provider::Anthropic => &self.anthropic,
+        }
+    }
+
+    /// The label an overflow of `model` is counted under.
+    fn label(&self, model: &str) -> String {
+        let mut seen = self
+            .labelled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.contains(model) || seen.len() < LABELLED_MODELS {
+            seen.insert(model.to_owned());
+            model.to_owned()
+        } else {
+            "other".to_owned()
+        }
+    }
+}
+
+impl Compactor {
+    /// The context window of `model` on `provider`'s upstream (see the module docs).
+    pub fn window(&self, provider: Provider, model: &str) -> u64 {
+        models::configured_window(model, &self.config.context_windows)
+            .or_else(|| self.learned_window(provider, model))
+            .or_else(|| models::table_window(model))
+            .unwrap_or(self.config.default_context_window)
+    }
+
+    /// What was learned for `model` on `provider`'s upstream, unless configured.
+    fn learned_window(&self, provider: Provider, model: &str) -> Option<u64> {
+        self.windows
+            .get(self.upstreams.of_provider(provider), model)
+    }
+
+    /// The hard threshold: `compaction.threshold_tokens` when set (but never above
+    /// what a learned window allows), else `threshold_ratio` × the window.
+    pub fn threshold(&self, provider: Provider, model: &str) -> u64 {
+        let of = |window: u64| ((window as f64) * self.config.threshold_ratio) as u64;
+        if self.config.threshold_tokens > 0 {
+            let learned = models::configured_window(model, &self.config.context_windows)
+                .is_none()
+                .then(|| self.learned_window(provider, model))
+                .flatten();
+            return learned.map_or(self.config.threshold_tokens, |w| {
+                self.config.threshold_tokens.min(of(w))
+            });
+        }
+        of(self.window(provider, model))
+    }
+
+    /// The provider answered `overflow` for a request of `sent` tokens (its count):
+    /// counted, and the window it stated (or one below what was sent) learned — unless
+    /// one is configured for the model, which always wins.
+    pub fn overflowed(&self, provider: Provider, model: &str, overflow: Overflow, sent: u64) {
+        self.stats.context_overflow(&self.upstreams.label(model));
+        if models::configured_window(model, &self.config.context_windows).is_some() {
+            return;
+        }
+        let known = self.window(provider, model);
+        let upstream = self.upstreams.of_provider(provider);
+        self.windows
+            .overflowed((upstream, model), overflow.window, sent, known);
+    }
+
+    /// Everything learned, for `/admin/stats`.
+    pub fn learned_windows(&self) -> Vec<Listed> {
+        self.windows.list()
+    }
+
+    /// Reads what other replicas (and earlier runs) learned.
+    pub async fn refresh_windows(&self) {
+        self.windows.refresh().await;
+    }
+}

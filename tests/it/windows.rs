@@ -1,0 +1,172 @@
+//! Context windows learned from the provider: a model abridge does not know, served with
+//! a small window by each family users put behind abridge, in abridge's default
+//! configuration — a conversation growing to four times the window gets 200 on every
+//! request with at most one overflow at the provider in all; a restart with Redis, and
+//! another replica, know the window without one; a configured window wins.
+
+use abridge::config::Config;
+use abridge::secret::Secret;
+use fake_provider::overflow::Family;
+use fake_provider::{Behavior, FakeProvider, count_tokens};
+use serde_json::{Value, json};
+
+use crate::common::agent::{idle, main_requests};
+use crate::common::redis::RedisServer;
+use crate::common::{Proxy, client, config_for};
+
+const WINDOW: u64 = 4096;
+const ADMIN_TOKEN: &str = "k7Qm2vXp9Lr4Tz8Wn3Ys6Bd1Hf5Gj0Ca";
+
+/// The fake provider serving `fake-model` with [`WINDOW`] tokens, answering overflows
+/// like `family`.
+async fn provider(family: Family) -> FakeProvider {
+    FakeProvider::start(Behavior {
+        context_window: Some(WINDOW),
+        overflow: family,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// abridge's defaults, but for the upstream (and a store when given).
+fn config(provider: &FakeProvider, redis: Option<&RedisServer>) -> Config {
+    let mut cfg = config_for(&provider.url());
+    if let Some(redis) = redis {
+        cfg.store.redis_url = Some(Secret::new(redis.url()));
+    }
+    cfg
+}
+
+/// Requests the provider refused for their size: main requests over the window.
+fn overflows(provider: &FakeProvider) -> usize {
+    main_requests(provider)
+        .iter()
+        .filter(|r| {
+            let body = r.json();
+            count_tokens(body["messages"].as_array().unwrap()) > WINDOW
+        })
+        .count()
+}
+
+/// A conversation `k` grown turn by turn until its history is four windows long; every
+/// answer must be a 200.
+async fn grow(proxy: &Proxy, k: usize, family: Family) {
+    let mut messages =
+        vec![json!({"role": "system", "content": format!("You are assistant {k}.")})];
+    let mut turn = 0;
+    loop {
+        turn += 1;
+        messages.push(json!({"role": "user", "content": format!(
+            "Turn {turn} of conversation {k}: {}",
+            "the deployment notes say the rollout waits for the canary to stay healthy. ".repeat(12)
+        )}));
+        let answer = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth("sk-windows")
+            .json(&json!({"model": "fake-model", "messages": messages}))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status().as_u16();
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(status, 200, "{} turn {turn}: {body}", family.name());
+        messages.push(body["choices"][0]["message"].clone());
+        idle(proxy).await;
+        if count_tokens(&messages) > 4 * WINDOW {
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_family_gets_its_window_learned_with_at_most_one_overflow() {
+    for family in Family::ALL {
+        let provider = provider(family).await;
+        let proxy = Proxy::start_with(config(&provider, None)).await;
+        grow(&proxy, 0, family).await;
+        assert!(
+            overflows(&provider) <= 1,
+            "{}: {} overflows at the provider",
+            family.name(),
+            overflows(&provider)
+        );
+        assert!(proxy.stats().context_overflows <= 1);
+        let learned = proxy.state.compactor().learned_windows();
+        assert_eq!(learned.len(), 1, "{}: {learned:?}", family.name());
+        // Where the family states its window, it is read exactly (Fireworks says one
+        // short, and is read right); where not, abridge took less than it sent.
+        let window = learned[0].learned.window;
+        match family {
+            Family::Ollama | Family::Groq => assert!(window < WINDOW + WINDOW / 4, "{window}"),
+            _ => assert_eq!(window, WINDOW, "{}", family.name()),
+        }
+        assert_eq!(learned[0].model, "fake-model");
+    }
+}
+
+#[tokio::test]
+async fn a_restart_and_another_replica_know_the_window_without_an_overflow() {
+    let redis = RedisServer::start();
+    let provider = provider(Family::LlamaServer).await;
+    let mut cfg = config(&provider, Some(&redis));
+    cfg.admin.token = Some(Secret::new(ADMIN_TOKEN));
+    let first = Proxy::start_with(cfg.clone()).await;
+    let other = Proxy::start_with(cfg.clone()).await;
+    grow(&first, 0, Family::LlamaServer).await;
+    assert_eq!(overflows(&provider), 1);
+
+    // The other replica reads it at its next refresh (here, now).
+    other.state.compactor().refresh_windows().await;
+    grow(&other, 1, Family::LlamaServer).await;
+    assert_eq!(overflows(&provider), 1, "the other replica knew");
+
+    // A restarted abridge reads it at start.
+    first.shutdown().await.unwrap();
+    let restarted = Proxy::start_with(cfg).await;
+    crate::common::eventually(std::time::Duration::from_secs(10), || {
+        !restarted.state.compactor().learned_windows().is_empty()
+    })
+    .await;
+    grow(&restarted, 2, Family::LlamaServer).await;
+    assert_eq!(overflows(&provider), 1, "the restart knew");
+
+    // `/admin/stats` lists it, and where it came from.
+    let stats: Value = client()
+        .get(format!("http://{}/admin/stats", restarted.admin))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let learned = &stats["learned_windows"][0];
+    assert_eq!(learned["window"], WINDOW, "{stats}");
+    assert_eq!(learned["source"], "overflow");
+    assert_eq!(learned["model"], "fake-model");
+}
+
+#[tokio::test]
+async fn a_configured_window_always_wins() {
+    let provider = provider(Family::OpenAi).await;
+    let mut cfg = config(&provider, None);
+    cfg.compaction
+        .context_windows
+        .insert("fake-model".to_owned(), 3000);
+    let proxy = Proxy::start_with(cfg).await;
+    grow(&proxy, 0, Family::OpenAi).await;
+    assert_eq!(
+        overflows(&provider),
+        0,
+        "compacted for the configured 3,000"
+    );
+    assert!(proxy.state.compactor().learned_windows().is_empty());
+    assert_eq!(
+        proxy
+            .state
+            .compactor()
+            .window(abridge::headers::Provider::Main, "fake-model"),
+        3000
+    );
+}
