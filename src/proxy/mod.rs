@@ -8,6 +8,7 @@
 //! stages live in their own modules and only `forward` touches the network.
 
 mod conversation;
+mod peek;
 
 pub use conversation::{chat, messages, responses};
 
@@ -140,10 +141,12 @@ fn relay_bounds(state: &AppState) -> relay::Bounds {
 }
 
 /// The provider's answer: streamed on, or — for an error that may mean "context length
-/// exceeded" — read whole first (it is small), so abridge can still retry.
+/// exceeded" — read whole first (it is small), so abridge can still retry; or a 200
+/// event stream whose start was read to see whether it reports an overflow ([`peek`]).
 enum Upstream {
     Streaming(http::Response<hyper::body::Incoming>),
     Buffered(http::response::Parts, Bytes),
+    Peeked(peek::Peeked),
 }
 
 impl Upstream {
@@ -152,6 +155,7 @@ impl Upstream {
     fn overflow(&self) -> Option<crate::compactor::overflow::Overflow> {
         match self {
             Upstream::Buffered(head, error) => crate::compactor::overflow::read(head.status, error),
+            Upstream::Peeked(peeked) => peeked.overflow,
             Upstream::Streaming(_) => None,
         }
     }
@@ -187,6 +191,16 @@ async fn first_answer(
     exchange: &mut Exchange,
 ) -> Result<Upstream, Error> {
     let response = send(state, parts, target, body, exchange).await?;
+    if may_retry
+        && response.status() == http::StatusCode::OK
+        && relay::is_event_stream(response.headers())
+        && !response.headers().contains_key(header::CONTENT_ENCODING)
+    {
+        let waiting = Instant::now();
+        let peeked = peek::peek(response, state.config().timeouts.stream_idle()).await;
+        exchange.upstream_wait += waiting.elapsed();
+        return peeked.map(Upstream::Peeked);
+    }
     // Only an error that could be a context overflow is read whole, and only when a
     // retry could follow; one announced as larger than any such error passes untouched.
     let announced = response
@@ -226,6 +240,7 @@ fn respond(
         Upstream::Streaming(r) if relay::is_event_stream(r.headers()) => {
             Some(state.stats().stream_started())
         }
+        Upstream::Peeked(_) => Some(state.stats().stream_started()),
         _ => None,
     };
     if report.compacted
@@ -251,6 +266,13 @@ fn respond(
             relay::respond(response, watch, relay_bounds(state), on_done)
         }
         Upstream::Buffered(head, body) => relay::respond_buffered(head, body, on_done),
+        Upstream::Peeked(peeked) => relay::respond_after(
+            peeked.response,
+            peeked.read,
+            watch,
+            relay_bounds(state),
+            on_done,
+        ),
     };
     report.write(response.headers_mut());
     response

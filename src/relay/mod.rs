@@ -115,6 +115,18 @@ pub fn respond(
     bounds: Bounds,
     on_done: OnDone,
 ) -> Response {
+    respond_after(upstream, Bytes::new(), watch, bounds, on_done)
+}
+
+/// [`respond`] for a provider's response whose first bytes, `read`, were already read
+/// from its body (identity-encoded): they go to the client first, through the tap.
+pub fn respond_after(
+    upstream: http::Response<Incoming>,
+    read: Bytes,
+    watch: Watch,
+    bounds: Bounds,
+    on_done: OnDone,
+) -> Response {
     let (mut parts, body) = upstream.into_parts();
     headers::strip_response(&mut parts.headers);
 
@@ -164,8 +176,15 @@ pub fn respond(
         then: None,
         flush_first: false,
     };
+    if !read.is_empty() {
+        // Already read whole (the peek saw the end): `on_data` finishes the relay.
+        match relay.on_data(read) {
+            Ok(out) => relay.burst.push(out),
+            Err(e) => relay.then = Some(Err(e)),
+        }
+    }
     // A response without a body (HEAD, 204, 304) may never be polled: it is complete now.
-    if relay.inner.is_end_stream() {
+    if !relay.ended && relay.inner.is_end_stream() {
         let _ = relay.finish();
     }
     Response::from_parts(parts, Body::new(relay))

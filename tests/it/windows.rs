@@ -170,3 +170,133 @@ async fn a_configured_window_always_wins() {
         3000
     );
 }
+
+/// The three wire formats, streamed, for [`grow_streamed`].
+#[derive(Debug, Clone, Copy)]
+enum Streamed {
+    Chat(Family),
+    Responses,
+    Messages,
+}
+
+impl Streamed {
+    fn path(self) -> &'static str {
+        match self {
+            Streamed::Chat(_) => "/v1/chat/completions",
+            Streamed::Responses => "/v1/responses",
+            Streamed::Messages => "/v1/messages",
+        }
+    }
+
+    fn body(self, history: &[Value]) -> Value {
+        match self {
+            Streamed::Chat(_) => {
+                json!({"model": "fake-model", "messages": history, "stream": true})
+            }
+            Streamed::Responses => json!({"model": "fake-model", "input": history, "stream": true}),
+            Streamed::Messages => {
+                json!({"model": "fake-model", "max_tokens": 256, "messages": history, "stream": true})
+            }
+        }
+    }
+
+    fn tokens(self, body: &Value) -> u64 {
+        match self {
+            Streamed::Chat(_) => count_tokens(body["messages"].as_array().unwrap()),
+            Streamed::Responses => fake_provider::count_response_tokens(body),
+            Streamed::Messages => fake_provider::count_message_tokens(body),
+        }
+    }
+
+    /// The stream ended as a complete answer, and nothing of an overflow reached the
+    /// client.
+    fn complete(self, stream: &str) -> bool {
+        match self {
+            Streamed::Chat(_) => stream.ends_with("data: [DONE]\n\n") && !stream.contains("error"),
+            Streamed::Responses => {
+                stream.contains("event: response.completed") && !stream.contains("response.failed")
+            }
+            Streamed::Messages => {
+                stream.contains("event: message_stop") && !stream.contains("event: error")
+            }
+        }
+    }
+}
+
+/// [`grow`], streamed in `format`, against a provider that reports overflows inside a 200
+/// stream; the provider's overflows.
+async fn grow_streamed(format: Streamed) -> usize {
+    let family = match format {
+        Streamed::Chat(family) => family,
+        _ => Family::OpenAi,
+    };
+    let provider = FakeProvider::start(Behavior {
+        context_window: Some(WINDOW),
+        overflow: family,
+        overflow_in_stream: true,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let proxy = Proxy::start_with(config(&provider, None)).await;
+    let mut history: Vec<Value> = Vec::new();
+    let mut retried = 0;
+    for turn in 1.. {
+        history.push(json!({"role": "user", "content": format!(
+            "Turn {turn}: {}",
+            "the deployment notes say the rollout waits for the canary to stay healthy. ".repeat(12)
+        )}));
+        let answer = client()
+            .post(proxy.url(format.path()))
+            .bearer_auth("sk-windows")
+            .header("x-api-key", "sk-ant-windows")
+            .header("anthropic-version", "2023-06-01")
+            .json(&format.body(&history))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "{format:?} turn {turn}");
+        let note = answer
+            .headers()
+            .get("x-abridge-note")
+            .map(|v| v.to_str().unwrap().to_owned());
+        retried += usize::from(note.is_some_and(|n| n.contains("compacted and retried")));
+        let stream = answer.text().await.unwrap();
+        assert!(format.complete(&stream), "{format:?} turn {turn}: {stream}");
+        history.push(json!({"role": "assistant", "content": "Noted; the canary stays."}));
+        idle(&proxy).await;
+        if format.tokens(&format.body(&history)) > 4 * WINDOW {
+            break;
+        }
+    }
+    let overflows = provider
+        .requests()
+        .iter()
+        .filter(|r| r.uri.path() == format.path() && format.tokens(&r.json()) > WINDOW)
+        .count();
+    assert_eq!(retried, overflows, "{format:?}: every overflow was retried");
+    assert_eq!(proxy.stats().context_overflows, overflows as u64);
+    assert_eq!(
+        proxy.state.compactor().learned_windows().len(),
+        1,
+        "{format:?}"
+    );
+    overflows
+}
+
+#[tokio::test]
+async fn an_overflow_reported_inside_a_stream_is_compacted_and_retried_in_every_format() {
+    for format in [
+        Streamed::Chat(Family::LmStudio),
+        Streamed::Chat(Family::LlamaServer),
+        Streamed::Chat(Family::OpenAi),
+        Streamed::Responses,
+        Streamed::Messages,
+    ] {
+        let overflows = grow_streamed(format).await;
+        assert_eq!(
+            overflows, 1,
+            "{format:?}: one overflow, then the window is known"
+        );
+    }
+}

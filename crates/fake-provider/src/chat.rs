@@ -169,6 +169,9 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
     if let Some(window) = b.context_window
         && prompt_tokens > window
     {
+        if b.overflow_in_stream && request["stream"] == Value::Bool(true) {
+            return Answer::Events(b.overflow.chat_stream(window, prompt_tokens));
+        }
         let (status, body) = b.overflow.answer(window, prompt_tokens);
         return Answer::Whole(status, body);
     }

@@ -27,7 +27,9 @@
 //! before the response headers / after the first SSE event), `x-fake-delay-ms` (between
 //! SSE events), `x-fake-latency-ms` (before the headers), `x-fake-words` (reply length),
 //! `x-fake-error-bytes` (with `x-fake-status`: an error body that much longer),
-//! `x-fake-window` (context window in tokens), `x-fake-gzip: 1`, `x-fake-split: 1`
+//! `x-fake-window` (context window in tokens), `x-fake-overflow: FAMILY` (whose overflow
+//! answer), `x-fake-overflow-stream: 1` (a streamed overflow as a 200 stream that reports
+//! it), `x-fake-gzip: 1`, `x-fake-split: 1`
 //! (every SSE event in two TCP writes), `x-fake-multiline: 1` (JSON spread over several
 //! `data:` lines), `x-fake-usage: input` (`input_tokens` naming), `x-fake-prompt-tokens:
 //! N` (report N prompt tokens), the faults of [`faults`] (`x-fake-gzip-bomb`,
@@ -110,6 +112,9 @@ pub struct Behavior {
     /// Whose overflow answer the chat route gives, and which window endpoint it serves
     /// (with `context_window`).
     pub overflow: overflow::Family,
+    /// A streamed request that overflows gets a 200 stream reporting it (see
+    /// [`overflow`]) instead of a 400.
+    pub overflow_in_stream: bool,
     /// Pause between SSE events.
     pub chunk_delay: Duration,
     /// Pause before the response headers.
@@ -150,6 +155,7 @@ impl Default for Behavior {
         Self {
             context_window: None,
             overflow: overflow::Family::OpenAi,
+            overflow_in_stream: false,
             chunk_delay: Duration::ZERO,
             latency: Duration::ZERO,
             reply_words: 12,
@@ -204,6 +210,9 @@ impl Behavior {
         }
         if let Some(family) = get("x-fake-overflow").and_then(overflow::Family::from_name) {
             b.overflow = family;
+        }
+        if let Some(v) = flag("x-fake-overflow-stream") {
+            b.overflow_in_stream = v;
         }
         if let Some(words) = get("x-fake-words").and_then(|v| v.parse().ok()) {
             b.reply_words = words;

@@ -154,6 +154,11 @@ pub(crate) fn answer(
     if let Some(window) = b.context_window
         && total > window
     {
+        if b.overflow_in_stream && request["stream"] == Value::Bool(true) {
+            let model = request["model"].as_str().unwrap_or_default();
+            let id = format!("msg_{:016x}", crate::chat::fnv(body));
+            return Answer::Events(crate::overflow::messages_stream(&id, model, window, total));
+        }
         return fail(&format!(
             "prompt is too long: {total} tokens > {window} maximum"
         ));

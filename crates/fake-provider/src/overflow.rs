@@ -1,7 +1,10 @@
 //! Context overflows as each provider family answers them on its OpenAI-compatible chat
 //! route (the bodies of their issues and sources), and the endpoints some of them
 //! answer their window at (llama-server's `/props`, vLLM's `/v1/models`, Ollama's
-//! `/api/show`), for testing a proxy that learns windows.
+//! `/api/show`), for testing a proxy that learns windows; and the overflows some report
+//! inside a 200 stream (`x-fake-overflow-stream: 1`): Responses' `response.failed`,
+//! an `error` event on Messages (as proxies in front of Anthropic re-emit it), LM
+//! Studio 0.4's `event: error` and older llama-server's `error:` field on chat.
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -122,6 +125,30 @@ impl Family {
         )
     }
 
+    /// The chat stream of an overflow reported after a 200: LM Studio 0.4's `event:
+    /// error`, older llama-server's non-standard `error:` field, the others' body as an
+    /// `event: error`.
+    pub fn chat_stream(self, window: u64, prompt: u64) -> Vec<Bytes> {
+        let event = match self {
+            Family::LmStudio => {
+                let message = format!(
+                    "Input does not fit in context length. The input has {prompt} tokens, but the context length only supports {window} tokens."
+                );
+                let body = json!({"error": {"message": message}, "message": message});
+                format!("event: error\ndata: {body}\n\n")
+            }
+            Family::LlamaServer => {
+                let body = json!({"code": 400, "message": "the request exceeds the available context size. try increasing the context size or enable context shift", "type": "invalid_request_error"});
+                format!("error: {body}\n\n")
+            }
+            _ => {
+                let (_, body) = self.answer(window, prompt);
+                format!("event: error\ndata: {}\n\n", String::from_utf8_lossy(&body))
+            }
+        };
+        vec![Bytes::from(event)]
+    }
+
     /// What the family's server answers at `path` about its window, if it answers there.
     pub fn window_endpoint(self, path: &str, model: &str, window: u64) -> Option<Value> {
         match (self, path) {
@@ -141,4 +168,36 @@ impl Family {
             _ => None,
         }
     }
+}
+
+/// A Responses stream that fails on an overflow, as OpenAI sends it (and Codex reads
+/// it): `response.created`, `response.in_progress`, then `response.failed` whose
+/// `response.error.code` is `context_length_exceeded`.
+pub fn responses_stream(id: &str, model: &str) -> Vec<Bytes> {
+    let response = |status: &str, error: Value| json!({"id": id, "object": "response", "created_at": 1_759_510_079, "status": status, "model": model, "output": [], "error": error, "usage": null});
+    let error = json!({"code": "context_length_exceeded", "message": "Your input exceeds the context window of this model. Please adjust your input and try again."});
+    [
+        ("response.created", response("in_progress", Value::Null)),
+        ("response.in_progress", response("in_progress", Value::Null)),
+        ("response.failed", response("failed", error)),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(n, (kind, response))| {
+        let data = json!({"type": kind, "sequence_number": n, "response": response});
+        Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
+    })
+    .collect()
+}
+
+/// A Messages stream that reports an overflow after a 200: `message_start`, `ping`,
+/// then an `error` event with Anthropic's text.
+pub fn messages_stream(id: &str, model: &str, window: u64, prompt: u64) -> Vec<Bytes> {
+    let start = json!({"type": "message_start", "message": {"id": id, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 0, "output_tokens": 0}}});
+    let error = json!({"type": "error", "error": {"type": "invalid_request_error", "message": format!("prompt is too long: {prompt} tokens > {window} maximum")}});
+    vec![
+        Bytes::from(format!("event: message_start\ndata: {start}\n\n")),
+        Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
+        Bytes::from(format!("event: error\ndata: {error}\n\n")),
+    ]
 }

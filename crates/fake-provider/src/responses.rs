@@ -118,6 +118,11 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
     if let Some(window) = b.context_window
         && prompt_tokens > window
     {
+        if b.overflow_in_stream && request["stream"] == Value::Bool(true) {
+            let model = request["model"].as_str().unwrap_or_default();
+            let id = format!("resp_{:016x}", fnv(body));
+            return Answer::Events(crate::overflow::responses_stream(&id, model));
+        }
         return invalid(
             "Your input exceeds the context window of this model. Please adjust your input and try again.",
             Some("input"),
