@@ -113,7 +113,8 @@ impl Store {
         self.health.healthy.load(Ordering::Relaxed)
     }
 
-    /// The last error of the current (or last) incident.
+    /// The last error of the current (or last) incident (a timeout does not replace the
+    /// error that began it).
     pub fn last_error(&self) -> Option<String> {
         lock(&self.health.last_error).clone()
     }
@@ -476,7 +477,15 @@ impl Health {
             now_ms() + PROBE_INTERVAL.as_millis() as u64,
             Ordering::Relaxed,
         );
-        *lock(&self.last_error) = Some(format!("{op}: {error}"));
+        // Within an incident, a timeout says less than the error that began it (a call
+        // waiting on a connection attempt that failed on its certificate times out):
+        // the cause is kept.
+        let mut last = lock(&self.last_error);
+        let ongoing = !self.healthy.load(Ordering::Acquire) && last.is_some();
+        if !(ongoing && matches!(error, StoreError::Timeout(_))) {
+            *last = Some(format!("{op}: {error}"));
+        }
+        drop(last);
         if self.healthy.swap(false, Ordering::AcqRel) {
             tracing::warn!(backend, op, %error, "store unavailable; requests go on without conversation state until it recovers");
         }
