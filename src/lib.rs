@@ -25,6 +25,8 @@
 //! - [`serve`]     — one listener: connection and in-flight caps, client deadlines,
 //!   request ids and the request's log span, drain on shutdown.
 //! - [`request_id`] — which id a request, its upstream call and its response carry.
+//! - [`ask`]       — asking a model server for a model's context window (`/props`,
+//!   `/v1/models`, `/api/show`), off the request path.
 //! - [`upstream`]  — the pooled HTTP client to the one configured provider, timeouts.
 //! - [`azure`]     — Azure OpenAI's paths (the v1 base, the classic deployment paths)
 //!   on the configured upstream, and the deployment a path names.
@@ -45,6 +47,7 @@
 //! - [`tenants`]   — what abridge knows of a credential: accepted by the provider yet,
 //!   and its summary budget.
 //! - [`models`]    — context windows of known models (for ratio thresholds).
+//! - [`windows`]   — context windows learned from the providers, kept in the store.
 //! - [`offload`]   — CPU-heavy work off the async workers, bounded in concurrency.
 //! - [`config`]    — the configuration: TOML file + `ABRIDGE_*` environment, checked once.
 //! - [`json`], [`error`], [`secret`] — reading JSON serde_json has validated without
@@ -78,6 +81,7 @@
 //! understand is forwarded untouched.
 
 pub mod admin;
+pub mod ask;
 pub mod azure;
 pub mod compactor;
 pub mod config;

@@ -85,6 +85,26 @@ impl Upstream {
         build(&self.base, format!("{}{path}", self.base.path))
     }
 
+    /// The base `provider`'s requests go to.
+    fn base_of(&self, provider: Provider) -> &UpstreamBase {
+        match (&self.anthropic, provider) {
+            (Some(anthropic), Provider::Anthropic) => anthropic,
+            _ => &self.base,
+        }
+    }
+
+    /// `<provider's base><path>`, for requests abridge makes itself.
+    pub fn on_base(&self, provider: Provider, path: &str) -> Result<Uri, Error> {
+        let base = self.base_of(provider);
+        build(base, format!("{}{path}", base.path))
+    }
+
+    /// `<scheme>://<authority><path>` of `provider`'s base: a server's own endpoints
+    /// beside its API (llama-server's `/props`, Ollama's `/api/show`).
+    pub fn at_root(&self, provider: Provider, path: &str) -> Result<Uri, Error> {
+        build(self.base_of(provider), path.to_owned())
+    }
+
     /// `<classic root><path>` (`path` starts with `/`), for requests abridge makes itself
     /// on Azure's classic API; an error when the base is not an Azure v1 base.
     pub fn classic_endpoint(&self, path: &str) -> Result<Uri, Error> {
@@ -118,11 +138,7 @@ impl Upstream {
         request: &http::HeaderMap,
     ) -> Result<(Uri, Provider), Error> {
         let provider = Self::provider_of(uri.path(), request);
-        let base = match (&self.anthropic, provider) {
-            (Some(anthropic), Provider::Anthropic) => anthropic,
-            _ => &self.base,
-        };
-        Ok((self.uri_on(base, method, uri)?, provider))
+        Ok((self.uri_on(self.base_of(provider), method, uri)?, provider))
     }
 
     /// The upstream URI on `base` for a client request URI: `/v1/<rest>?<query>` (or

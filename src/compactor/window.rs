@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use crate::config::Config;
 use crate::headers::Provider;
 use crate::models;
-use crate::windows::Listed;
+use crate::windows::{Listed, MAX_LEARNED};
 
 use super::Compactor;
 use super::overflow::Overflow;
@@ -23,6 +23,8 @@ pub(super) struct Upstreams {
     anthropic: String,
     /// Models overflows were counted under (bounded: clients choose model names).
     labelled: Mutex<HashSet<String>>,
+    /// (upstream, model) pairs whose server was asked for the window (bounded likewise).
+    asked: Mutex<HashSet<String>>,
 }
 
 impl Upstreams {
@@ -35,6 +37,7 @@ impl Upstreams {
                 .map_or_else(|| main.clone(), ToString::to_string),
             main,
             labelled: Mutex::new(HashSet::new()),
+            asked: Mutex::new(HashSet::new()),
         }
     }
 
@@ -43,6 +46,16 @@ impl Upstreams {
             Provider::Main => &self.main,
             Provider::Anthropic => &self.anthropic,
         }
+    }
+
+    /// Whether to ask for `model`'s window on `upstream` now: the first time, and while
+    /// fewer than [`MAX_LEARNED`] pairs were asked.
+    fn first_ask(&self, upstream: &str, model: &str) -> bool {
+        let mut asked = self
+            .asked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        asked.len() < MAX_LEARNED && asked.insert(format!("{upstream} {model}"))
     }
 
     /// The label an overflow of `model` is counted under.
@@ -103,6 +116,25 @@ impl Compactor {
         let upstream = self.upstreams.of_provider(provider);
         self.windows
             .overflowed((upstream, model), overflow.window, sent, known);
+    }
+
+    /// Whether the server behind `provider`'s upstream should be asked for `model`'s
+    /// window (see [`crate::ask`]): nothing configured, learned or in the table says it,
+    /// and it was not asked before.
+    pub fn should_ask(&self, provider: Provider, model: &str) -> bool {
+        !model.is_empty()
+            && models::configured_window(model, &self.config.context_windows).is_none()
+            && self.learned_window(provider, model).is_none()
+            && models::table_window(model).is_none()
+            && self
+                .upstreams
+                .first_ask(self.upstreams.of_provider(provider), model)
+    }
+
+    /// What the server said `model`'s window is, when asked.
+    pub fn asked(&self, provider: Provider, model: &str, window: u64) {
+        self.windows
+            .asked(self.upstreams.of_provider(provider), model, window);
     }
 
     /// Everything learned, for `/admin/stats`.

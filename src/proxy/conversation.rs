@@ -119,6 +119,7 @@ async fn stages(
         return untouched(state, (&parts, &target), body, note, exchange).await;
     }
     let turn = prepared.turn();
+    ask_window(state, &turn, &parts);
 
     // plan → rewrite → forward, with its retries.
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
@@ -152,6 +153,24 @@ async fn stages(
         followup,
         exchange,
     ))
+}
+
+/// For a model whose window abridge does not know, asks its server in the background
+/// (see [`crate::ask`]); what it says applies from a later request on.
+fn ask_window(state: &AppState, turn: &Turn<'_, '_>, parts: &Parts) {
+    if state.config().compaction.mode == CompactionMode::Off
+        || !state.compactor().should_ask(turn.provider, turn.model)
+    {
+        return;
+    }
+    let (upstream, compactor) = (state.upstream().clone(), state.compactor().clone());
+    let (provider, model) = (turn.provider, turn.model.to_owned());
+    let credentials = crate::ask::credentials(&parts.headers);
+    tokio::spawn(async move {
+        if let Some(window) = crate::ask::ask(&upstream, provider, &model, &credentials).await {
+            compactor.asked(provider, &model, window);
+        }
+    });
 }
 
 /// A body abridge does not understand, or must not touch: forwarded untouched, the

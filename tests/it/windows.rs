@@ -2,7 +2,9 @@
 //! a small window by each family users put behind abridge, in abridge's default
 //! configuration — a conversation growing to four times the window gets 200 on every
 //! request with at most one overflow at the provider in all; a restart with Redis, and
-//! another replica, know the window without one; a configured window wins.
+//! another replica, know the window without one; a configured window wins; a server
+//! that can say its window (llama-server, vLLM, Ollama) is asked and never overflows;
+//! an overflow reported inside a 200 stream is compacted and retried in every format.
 
 use abridge::config::Config;
 use abridge::secret::Secret;
@@ -108,17 +110,18 @@ async fn every_family_gets_its_window_learned_with_at_most_one_overflow() {
 #[tokio::test]
 async fn a_restart_and_another_replica_know_the_window_without_an_overflow() {
     let redis = RedisServer::start();
-    let provider = provider(Family::LlamaServer).await;
+    // A hosted API's overflow (it cannot be asked for its window).
+    let provider = provider(Family::OpenAi).await;
     let mut cfg = config(&provider, Some(&redis));
     cfg.admin.token = Some(Secret::new(ADMIN_TOKEN));
     let first = Proxy::start_with(cfg.clone()).await;
     let other = Proxy::start_with(cfg.clone()).await;
-    grow(&first, 0, Family::LlamaServer).await;
+    grow(&first, 0, Family::OpenAi).await;
     assert_eq!(overflows(&provider), 1);
 
     // The other replica reads it at its next refresh (here, now).
     other.state.compactor().refresh_windows().await;
-    grow(&other, 1, Family::LlamaServer).await;
+    grow(&other, 1, Family::OpenAi).await;
     assert_eq!(overflows(&provider), 1, "the other replica knew");
 
     // A restarted abridge reads it at start.
@@ -128,7 +131,7 @@ async fn a_restart_and_another_replica_know_the_window_without_an_overflow() {
         !restarted.state.compactor().learned_windows().is_empty()
     })
     .await;
-    grow(&restarted, 2, Family::LlamaServer).await;
+    grow(&restarted, 2, Family::OpenAi).await;
     assert_eq!(overflows(&provider), 1, "the restart knew");
 
     // `/admin/stats` lists it, and where it came from.
@@ -234,6 +237,8 @@ async fn grow_streamed(format: Streamed) -> usize {
         context_window: Some(WINDOW),
         overflow: family,
         overflow_in_stream: true,
+        // Asked, llama-server would say its window before any overflow.
+        window_endpoints: false,
         ..Behavior::default()
     })
     .await
@@ -299,4 +304,34 @@ async fn an_overflow_reported_inside_a_stream_is_compacted_and_retried_in_every_
             "{format:?}: one overflow, then the window is known"
         );
     }
+}
+
+#[tokio::test]
+async fn a_server_that_can_say_its_window_is_asked_and_never_overflows() {
+    for family in [Family::LlamaServer, Family::VllmFlat, Family::Ollama] {
+        let provider = provider(family).await;
+        let proxy = Proxy::start_with(config(&provider, None)).await;
+        grow(&proxy, 0, family).await;
+        assert_eq!(overflows(&provider), 0, "{}", family.name());
+        let learned = proxy.state.compactor().learned_windows();
+        assert_eq!(learned.len(), 1, "{}: {learned:?}", family.name());
+        assert_eq!(learned[0].learned.window, WINDOW, "{}", family.name());
+        assert_eq!(learned[0].learned.source, abridge::windows::Source::Asked);
+        // Asked once, whatever the number of requests.
+        let asks = provider
+            .requests()
+            .iter()
+            .filter(|r| ["/props", "/v1/models", "/api/show"].contains(&r.uri.path()))
+            .count();
+        assert!((1..=3).contains(&asks), "{}: {asks} asks", family.name());
+    }
+    // A server that answers none of them teaches nothing by asking.
+    let provider = provider(Family::OpenAi).await;
+    let proxy = Proxy::start_with(config(&provider, None)).await;
+    grow(&proxy, 0, Family::OpenAi).await;
+    let learned = proxy.state.compactor().learned_windows();
+    assert_eq!(
+        learned[0].learned.source,
+        abridge::windows::Source::Overflow
+    );
 }

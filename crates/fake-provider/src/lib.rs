@@ -115,6 +115,9 @@ pub struct Behavior {
     /// A streamed request that overflows gets a 200 stream reporting it (see
     /// [`overflow`]) instead of a 400.
     pub overflow_in_stream: bool,
+    /// Serve the family's window endpoint (`/props`, `/v1/models` with `max_model_len`,
+    /// `/api/show`) when `context_window` is set; off, a server that cannot be asked.
+    pub window_endpoints: bool,
     /// Pause between SSE events.
     pub chunk_delay: Duration,
     /// Pause before the response headers.
@@ -156,6 +159,7 @@ impl Default for Behavior {
             context_window: None,
             overflow: overflow::Family::OpenAi,
             overflow_in_stream: false,
+            window_endpoints: true,
             chunk_delay: Duration::ZERO,
             latency: Duration::ZERO,
             reply_words: 12,
@@ -590,17 +594,21 @@ fn route(
             count_only,
         );
         transport::send(behavior, &answer, completion)
-    } else if let Some(value) = behavior.context_window.and_then(|window| {
-        let endpoint = match (&parts.method, path) {
-            (&Method::GET, p) if p.ends_with("/props") => "/props",
-            (&Method::POST, p) if p.ends_with("/api/show") => "/api/show",
-            (&Method::GET, p) if p.ends_with("/models") => "/v1/models",
-            _ => "",
-        };
-        behavior
-            .overflow
-            .window_endpoint(endpoint, "fake-model", window)
-    }) {
+    } else if let Some(value) = behavior
+        .context_window
+        .filter(|_| behavior.window_endpoints)
+        .and_then(|window| {
+            let endpoint = match (&parts.method, path) {
+                (&Method::GET, p) if p.ends_with("/props") => "/props",
+                (&Method::POST, p) if p.ends_with("/api/show") => "/api/show",
+                (&Method::GET, p) if p.ends_with("/models") => "/v1/models",
+                _ => "",
+            };
+            behavior
+                .overflow
+                .window_endpoint(endpoint, "fake-model", window)
+        })
+    {
         completion.complete();
         json(StatusCode::OK, &value)
     } else if parts.method == Method::GET && path.ends_with("/models") {
