@@ -4,8 +4,10 @@
 //! `recency` and with `structured` (the summariser is the same llama-server): the
 //! provider-reported prompt tokens drop after compaction and stay under the threshold,
 //! every turn is answered, streaming works, and a summary either passes the fidelity
-//! check or falls back — never fails the request. `#[ignore]`d for a bare `cargo test`;
-//! `scripts/test` runs it.
+//! check or falls back — never fails the request. Served with a small window (`-c 2048`)
+//! to abridge in its default configuration, which does not know the model: the window
+//! is asked of the server and a conversation grows to four windows without an overflow.
+//! `#[ignore]`d for a bare `cargo test`; `scripts/test` runs it.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -31,6 +33,11 @@ struct LlamaServer {
 
 impl LlamaServer {
     async fn start() -> Self {
+        Self::with_window(4096).await
+    }
+
+    /// Served with a context of `window` tokens.
+    async fn with_window(window: u64) -> Self {
         let dir = llama_dir();
         let (binary, model) = (
             dir.join("bin/llama-server"),
@@ -46,7 +53,15 @@ impl LlamaServer {
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
             // One thread for generation, two for the prompt: stable timings on 2 cores.
-            .args(["-c", "4096", "-t", "1", "-tb", "2", "--no-webui"])
+            .args([
+                "-c",
+                &window.to_string(),
+                "-t",
+                "1",
+                "-tb",
+                "2",
+                "--no-webui",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
@@ -130,4 +145,52 @@ async fn a_real_model_conversation_compacts_with_structured_or_falls_back() {
         summary.contains(r#""structured""#) || summary.contains("fell back to recency"),
         "{out}"
     );
+}
+
+#[tokio::test]
+#[ignore = "needs llama-server from scripts/setup-llama (scripts/test runs it)"]
+async fn a_small_window_is_learned_from_the_server_and_never_overflowed() {
+    const WINDOW: u64 = 2048;
+    let llama = LlamaServer::with_window(WINDOW).await;
+    let mut config = config_for(&llama.url);
+    config.summary.timeout_ms = 120_000;
+    let proxy = Proxy::start_with(config).await;
+    let mut messages =
+        vec![serde_json::json!({"role": "system", "content": "You are a terse assistant."})];
+    let mut chars = 0;
+    let mut turn = 0;
+    while chars < 4 * 4 * WINDOW as usize {
+        turn += 1;
+        let ask = format!(
+            "Note {turn}: the canary for release {turn} stays healthy on port {}. {}",
+            8000 + turn,
+            "Keep the rollout slow and watch the error budget. ".repeat(8)
+        );
+        messages.push(serde_json::json!({"role": "user", "content": ask}));
+        let answer = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .json(&serde_json::json!({"model": "smollm2", "messages": messages, "max_tokens": 24}))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status().as_u16();
+        let body: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(status, 200, "turn {turn}: {body}");
+        let reply = body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+        chars = messages
+            .iter()
+            .map(|m| m["content"].as_str().unwrap_or("").len())
+            .sum();
+    }
+    let stats = proxy.stats();
+    assert_eq!(stats.context_overflows, 0, "{stats:?}");
+    assert!(stats.compactions_total() >= 1, "{stats:?}");
+    let learned = proxy.state.compactor().learned_windows();
+    assert_eq!(learned.len(), 1, "{learned:?}");
+    assert_eq!(learned[0].learned.window, WINDOW);
+    assert_eq!(learned[0].learned.source, abridge::windows::Source::Asked);
 }
