@@ -8,8 +8,10 @@
 //! know, once per (upstream, model) and process (see `Compactor::should_ask`). Bounded:
 //! each ask has [`ASK_TIMEOUT`] for its whole answer and reads at most [`MAX_ANSWER`]
 //! bytes; only the request's own credential headers go along (the same provider they
-//! were sent to). A server that answers none of them (a hosted API's 404s) teaches
-//! nothing, and nothing is retried.
+//! were sent to), with a `user-agent` of `abridge/<version> (context window ask)`. A
+//! server that answers none of them teaches nothing, and nothing is retried. The hosted
+//! APIs, whose models the built-in table knows and which state no window at these
+//! paths, are not asked ([`is_hosted`]).
 
 use std::time::Duration;
 
@@ -27,6 +29,12 @@ pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_ANSWER: usize = 1024 * 1024;
 /// Windows outside this range are not believed.
 const BELIEVABLE: std::ops::RangeInclusive<u64> = 256..=100_000_000;
+/// What an ask says it is.
+const USER_AGENT: &str = concat!(
+    "abridge/",
+    env!("CARGO_PKG_VERSION"),
+    " (context window ask)"
+);
 /// The credential headers an ask carries, when the request had them.
 const CREDENTIALS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
 
@@ -39,6 +47,30 @@ pub fn credentials(headers: &HeaderMap) -> HeaderMap {
             Some((header::HeaderName::from_static(name), value))
         })
         .collect()
+}
+
+/// Hosts of hosted APIs (and their subdomains): never asked.
+const HOSTED: &[&str] = &[
+    "api.openai.com",
+    "openai.azure.com",
+    "api.anthropic.com",
+    "openrouter.ai",
+    "api.groq.com",
+    "api.together.xyz",
+    "api.together.ai",
+    "api.fireworks.ai",
+    "api.mistral.ai",
+    "generativelanguage.googleapis.com",
+    "api.deepseek.com",
+    "api.x.ai",
+];
+
+/// Whether `host` is one of the hosted APIs.
+pub fn is_hosted(host: &str) -> bool {
+    let host = host.to_ascii_lowercase();
+    HOSTED
+        .iter()
+        .any(|h| host == *h || host.ends_with(&format!(".{h}")))
 }
 
 /// What the server behind `provider`'s upstream says `model`'s window is, asking each
@@ -97,9 +129,14 @@ async fn get(
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.headers_mut() = credentials.clone();
-    request.headers_mut().insert(
+    let headers = request.headers_mut();
+    headers.insert(
         header::ACCEPT,
         http::HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
     );
     if request.method() == Method::POST {
         request.headers_mut().insert(
@@ -156,6 +193,14 @@ impl Read {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn hosted_apis_are_not_asked() {
+        assert!(is_hosted("api.openai.com") && is_hosted("my-res.openai.azure.com"));
+        assert!(is_hosted("API.Anthropic.com"));
+        assert!(!is_hosted("127.0.0.1") && !is_hosted("gpu-box.internal"));
+        assert!(!is_hosted("notapi.openai.com.evil"));
+    }
 
     #[test]
     fn each_endpoint_is_read_where_it_states_the_served_window() {

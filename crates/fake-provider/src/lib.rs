@@ -274,6 +274,9 @@ impl Recorded {
 pub struct Shared {
     behavior: Mutex<Behavior>,
     requests: Mutex<Vec<Recorded>>,
+    /// A proxy's questions about the server (a `user-agent` of `abridge/…` asking a
+    /// window endpoint: `/props`, `…/models`, `/api/show`), kept apart from the requests.
+    asks: Mutex<Vec<Recorded>>,
     /// Responses abandoned by the peer (connection closed) before they were complete.
     cancelled: AtomicU64,
     /// Responses sent to the end.
@@ -337,6 +340,19 @@ impl Shared {
 
     fn record(&self, r: Recorded) {
         keep_body(&r);
+        let path = r.uri.path();
+        let window_endpoint =
+            path.ends_with("/props") || path.ends_with("/models") || path.ends_with("/api/show");
+        let from_proxy = r
+            .headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ua| ua.starts_with("abridge/"));
+        if window_endpoint && from_proxy {
+            lock(&self.asks).push(r);
+            self.changed.notify_waiters();
+            return;
+        }
         lock(&self.requests).push(r);
         self.changed.notify_waiters();
     }
@@ -420,6 +436,11 @@ impl FakeProvider {
 
     pub fn requests(&self) -> Vec<Recorded> {
         lock(&self.shared.requests).clone()
+    }
+
+    /// What a proxy asked about the server (see [`Shared`]'s `asks`).
+    pub fn asks(&self) -> Vec<Recorded> {
+        lock(&self.shared.asks).clone()
     }
 
     pub fn last_request(&self) -> Option<Recorded> {
