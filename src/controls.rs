@@ -28,6 +28,7 @@ use crate::strategies::Strategy;
 pub const COMPACT: &str = "x-abridge-compact";
 pub const STRATEGY: &str = "x-abridge-strategy";
 pub const CONVERSATION: &str = "x-abridge-conversation";
+pub const RECALL: &str = "x-abridge-recall";
 
 /// What the client asked for with `x-abridge-compact`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,6 +45,8 @@ pub struct Controls {
     pub compact: Compact,
     pub strategy: Option<Strategy>,
     pub conversation: Option<String>,
+    /// `x-abridge-recall: off`: no recall tool for this request.
+    pub recall_off: bool,
     /// Controls the operator does not allow clients, ignored (for the report).
     pub ignored: Vec<&'static str>,
 }
@@ -117,10 +120,17 @@ impl Controls {
             }
             Some(v) => return Err(bad(CONVERSATION, v, expected)),
         };
+        let recall_off = match text(RECALL, "on or off")? {
+            None => false,
+            Some(v) if v.eq_ignore_ascii_case("on") => false,
+            Some(v) if v.eq_ignore_ascii_case("off") => true,
+            Some(v) => return Err(bad(RECALL, v, "on or off")),
+        };
         Ok(Self {
             compact,
             strategy,
             conversation,
+            recall_off,
             ignored: Vec::new(),
         })
     }
@@ -147,6 +157,8 @@ pub struct Report {
     pub conversation: Option<Fingerprint>,
     /// Something the client should know (observe mode, anti-thrash, a fallback...).
     pub note: Option<String>,
+    /// Recall calls abridge answered for this request (`None`: no recall tool added).
+    pub recalls: Option<u32>,
 }
 
 impl Report {
@@ -180,6 +192,9 @@ impl Report {
         }
         if let Some(c) = self.conversation {
             put("x-abridge-conversation", c.to_hex());
+        }
+        if let Some(n) = self.recalls {
+            put("x-abridge-recalls", n.to_string());
         }
         if let Some(note) = &self.note {
             // Header values are visible ASCII; a note is plain English.
@@ -285,6 +300,7 @@ mod tests {
             messages_replaced: Some(30),
             conversation: None,
             note: Some("fallback: summariser timed out".into()),
+            recalls: Some(2),
         }
         .write(&mut h);
         assert_eq!(h["x-abridge-compacted"], "true");
@@ -292,6 +308,7 @@ mod tests {
         assert_eq!(h["x-abridge-tokens-before"], "9000");
         assert_eq!(h["x-abridge-messages-replaced"], "30");
         assert_eq!(h["x-abridge-note"], "fallback: summariser timed out");
+        assert_eq!(h["x-abridge-recalls"], "2");
         assert!(h.get("x-abridge-conversation").is_none());
     }
 }

@@ -18,6 +18,8 @@
 //!   build, persistence, background pre-compaction, the summariser, overflow recognition.
 //! - [`strategies`] — the compaction strategies (pure, no I/O) and the validator every
 //!   plan passes.
+//! - [`recall`]    — the `abridge_recall` tool: the condensed messages of a request,
+//!   ranked for a query, and each format's tool, calls and follow-up.
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads every naming.
 //! - [`replay`]    — `abridge replay`: conversations through the real request path against
@@ -98,6 +100,7 @@ pub mod offload;
 pub mod outcome;
 pub mod prepare;
 pub mod proxy;
+pub mod recall;
 pub mod relay;
 pub mod replay;
 pub mod request_id;

@@ -339,6 +339,14 @@ metrics! {
     checkpoints_applied: "checkpoints_applied", "Requests forwarded with a checkpoint applied"
         => fn checkpoint_applied;
     summary_calls: "summary_calls", "Summariser calls" => fn summary_call;
+    /// `abridge_recall` calls abridge answered, and the tokens (abridge's estimate) of
+    /// what they returned to the model.
+    recalls: "recalls", "abridge_recall calls abridge answered";
+    recall_tokens: "recall_tokens", "Estimated tokens abridge_recall answers returned to the model";
+    /// Client requests answered after recall rounds that could not be completed (a
+    /// follow-up the provider refused): answered without recall.
+    recall_failures: "recall_failures",
+        "Requests whose recall follow-up failed (answered without recall)" => fn recall_failure;
     summary_failures: "summary_failures", "Summariser calls that failed or timed out"
         => fn summary_failure;
     /// Summaries not asked for: the provider had not accepted the tenant's credential
@@ -483,6 +491,12 @@ impl Stats {
     /// A compacted request was forwarded: the estimate of the tokens it did not send.
     pub fn tokens_saved(&self, tokens: u64) {
         self.tokens_saved_estimated.inc_by(tokens);
+    }
+
+    /// A recall call was answered with about `tokens` tokens.
+    pub fn recalled(&self, tokens: u64) {
+        self.recalls.inc();
+        self.recall_tokens.inc_by(tokens);
     }
 
     /// The provider answered an overflow for `model` (its label bounded by the caller).

@@ -63,6 +63,30 @@ pub struct Config {
     /// Parameters of the strategies (see `compact::Settings`).
     pub strategies: crate::strategies::Settings,
     pub summary: SummaryConfig,
+    pub recall: RecallConfig,
+}
+
+/// The `abridge_recall` tool (see `recall`): the model reads back what was condensed.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecallConfig {
+    /// Add the tool to compacted requests abridge can serve it for.
+    pub enabled: bool,
+    /// Longest answer to one call, in tokens.
+    pub max_tokens: u64,
+    /// Recall rounds per client request at most; the last follow-up asks for an answer
+    /// without tools.
+    pub max_rounds: u32,
+}
+
+impl Default for RecallConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_tokens: 2000,
+            max_rounds: 3,
+        }
+    }
 }
 
 /// When and how conversations are compacted.
@@ -366,6 +390,7 @@ impl Default for Config {
             compaction: CompactionConfig::default(),
             strategies: crate::strategies::Settings::default(),
             summary: SummaryConfig::default(),
+            recall: RecallConfig::default(),
         }
     }
 }

@@ -33,6 +33,14 @@ pub struct ChatRequest<'a> {
     /// `Some` whenever the key is present, `null` included (to edit it in place).
     #[serde(borrow, default, deserialize_with = "present")]
     pub stream_options: Option<&'a RawValue>,
+    /// The client's tools, `tool_choice` and legacy `functions`, as written (for what
+    /// abridge adds: see [`crate::recall`]).
+    #[serde(borrow, default)]
+    pub tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub tool_choice: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub functions: Option<&'a RawValue>,
 }
 
 /// `Some(raw)` for any present value, `null` included (serde maps `null` to `None`).
@@ -309,7 +317,7 @@ pub fn messages_edit(
 pub fn outgoing(
     body: &Bytes,
     parsed: &Parsed<'_>,
-    items: Option<&[&RawValue]>,
+    (items, tool): (Option<&[&RawValue]>, Option<Edit>),
     ask_usage: bool,
 ) -> (Option<Bytes>, bool) {
     let usage = ask_usage
@@ -320,6 +328,7 @@ pub fn outgoing(
     if let Some(items) = items {
         edits.extend(messages_edit(body, &parsed.request, items));
     }
+    edits.extend(tool);
     let edited = apply(body, edits);
     let asked = asked && edited.is_some();
     (edited, asked)

@@ -53,6 +53,13 @@ pub struct Fields<'a> {
     pub context_management: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub metadata: Option<Metadata<'a>>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// The client's tools and `tool_choice`, as written (see [`crate::recall`]).
+    #[serde(borrow, default)]
+    pub tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub tool_choice: Option<&'a RawValue>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -161,17 +168,19 @@ fn alternating<'r>(body: &[u8], items: &[&'r RawValue]) -> Vec<Cow<'r, RawValue>
 /// The body with its `messages` array replaced by `items` (made to alternate where
 /// abridge's own messages meet the client's), every other byte kept.
 pub fn with_messages(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Bytes> {
+    apply(body, vec![messages_edit(body, parsed, items)?])
+}
+
+/// The edit [`with_messages`] makes.
+pub fn messages_edit(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Edit> {
     let messages = parsed.fields.messages?;
     let span = span_of(body, messages.get())?;
     let forwarded = alternating(body, items);
     let refs: Vec<&RawValue> = forwarded.iter().map(|c| &**c).collect();
-    apply(
-        body,
-        vec![Edit {
-            span,
-            bytes: array(&refs),
-        }],
-    )
+    Some(Edit {
+        span,
+        bytes: array(&refs),
+    })
 }
 
 /// Why this request is left to the provider: its `context_management` asks the

@@ -394,24 +394,84 @@ impl Request {
     }
 
     /// The body to send: the original bytes with `items` (the forwarded conversation,
-    /// when a checkpoint is applied) in place of the client's, and — where the format
-    /// needs it and `ask_usage` allows — the ask for usage in streams.
-    pub fn outgoing(&self, items: Option<&[&RawValue]>, ask_usage: bool) -> Outgoing {
+    /// when a checkpoint is applied) in place of the client's, `tool` (a tool definition
+    /// in this format) after the client's tools, and — where the format needs it and
+    /// `ask_usage` allows — the ask for usage in streams.
+    pub fn outgoing(
+        &self,
+        items: Option<&[&RawValue]>,
+        tool: Option<&str>,
+        ask_usage: bool,
+    ) -> Outgoing {
         let body = self.body();
+        let tool = tool.and_then(|tool| splice::append_tool(body, self.tools(), tool));
         let (edited, asked_usage) = match self {
-            Request::Chat(r) => chat::outgoing(body, r.parsed(), items, ask_usage),
-            Request::Responses(r) => (
-                items.and_then(|items| responses::with_input(body, r.parsed(), items)),
-                false,
-            ),
-            Request::Messages(r) => (
-                items.and_then(|items| messages::with_messages(body, r.parsed(), items)),
-                false,
-            ),
+            Request::Chat(r) => chat::outgoing(body, r.parsed(), (items, tool), ask_usage),
+            Request::Responses(r) => {
+                let input = items.and_then(|items| responses::input_edit(body, r.parsed(), items));
+                (
+                    splice::apply(body, input.into_iter().chain(tool).collect()),
+                    false,
+                )
+            }
+            Request::Messages(r) => {
+                let messages =
+                    items.and_then(|items| messages::messages_edit(body, r.parsed(), items));
+                (
+                    splice::apply(body, messages.into_iter().chain(tool).collect()),
+                    false,
+                )
+            }
         };
         Outgoing {
             body: edited.unwrap_or_else(|| body.clone()),
             asked_usage,
+        }
+    }
+
+    /// The client's `tools`, as written.
+    fn tools(&self) -> Option<&RawValue> {
+        match self {
+            Request::Chat(r) => r.parsed().request.tools,
+            Request::Responses(r) => r.parsed().fields.tools,
+            Request::Messages(r) => r.parsed().fields.tools,
+        }
+    }
+
+    /// Whether the client leaves the choice of tool to the model: no `tool_choice`, or
+    /// `auto` (chat and Responses: `"auto"`; Messages: `{"type": "auto"}`), and not chat's
+    /// legacy `functions` (which cannot be mixed with `tools`). A tool abridge adds is
+    /// added only then: never beside `none`, a required or a forced tool.
+    pub fn lets_the_model_choose_tools(&self) -> bool {
+        #[derive(serde::Deserialize)]
+        struct Typed<'a> {
+            #[serde(borrow, rename = "type")]
+            kind: Option<std::borrow::Cow<'a, str>>,
+        }
+        let (choice, functions) = match self {
+            Request::Chat(r) => (r.parsed().request.tool_choice, r.parsed().request.functions),
+            Request::Responses(r) => (r.parsed().fields.tool_choice, None),
+            Request::Messages(r) => (r.parsed().fields.tool_choice, None),
+        };
+        if functions.is_some_and(|f| f.get() != "null") {
+            return false;
+        }
+        let Some(choice) = choice.map(RawValue::get).filter(|c| *c != "null") else {
+            return true;
+        };
+        match self {
+            Request::Messages(_) => serde_json::from_str::<Typed<'_>>(choice)
+                .is_ok_and(|t| t.kind.as_deref() == Some("auto")),
+            _ => choice == "\"auto\"",
+        }
+    }
+
+    /// Whether the client asked for a stream.
+    pub fn streams(&self) -> bool {
+        match self {
+            Request::Chat(r) => r.parsed().request.stream == Some(true),
+            Request::Responses(r) => r.parsed().fields.stream == Some(true),
+            Request::Messages(r) => r.parsed().fields.stream == Some(true),
         }
     }
 

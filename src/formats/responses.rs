@@ -55,6 +55,11 @@ pub struct Fields<'a> {
     pub context_management: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub prompt_cache_key: Option<Cow<'a, str>>,
+    /// The client's tools and `tool_choice`, as written (see [`crate::recall`]).
+    #[serde(borrow, default)]
+    pub tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub tool_choice: Option<&'a RawValue>,
 }
 
 /// A parsed request: the top level and the `input` items (empty when `input` is a
@@ -156,15 +161,16 @@ pub fn same_but_output(a: &RawValue, b: &RawValue) -> bool {
 
 /// The body with its `input` array replaced by `items`, every other byte kept.
 pub fn with_input(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Bytes> {
+    apply(body, vec![input_edit(body, parsed, items)?])
+}
+
+/// The edit [`with_input`] makes.
+pub fn input_edit(body: &[u8], parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Edit> {
     let input = parsed.fields.input?;
-    let span = span_of(body, input.get())?;
-    apply(
-        body,
-        vec![Edit {
-            span,
-            bytes: array(items),
-        }],
-    )
+    Some(Edit {
+        span: span_of(body, input.get())?,
+        bytes: array(items),
+    })
 }
 
 owned_request!("Responses");

@@ -91,3 +91,40 @@ pub fn same_except(
         _ => false,
     }
 }
+
+/// The edit that appends `tool` (a JSON object) to a request's `tools` array (`tools`:
+/// its value as written), or adds `"tools": [tool]` at the end of the top-level object
+/// when there is none (or it is `null`). `None` when `tools` is not an array or the
+/// body does not end its object where expected.
+pub fn append_tool(
+    body: &[u8],
+    tools: Option<&serde_json::value::RawValue>,
+    tool: &str,
+) -> Option<Edit> {
+    if let Some(tools) = tools.filter(|t| t.get() != "null") {
+        let text = tools.get();
+        let span = span_of(body, text)?;
+        let inner = text.strip_prefix('[')?.strip_suffix(']')?;
+        let bytes = match inner.trim().is_empty() {
+            true => format!("[{tool}]"),
+            false => format!("[{inner},{tool}]"),
+        };
+        return Some(Edit {
+            span,
+            bytes: bytes.into_bytes(),
+        });
+    }
+    if tools.is_some() {
+        // `"tools": null`: an array in its place.
+        let span = span_of(body, tools?.get())?;
+        return Some(Edit {
+            span,
+            bytes: format!("[{tool}]").into_bytes(),
+        });
+    }
+    let close = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    (body[close] == b'}').then(|| Edit {
+        span: close..close,
+        bytes: format!(",\"tools\":[{tool}]").into_bytes(),
+    })
+}

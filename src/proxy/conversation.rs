@@ -31,7 +31,7 @@ use crate::state::AppState;
 use crate::stats::Route;
 use crate::store::Checkpoint;
 
-use super::{Exchange, Upstream, first_answer, respond, send};
+use super::{Exchange, Upstream, first_answer, recall, respond, send};
 
 /// `POST /v1/chat/completions`: see the module docs.
 pub async fn chat(State(state): State<AppState>, request: Request) -> Response {
@@ -123,7 +123,7 @@ async fn stages(
 
     // plan → rewrite → forward, with its retries.
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
-    let (upstream, watch) = forward(
+    let (mut upstream, watch, recalling) = forward(
         state,
         &turn,
         &prepared,
@@ -132,6 +132,10 @@ async fn stages(
         exchange,
     )
     .await?;
+    if let Some(sent) = recalling {
+        let at = (&parts, &target, sent);
+        upstream = recall::serve(state, &prepared, at, &mut decision, upstream, exchange).await;
+    }
 
     // relay → record.
     for note in prepared
@@ -201,7 +205,7 @@ async fn untouched(
 
 /// forward: the rewritten body; when the provider refuses what abridge added, once more
 /// with the client's own fields; when it says the prompt is too long, compacted harder
-/// and once more.
+/// and once more. With the recall tool added (and kept), also the body sent.
 async fn forward(
     state: &AppState,
     turn: &Turn<'_, '_>,
@@ -209,27 +213,37 @@ async fn forward(
     (parts, target): (&Parts, &Uri),
     decision: &mut Decision,
     exchange: &mut Exchange,
-) -> Result<(Upstream, Watch), Error> {
+) -> Result<(Upstream, Watch, Option<Bytes>), Error> {
     let request = &*prepared.request;
-    let (outgoing, mut watch) = rewrite(state, request, decision.apply.as_ref());
+    let mut recalling = recall::wanted(state, prepared, decision);
+    let tool = recall::tool(prepared, recalling);
+    let (outgoing, mut watch) = rewrite(state, request, decision.apply.as_ref(), tool);
+    let mut sent = outgoing.clone();
     // An error body is read before it is passed on only when a retry could follow:
     // compaction may act, or abridge added a field the provider may refuse.
     let may_compact = prepared.controls.compact != Compact::Off
         && state.config().compaction.mode == CompactionMode::On;
     let added = watch.strips();
-    let mut upstream = first_answer(
-        state,
-        parts,
-        target,
-        outgoing,
-        may_compact || added,
-        exchange,
-    )
-    .await?;
+    let reads = (may_compact || added || recalling, recalling);
+    let mut upstream = first_answer(state, parts, target, outgoing, reads, exchange).await?;
+    if recalling && recall::refused(&upstream) {
+        state.refuse_recall_tool();
+        recalling = false;
+        let (outgoing, plain) = rewrite(state, request, decision.apply.as_ref(), None);
+        let reads = (may_compact || added, false);
+        upstream = first_answer(state, parts, target, outgoing, reads, exchange).await?;
+        watch = plain;
+        decision.report.add_note(
+            "the provider refused the abridge_recall tool abridge adds: retried without it; recall is off for this provider",
+        );
+    }
     if added && refused_addition(&upstream) {
         state.refuse_usage_option();
-        let (outgoing, plain) = rewrite(state, request, decision.apply.as_ref());
-        upstream = first_answer(state, parts, target, outgoing, may_compact, exchange).await?;
+        let tool = recall::tool(prepared, recalling);
+        let (outgoing, plain) = rewrite(state, request, decision.apply.as_ref(), tool);
+        sent = outgoing.clone();
+        let reads = (may_compact || recalling, recalling);
+        upstream = first_answer(state, parts, target, outgoing, reads, exchange).await?;
         watch = plain;
         decision.report.add_note(
             "the provider refused stream_options, which abridge adds to read usage: retried with the client's own fields; streaming usage is not read from this provider",
@@ -244,6 +258,8 @@ async fn forward(
             .overflowed(turn.provider, turn.model, overflow, decision.estimate);
     }
     if may_compact && overflow.is_some() {
+        // The retry goes without the tool: its answer is relayed as it comes.
+        recalling = false;
         upstream = Box::pin(overflow_retry(
             state,
             turn,
@@ -254,7 +270,7 @@ async fn forward(
         ))
         .await;
     }
-    Ok((upstream, watch))
+    Ok((upstream, watch, recalling.then_some(sent)))
 }
 
 /// The chat request's headers for the upstream: hop-by-hop and `x-abridge-*` removed,
@@ -272,14 +288,19 @@ fn prepare_headers(parts: &mut Parts) {
 
 /// rewrite: the body to send — the original bytes unless a checkpoint is applied or
 /// usage must be asked for — and what the relay must watch for.
-fn rewrite(state: &AppState, request: &Conversation, apply: Option<&Checkpoint>) -> (Bytes, Watch) {
+pub(super) fn rewrite(
+    state: &AppState,
+    request: &Conversation,
+    apply: Option<&Checkpoint>,
+    tool: Option<&str>,
+) -> (Bytes, Watch) {
     // Not where the provider is known to refuse the ask (then usage is not read, counted).
     let refused = state.refuses_usage_option();
     if refused && request.wants_usage_ask() {
         state.stats().usage_not_asked();
     }
     let items = apply.map(|c| crate::compactor::forwarded(request.items(), c));
-    let outgoing = request.outgoing(items.as_deref(), !refused);
+    let outgoing = request.outgoing(items.as_deref(), tool, !refused);
     if outgoing.asked_usage {
         state.stats().usage_requested();
     }
@@ -310,7 +331,7 @@ async fn overflow_retry(
     if !deeper {
         return upstream;
     }
-    let (outgoing, retry_watch) = rewrite(state, request, retry.apply.as_ref());
+    let (outgoing, retry_watch) = rewrite(state, request, retry.apply.as_ref(), None);
     match send(state, parts, target, outgoing, exchange).await {
         Ok(response) => {
             state.stats().retry();

@@ -9,6 +9,7 @@
 
 mod conversation;
 mod peek;
+mod recall;
 
 pub use conversation::{chat, messages, responses};
 
@@ -147,6 +148,9 @@ enum Upstream {
     Streaming(http::Response<hyper::body::Incoming>),
     Buffered(http::response::Parts, Bytes),
     Peeked(peek::Peeked),
+    /// A whole (not streamed) answer read to see whether it calls the recall tool, and
+    /// the usage to record for the forwarded history.
+    Whole(http::response::Parts, Bytes, Option<relay::Usage>),
 }
 
 impl Upstream {
@@ -156,7 +160,7 @@ impl Upstream {
         match self {
             Upstream::Buffered(head, error) => crate::compactor::overflow::read(head.status, error),
             Upstream::Peeked(peeked) => peeked.overflow,
-            Upstream::Streaming(_) => None,
+            Upstream::Streaming(_) | Upstream::Whole(..) => None,
         }
     }
 }
@@ -182,15 +186,40 @@ async fn send(
     response.inspect_err(|_| state.stats().upstream_error())
 }
 
+/// The provider's answer to `body`. With `may_retry`, one that may be an overflow (an
+/// error body, the start of an event stream) is read first; with `whole`, a 200 that is
+/// not an event stream is read whole (the recall rounds read it).
 async fn first_answer(
     state: &AppState,
     parts: &Parts,
     target: &Uri,
     body: Bytes,
-    may_retry: bool,
+    (may_retry, whole): (bool, bool),
     exchange: &mut Exchange,
 ) -> Result<Upstream, Error> {
     let response = send(state, parts, target, body, exchange).await?;
+    if whole
+        && response.status() == http::StatusCode::OK
+        && !relay::is_event_stream(response.headers())
+        && !response.headers().contains_key(header::CONTENT_ENCODING)
+    {
+        let (head, incoming) = response.into_parts();
+        let idle = state.config().timeouts.stream_idle();
+        let limit = state.config().limits.max_decoded_bytes;
+        let waiting = Instant::now();
+        let read = tokio::time::timeout(idle, Limited::new(incoming, limit).collect()).await;
+        exchange.upstream_wait += waiting.elapsed();
+        return match read {
+            Ok(Ok(collected)) => {
+                let body = collected.to_bytes();
+                let usage = relay::usage::from_json(&body);
+                Ok(Upstream::Whole(head, body, usage))
+            }
+            _ => Err(Error::UpstreamUnreachable(
+                "the provider's answer could not be read".to_owned(),
+            )),
+        };
+    }
     if may_retry
         && response.status() == http::StatusCode::OK
         && relay::is_event_stream(response.headers())
@@ -266,6 +295,7 @@ fn respond(
             relay::respond(response, watch, relay_bounds(state), on_done)
         }
         Upstream::Buffered(head, body) => relay::respond_buffered(head, body, on_done),
+        Upstream::Whole(head, body, usage) => relay::respond_whole(head, body, usage, on_done),
         Upstream::Peeked(peeked) => relay::respond_after(
             peeked.response,
             peeked.read,

@@ -206,6 +206,27 @@ pub fn respond_buffered(mut head: http::response::Parts, body: Bytes, on_done: O
     Response::from_parts(head, Body::from(body))
 }
 
+/// The client's response for a provider's whole answer abridge read (and may have
+/// rewritten: the recall rounds' last answer), with the usage to record for it.
+pub fn respond_whole(
+    mut head: http::response::Parts,
+    body: Bytes,
+    usage: Option<Usage>,
+    on_done: OnDone,
+) -> Response {
+    headers::strip_response(&mut head.headers);
+    head.headers.remove(header::CONTENT_ENCODING);
+    head.headers
+        .insert(header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
+    on_done(Outcome {
+        usage,
+        end: End::Complete,
+        usage_unreadable: false,
+        stripped_events: 0,
+    });
+    Response::from_parts(head, Body::from(body))
+}
+
 /// Whether a response is a server-sent-events stream.
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
     headers

@@ -83,7 +83,8 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         usage_not_asked usage_reports prompt_tokens_reported completion_tokens_reported cached_tokens_reported \
         usage_unreadable stripped_events upstream_errors client_gone idle_timeouts \
         compactions compaction_tokens_estimated tokens_saved_estimated checkpoints_applied \
-        summary_calls summary_failures summary_refused summary_deferred summary_gate_score summary_repairs \
+        summary_calls recalls recall_tokens recall_failures summary_failures summary_refused summary_deferred \
+        summary_gate_score summary_repairs \
         fallbacks retries context_overflows context_overflows_by_model anti_thrash observed waited_for_peer background_dropped";
     assert_eq!(names, expected.split(' ').collect::<Vec<_>>(), "{text}");
     // The reference page names each, as a query does (a counter with `_total`).
@@ -113,7 +114,8 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         prompt_tokens_reported_compacted completion_tokens_reported cached_tokens_reported usage_unreadable \
         stripped_events upstream_errors client_gone idle_timeouts compactions \
         estimated_tokens_before estimated_tokens_after tokens_saved_estimated \
-        checkpoints_applied summary_calls summary_failures summary_refused summary_deferred summary_repairs \
+        checkpoints_applied summary_calls recalls recall_tokens recall_failures summary_failures \
+        summary_refused summary_deferred summary_repairs \
         fallbacks retries context_overflows anti_thrash observed waited_for_peer background_dropped";
     let mut expected: Vec<&str> = expected.split(' ').collect();
     // A `serde_json::Value` map may be sorted by key: compare as sets.

@@ -32,6 +32,7 @@ mod llama;
 mod messages;
 mod outage;
 mod passthrough;
+mod recall;
 mod redis_support;
 mod redis_tls;
 mod replay;

@@ -97,11 +97,18 @@ async fn long_conversation(strategy: Strategy, stream: bool) {
             "instructions kept"
         );
         assert_eq!(input[0], agent.input[0], "the developer item stays first");
-        for field in ["tools", "include", "text", "store", "tool_choice"] {
-            assert_eq!(
-                body[field],
-                json!(serde_json::from_str::<Value>(&agent.body()).unwrap()[field])
-            );
+        let sent_by_agent = serde_json::from_str::<Value>(&agent.body()).unwrap();
+        for field in ["include", "text", "store", "tool_choice"] {
+            assert_eq!(body[field], sent_by_agent[field]);
+        }
+        // The agent's tools, and — once compacted — abridge's recall tool after them.
+        let tools = body["tools"].as_array().unwrap();
+        let agents = sent_by_agent["tools"].as_array().unwrap();
+        assert_eq!(tools[..agents.len()], agents[..]);
+        let recall = answers[i].compacted();
+        assert_eq!(tools.len(), agents.len() + usize::from(recall));
+        if recall {
+            assert_eq!(tools[agents.len()]["name"], "abridge_recall");
         }
         if i < first {
             continue;

@@ -201,9 +201,25 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
             None => "stop",
         };
         Reply::Text { text, finish }
+    } else if let Some(recalled) = recall_move(&request, messages).filter(|_| b.uses_recall) {
+        match recalled {
+            crate::recall::Move::Call(query) => Reply::ToolCall {
+                id: format!(
+                    "call_r{:08x}",
+                    fnv(request["messages"].to_string().as_bytes()) as u32
+                ),
+                name: crate::recall::NAME.to_owned(),
+                arguments: json!({ "query": query }).to_string(),
+            },
+            crate::recall::Move::Answer(text) => Reply::Text {
+                text,
+                finish: "stop",
+            },
+        }
     } else if wants_tool_call(&request, messages) {
-        let name = request["tools"][0]["function"]["name"]
-            .as_str()
+        let name = client_tools(&request)
+            .next()
+            .and_then(|t| t["function"]["name"].as_str())
             .unwrap_or("tool")
             .to_owned();
         Reply::ToolCall {
@@ -283,8 +299,55 @@ fn error_answer(
     Answer::Whole(status, crate::error_body(message, kind, param, code))
 }
 
+/// The client's tools: those of the request but a proxy's recall tool.
+fn client_tools(request: &Value) -> impl Iterator<Item = &Value> {
+    request["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["function"]["name"] != crate::recall::NAME)
+}
+
+/// What the fake does with a proxy's recall tool (see [`crate::recall`]).
+fn recall_move(request: &Value, messages: &[Value]) -> Option<crate::recall::Move> {
+    let asked = messages.iter().rposition(|m| m["role"] == "user")?;
+    let recall_calls: Vec<&str> = messages[asked..]
+        .iter()
+        .filter_map(|m| m["tool_calls"].as_array())
+        .flatten()
+        .filter(|c| c["function"]["name"] == crate::recall::NAME)
+        .filter_map(|c| c["id"].as_str())
+        .collect();
+    let results: Vec<String> = messages[asked..]
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .filter(|m| {
+            m["tool_call_id"]
+                .as_str()
+                .is_some_and(|id| recall_calls.contains(&id))
+        })
+        .map(text_of)
+        .collect();
+    if results.is_empty() && asked + 1 != messages.len() {
+        return None;
+    }
+    let context: Vec<String> = messages
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != asked)
+        .map(|(_, m)| text_of(m))
+        .collect();
+    let callable = crate::recall::offered(&request["tools"]) && request["tool_choice"] != "none";
+    crate::recall::decide(
+        &text_of(&messages[asked]),
+        &context.join("\n"),
+        &results,
+        callable,
+    )
+}
+
 fn wants_tool_call(request: &Value, messages: &[Value]) -> bool {
-    let has_tools = request["tools"].as_array().is_some_and(|t| !t.is_empty());
+    let has_tools = client_tools(request).next().is_some();
     let last_is_user = messages.last().is_some_and(|m| m["role"] == "user");
     has_tools && last_is_user && request["tool_choice"] != "none"
 }

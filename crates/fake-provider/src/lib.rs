@@ -29,7 +29,8 @@
 //! `x-fake-error-bytes` (with `x-fake-status`: an error body that much longer),
 //! `x-fake-window` (context window in tokens), `x-fake-overflow: FAMILY` (whose overflow
 //! answer), `x-fake-overflow-stream: 1` (a streamed overflow as a 200 stream that reports
-//! it), `x-fake-gzip: 1`, `x-fake-split: 1`
+//! it), `x-fake-recall: 1` (use a proxy's `abridge_recall` tool, see [`recall`]),
+//! `x-fake-gzip: 1`, `x-fake-split: 1`
 //! (every SSE event in two TCP writes), `x-fake-multiline: 1` (JSON spread over several
 //! `data:` lines), `x-fake-usage: input` (`input_tokens` naming), `x-fake-prompt-tokens:
 //! N` (report N prompt tokens), the faults of [`faults`] (`x-fake-gzip-bomb`,
@@ -55,6 +56,7 @@ pub mod faults;
 pub mod messages;
 pub mod overflow;
 pub mod prompt_cache;
+pub mod recall;
 pub mod responses;
 mod summary;
 mod transport;
@@ -118,6 +120,9 @@ pub struct Behavior {
     /// Serve the family's window endpoint (`/props`, `/v1/models` with `max_model_len`,
     /// `/api/show`) when `context_window` is set; off, a server that cannot be asked.
     pub window_endpoints: bool,
+    /// Use a proxy's `abridge_recall` tool when offered (see [`recall`]); off, a model
+    /// that never calls it.
+    pub uses_recall: bool,
     /// Pause between SSE events.
     pub chunk_delay: Duration,
     /// Pause before the response headers.
@@ -160,6 +165,7 @@ impl Default for Behavior {
             overflow: overflow::Family::OpenAi,
             overflow_in_stream: false,
             window_endpoints: true,
+            uses_recall: false,
             chunk_delay: Duration::ZERO,
             latency: Duration::ZERO,
             reply_words: 12,
@@ -217,6 +223,9 @@ impl Behavior {
         }
         if let Some(v) = flag("x-fake-overflow-stream") {
             b.overflow_in_stream = v;
+        }
+        if let Some(v) = flag("x-fake-recall") {
+            b.uses_recall = v;
         }
         if let Some(words) = get("x-fake-words").and_then(|v| v.parse().ok()) {
             b.reply_words = words;

@@ -1,0 +1,198 @@
+//! Serving `abridge_recall` for one client request (see [`crate::recall`]): when the
+//! provider's answer calls it, abridge answers each call from the request's condensed
+//! messages, appends the calls and their results to the forwarded request and asks the
+//! provider again — at most `recall.max_rounds` times, the last time asking for an
+//! answer without tools. The client gets the last answer, with every round's usage
+//! summed; a recall call never reaches it.
+//!
+//! The tool is added only to a compacted request that is not streamed and lets the
+//! model choose its tools (see [`wanted`]). When a follow-up cannot be sent or the
+//! provider refuses it, the request is sent once more as the client would have had it
+//! answered without recall (the forwarded request without the tool), and the client is
+//! told.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{StatusCode, Uri};
+
+use crate::compactor::Decision;
+use crate::config::CompactionMode;
+use crate::prepare::Prepared;
+use crate::recall::{Corpus, wire};
+use crate::state::AppState;
+use crate::tokens::Estimator;
+
+use super::{Exchange, Upstream, first_answer};
+
+/// Whether this request gets the recall tool (see the module docs).
+pub(super) fn wanted(state: &AppState, prepared: &Prepared, decision: &Decision) -> bool {
+    let config = state.config();
+    config.recall.enabled
+        && config.recall.max_rounds > 0
+        && config.compaction.mode == CompactionMode::On
+        && decision.active
+        && decision.apply.is_some()
+        && !prepared.controls.recall_off
+        && !prepared.request.streams()
+        && prepared.request.lets_the_model_choose_tools()
+        && !state.refuses_recall_tool()
+}
+
+/// The recall tool in `prepared`'s format, when `recall` says it is added.
+pub(super) fn tool(prepared: &Prepared, recall: bool) -> Option<&'static str> {
+    recall.then(|| wire::tool(prepared.request.format()))
+}
+
+/// The provider refused the tool: a 400 or 422 whose text names tools.
+pub(super) fn refused(upstream: &Upstream) -> bool {
+    match upstream {
+        Upstream::Buffered(head, body) => {
+            matches!(head.status.as_u16(), 400 | 422) && wire::refused(body)
+        }
+        _ => false,
+    }
+}
+
+/// The rounds, for an answer read whole (`upstream`) to a request sent as `sent` (see
+/// the module docs). Anything else is handed back as it is.
+pub(super) async fn serve(
+    state: &AppState,
+    prepared: &Prepared,
+    (parts, target, sent): (&Parts, &Uri, Bytes),
+    decision: &mut Decision,
+    upstream: Upstream,
+    exchange: &mut Exchange,
+) -> Upstream {
+    let Upstream::Whole(head, body, usage) = upstream else {
+        return upstream;
+    };
+    let format = prepared.request.format();
+    let answer = match wire::Answer::read(format, &body) {
+        Some(answer) if head.status == StatusCode::OK => answer,
+        _ => return Upstream::Whole(head, body, usage),
+    };
+    decision.report.recalls = Some(0);
+    if answer.calls.is_empty() {
+        return Upstream::Whole(head, body, usage);
+    }
+    let Some(checkpoint) = decision.apply.as_ref() else {
+        return Upstream::Whole(head, body, usage);
+    };
+    let corpus = Corpus::of(prepared.request.items(), checkpoint);
+    let rounds = Rounds {
+        state,
+        corpus: &corpus,
+        estimator: Estimator::for_model_ready(prepared.request.model()),
+        format,
+    };
+    match rounds.run(answer, sent, (parts, target), exchange).await {
+        Ok((head, body, served)) => {
+            decision.report.recalls = Some(served);
+            // What the provider counted for the forwarded history is the first round's.
+            Upstream::Whole(head, body, usage)
+        }
+        Err(why) => {
+            state.stats().recall_failure();
+            tracing::warn!(%why, "recall follow-up failed; answered without recall");
+            decision
+                .report
+                .add_note(format!("recall: {why}; answered without recall"));
+            without_tool(state, prepared, (parts, target), decision, exchange)
+                .await
+                .unwrap_or(Upstream::Whole(head, body, usage))
+        }
+    }
+}
+
+/// The forwarded request once more, without the tool.
+async fn without_tool(
+    state: &AppState,
+    prepared: &Prepared,
+    (parts, target): (&Parts, &Uri),
+    decision: &mut Decision,
+    exchange: &mut Exchange,
+) -> Option<Upstream> {
+    decision.report.recalls = None;
+    let (outgoing, _) =
+        super::conversation::rewrite(state, &prepared.request, decision.apply.as_ref(), None);
+    first_answer(state, parts, target, outgoing, (false, false), exchange)
+        .await
+        .ok()
+}
+
+struct Rounds<'a> {
+    state: &'a AppState,
+    corpus: &'a Corpus,
+    estimator: Estimator,
+    format: crate::formats::Format,
+}
+
+impl Rounds<'_> {
+    /// Serves `answer`'s calls and asks again until an answer calls none (or the last
+    /// round): that answer, finished, and the calls served.
+    async fn run(
+        &self,
+        mut answer: wire::Answer,
+        mut sent: Bytes,
+        (parts, target): (&Parts, &Uri),
+        exchange: &mut Exchange,
+    ) -> Result<(http::response::Parts, Bytes, u32), String> {
+        let config = &self.state.config().recall;
+        let mut usage = answer.value.get("usage").cloned();
+        let mut served = 0u32;
+        let mut round = 0;
+        loop {
+            round += 1;
+            let results: Vec<(wire::Call, String)> = answer
+                .calls
+                .iter()
+                .map(|call| {
+                    let text = self
+                        .corpus
+                        .answer(&call.arguments, config.max_tokens, &|t| {
+                            self.estimator.text(t)
+                        });
+                    self.state.stats().recalled(self.estimator.text(&text));
+                    (call.clone(), text)
+                })
+                .collect();
+            served += u32::try_from(results.len()).unwrap_or(u32::MAX);
+            let items = wire::round_items(self.format, &answer, &results);
+            let last = round >= config.max_rounds;
+            let next = wire::follow_up(self.format, &sent, &items, last)
+                .ok_or("the forwarded request could not be extended")?;
+            let next = Bytes::from(next);
+            let reply = first_answer(
+                self.state,
+                parts,
+                target,
+                next.clone(),
+                (false, true),
+                exchange,
+            )
+            .await
+            .map_err(|e| format!("the follow-up could not be sent ({e})"))?;
+            let Upstream::Whole(head, body, _) = reply else {
+                return Err("the provider's answer to the follow-up was not read whole".to_owned());
+            };
+            if head.status != StatusCode::OK {
+                return Err(format!(
+                    "the provider answered the follow-up with {}",
+                    head.status
+                ));
+            }
+            answer = wire::Answer::read(self.format, &body)
+                .ok_or("the provider's answer to the follow-up is not JSON")?;
+            match (&mut usage, answer.value.get("usage")) {
+                (Some(total), Some(more)) => wire::add_usage(total, more),
+                (None, Some(more)) => usage = Some(more.clone()),
+                _ => {}
+            }
+            sent = next;
+            if answer.calls.is_empty() || last {
+                let body = wire::finish(self.format, answer.value, usage);
+                return Ok((head, Bytes::from(body), served));
+            }
+        }
+    }
+}

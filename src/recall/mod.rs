@@ -1,0 +1,292 @@
+//! Recall: the model reads back exactly what a compaction condensed, through a tool
+//! abridge adds to the forwarded request (`abridge_recall`) and answers itself.
+//!
+//! What is recalled is the request's own history. Clients send the whole conversation
+//! on every turn, so the messages a checkpoint condensed are in the request being served,
+//! verbatim. A recall therefore reads nothing but the conversation the request belongs
+//! to, and nothing a client sends can name another conversation's content. The store
+//! keeps no client text for it (as it keeps none for the checkpoints: see
+//! [`crate::store`]).
+//!
+//! The condensed messages are those a checkpoint replaced (`head..=through`, less the
+//! ones it forwards unchanged), named `m<N>` by their position in the history (1 is the
+//! first message). A message longer than [`PART_CHARS`] is read in parts, `m<N>.<k>`.
+//! A call gives an `id` (`m12`, `m12.2`, a range `m3-m9`), a `query` ranked with BM25
+//! ([`rank`]), or both. What it returns is the messages' exact text, secrets redacted as
+//! for the summariser, within `recall.max_tokens`.
+//!
+//! [`wire`] has each format's side: the tool, its calls in a provider's answer, and the
+//! follow-up request.
+
+pub mod rank;
+pub mod wire;
+
+use std::fmt::Write as _;
+
+use crate::conversation::{Content, Item, Part, Role};
+use crate::store::{Checkpoint, Piece};
+use crate::strategies::redact::redact;
+
+/// The tool's name.
+pub const NAME: &str = "abridge_recall";
+/// Longest passage: a longer message is read in parts.
+pub const PART_CHARS: usize = 4000;
+
+/// One condensed message, or one part of a long one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Passage {
+    /// Index of the message in the history.
+    message: usize,
+    /// 1-based part, and how many the message has.
+    part: usize,
+    parts: usize,
+    /// Its text, labelled, redacted.
+    text: String,
+}
+
+impl Passage {
+    fn id(&self) -> String {
+        match self.parts {
+            1 => format!("m{}", self.message + 1),
+            _ => format!("m{}.{}", self.message + 1, self.part),
+        }
+    }
+}
+
+/// The condensed messages of one request.
+#[derive(Debug, Default)]
+pub struct Corpus {
+    passages: Vec<Passage>,
+}
+
+/// What a call asks.
+#[derive(Debug, Default, serde::Deserialize)]
+struct Arguments {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    query: Option<String>,
+}
+
+impl Corpus {
+    /// The messages `checkpoint` condensed in `items`.
+    pub fn of(items: &[Item<'_>], checkpoint: &Checkpoint) -> Self {
+        let kept: Vec<usize> = checkpoint
+            .pieces()
+            .filter_map(|p| match p {
+                Piece::Kept(k) => Some(k),
+                Piece::Stored(_) => None,
+            })
+            .collect();
+        let (head, through) = (checkpoint.head as usize, checkpoint.through as usize);
+        let mut passages = Vec::new();
+        for (i, item) in items.iter().enumerate().take(through + 1).skip(head) {
+            if kept.contains(&i) {
+                continue;
+            }
+            let text = render(i, item);
+            let pieces = split(&text);
+            let parts = pieces.len();
+            passages.extend(pieces.into_iter().enumerate().map(|(k, text)| Passage {
+                message: i,
+                part: k + 1,
+                parts,
+                text,
+            }));
+        }
+        Self { passages }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.passages.is_empty()
+    }
+
+    /// The ids the condensed messages span, for the marker and error texts: `m3–m40`.
+    pub fn span(&self) -> Option<String> {
+        let (first, last) = (self.passages.first()?, self.passages.last()?);
+        Some(match first.message == last.message {
+            true => format!("m{}", first.message + 1),
+            false => format!("m{}–m{}", first.message + 1, last.message + 1),
+        })
+    }
+
+    /// The answer to a call whose arguments are `arguments` (the JSON the model wrote),
+    /// within `max_tokens` as `tokens` counts them.
+    pub fn answer(&self, arguments: &str, max_tokens: u64, tokens: &dyn Fn(&str) -> u64) -> String {
+        let args: Arguments = serde_json::from_str(arguments).unwrap_or_default();
+        let span = self.span().unwrap_or_else(|| "none".to_owned());
+        let mut chosen: Vec<usize> = Vec::new();
+        let mut problems = Vec::new();
+        if let Some(id) = args.id.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+            match self.by_id(id) {
+                Some(found) if !found.is_empty() => chosen.extend(found),
+                _ => problems.push(format!(
+                    "`{id}` is not a condensed message (they are {span})"
+                )),
+            }
+        }
+        if let Some(query) = args
+            .query
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            let texts: Vec<&str> = self.passages.iter().map(|p| p.text.as_str()).collect();
+            let ranked = rank::rank(&texts, query);
+            if ranked.is_empty() {
+                problems.push(format!("no condensed message matches \"{query}\""));
+            }
+            chosen.extend(
+                ranked
+                    .into_iter()
+                    .filter(|p| !chosen.contains(p))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        if args.id.is_none() && args.query.is_none() {
+            problems.push("give `id` or `query`".to_owned());
+        }
+        self.write(&chosen, &problems, &span, max_tokens, tokens)
+    }
+
+    /// The passages an id names: a message (all its parts), one part, or a range.
+    fn by_id(&self, id: &str) -> Option<Vec<usize>> {
+        let number = |s: &str| -> Option<(usize, Option<usize>)> {
+            let s = s.trim().trim_start_matches(['m', 'M']);
+            match s.split_once('.') {
+                Some((m, k)) => Some((m.parse().ok()?, Some(k.parse().ok()?))),
+                None => Some((s.parse().ok()?, None)),
+            }
+        };
+        let (from, to) = match id.split_once(['-', '–']) {
+            Some((a, b)) => (number(a)?, number(b)?),
+            None => (number(id)?, number(id)?),
+        };
+        let (lo, hi) = (from.0.checked_sub(1)?, to.0.checked_sub(1)?);
+        let part = (from == to).then_some(from.1).flatten();
+        Some(
+            self.passages
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| (lo..=hi).contains(&p.message) && part.is_none_or(|k| p.part == k))
+                .map(|(i, _)| i)
+                .collect(),
+        )
+    }
+
+    fn write(
+        &self,
+        chosen: &[usize],
+        problems: &[String],
+        span: &str,
+        max_tokens: u64,
+        tokens: &dyn Fn(&str) -> u64,
+    ) -> String {
+        let mut out = String::from("[abridge_recall: the exact text of condensed messages");
+        if !problems.is_empty() {
+            let _ = write!(out, "; {}", problems.join("; "));
+        }
+        out.push_str("]\n");
+        let mut used = tokens(&out);
+        let mut returned = 0;
+        for &p in chosen {
+            let passage = &self.passages[p];
+            let block = format!("\n{}\n", passage.text);
+            let cost = tokens(&block);
+            if used + cost <= max_tokens {
+                out.push_str(&block);
+                used += cost;
+                returned += 1;
+                continue;
+            }
+            if returned == 0 {
+                // The best match alone is over the budget: its start, cut.
+                let room = max_tokens.saturating_sub(used + 16) as usize * 3;
+                let cut = crate::strategies::text::truncate_chars(&passage.text, room);
+                let _ = write!(out, "\n{cut}\n[… cut at recall.max_tokens]\n");
+                returned += 1;
+            }
+            break;
+        }
+        if returned < chosen.len() {
+            let more: Vec<String> = chosen[returned..]
+                .iter()
+                .take(8)
+                .map(|&p| self.passages[p].id())
+                .collect();
+            let _ = write!(out, "\n[more matches, not shown: {}]\n", more.join(", "));
+        }
+        if chosen.is_empty() {
+            let _ = write!(out, "\nCondensed messages: {span}.\n");
+        }
+        out
+    }
+}
+
+/// A message as a labelled block: `[m12 user]`, its text, its tool calls.
+fn render(i: usize, m: &Item<'_>) -> String {
+    let role = match m.role {
+        Role::System => "system",
+        Role::Developer => "developer",
+        Role::User if !m.results.is_empty() => "tool result",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool | Role::Function => "tool result",
+    };
+    let mut out = format!("[m{} {role}", i + 1);
+    if let Some(id) = m.results.first() {
+        let _ = write!(out, " {id}");
+    }
+    out.push_str("]\n");
+    out.push_str(&redact(&text_of(&m.content)));
+    for call in &m.calls {
+        let _ = write!(
+            out,
+            "\n[tool call {} {}]\n{}",
+            call.name,
+            call.id,
+            redact(&call.arguments)
+        );
+    }
+    out
+}
+
+fn text_of(content: &Content<'_>) -> String {
+    match content {
+        Content::None => String::new(),
+        Content::Text(t) => t.to_string(),
+        Content::Parts(parts) => parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Text(t) => Some(t.as_ref()),
+                Part::Other(_) => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Content::Other(raw) => raw.get().to_owned(),
+    }
+}
+
+/// `text` in passages of at most [`PART_CHARS`] characters, cut at a line end where one
+/// is near.
+fn split(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while rest.chars().count() > PART_CHARS {
+        let limit = rest
+            .char_indices()
+            .nth(PART_CHARS)
+            .map_or(rest.len(), |(i, _)| i);
+        let cut = rest[..limit]
+            .rfind('\n')
+            .filter(|&n| n > limit / 2)
+            .map_or(limit, |n| n + 1);
+        out.push(rest[..cut].to_owned());
+        rest = &rest[cut..];
+    }
+    out.push(rest.to_owned());
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,94 @@
+//! Okapi BM25 over the condensed passages: which ones a recall query is about. Terms are
+//! runs of letters and digits, lower-cased (so `PROJ-1234` is `proj` and `1234`, as in a
+//! query that names it); one pass over the passages' text, linear in their size.
+
+use std::collections::HashMap;
+
+/// BM25's term-frequency saturation and length normalisation, the usual values.
+const K1: f64 = 1.2;
+const B: f64 = 0.75;
+
+/// The terms of `text`.
+pub fn terms(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|t| !t.is_empty())
+        .map(str::to_lowercase)
+}
+
+/// The passages' indices by score for `query`, best first; passages that share no term
+/// with it are left out. Ties keep the later passage first (the more recent message).
+pub fn rank(passages: &[&str], query: &str) -> Vec<usize> {
+    let mut wanted: Vec<String> = terms(query).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    if wanted.is_empty() || passages.is_empty() {
+        return Vec::new();
+    }
+    // Per passage: its length in terms and the counts of the wanted terms.
+    let mut lengths = Vec::with_capacity(passages.len());
+    let mut counts: Vec<HashMap<usize, u32>> = Vec::with_capacity(passages.len());
+    let mut containing = vec![0u32; wanted.len()];
+    for passage in passages {
+        let mut length = 0u32;
+        let mut found: HashMap<usize, u32> = HashMap::new();
+        for term in terms(passage) {
+            length += 1;
+            if let Ok(i) = wanted.binary_search(&term) {
+                *found.entry(i).or_default() += 1;
+            }
+        }
+        for &i in found.keys() {
+            containing[i] += 1;
+        }
+        lengths.push(f64::from(length));
+        counts.push(found);
+    }
+    let n = passages.len() as f64;
+    let average = (lengths.iter().sum::<f64>() / n).max(1.0);
+    let idf: Vec<f64> = containing
+        .iter()
+        .map(|&c| {
+            let c = f64::from(c);
+            ((n - c + 0.5) / (c + 0.5) + 1.0).ln()
+        })
+        .collect();
+    let mut scored: Vec<(usize, f64)> = counts
+        .iter()
+        .enumerate()
+        .filter(|(_, found)| !found.is_empty())
+        .map(|(p, found)| {
+            let norm = K1 * (1.0 - B + B * lengths[p] / average);
+            let score = found
+                .iter()
+                .map(|(&i, &tf)| {
+                    let tf = f64::from(tf);
+                    idf[i] * tf * (K1 + 1.0) / (tf + norm)
+                })
+                .sum::<f64>();
+            (p, score)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
+    scored.into_iter().map(|(p, _)| p).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_passage_that_names_the_rare_terms_ranks_first() {
+        let passages = [
+            "We talked about the weather and the harbour.",
+            "The staging database listens on port 6543; ticket PROJ-1234 tracks the migration.",
+            "The harbour has an old lighthouse; the harbour master keeps it.",
+            "Nothing relevant here at all.",
+        ];
+        assert_eq!(rank(&passages, "which port does staging use?")[0], 1);
+        assert_eq!(rank(&passages, "PROJ-1234")[0], 1);
+        let harbour = rank(&passages, "harbour lighthouse");
+        assert_eq!(harbour[0], 2, "more of the terms, and more often");
+        assert!(!harbour.contains(&3), "no shared term, not ranked");
+        assert!(rank(&passages, "?!").is_empty());
+    }
+}

@@ -1,0 +1,129 @@
+use super::*;
+use crate::identity::Fingerprint;
+use crate::strategies::Strategy;
+
+fn body(messages: &[serde_json::Value]) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap()
+}
+
+/// A checkpoint that condensed `head..=through`, forwarding `kept` unchanged.
+fn condensed(head: u32, through: u32, kept: &[u32]) -> Checkpoint {
+    Checkpoint {
+        through,
+        prefix: Fingerprint::from_hex(&"0".repeat(64)).unwrap(),
+        head,
+        replacement: vec![serde_json::value::RawValue::from_string("{}".to_owned()).unwrap()],
+        kept: kept
+            .iter()
+            .enumerate()
+            .map(|(i, &of)| crate::store::Kept {
+                at: i as u32 + 1,
+                of,
+            })
+            .collect(),
+        summary: None,
+        strategy: Strategy::Recency,
+        fallback: None,
+        tokens_before: 0,
+        tokens_after: 0,
+        created_ms: 0,
+        gate: None,
+    }
+}
+
+fn words(s: &str) -> u64 {
+    s.len() as u64 / 4 + 1
+}
+
+#[test]
+fn a_recall_returns_the_condensed_text_by_query_and_by_id_and_nothing_else() {
+    let messages = [
+        serde_json::json!({"role": "system", "content": "Be brief."}),
+        serde_json::json!({"role": "user", "content": "The staging database is on port 6543, ticket PROJ-1234."}),
+        serde_json::json!({"role": "assistant", "content": "Noted the port.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": "{\"cmd\":\"psql -p 6543\"}"}}]}),
+        serde_json::json!({"role": "tool", "tool_call_id": "call_1", "content": "connected; api_key=sk-proj-abcdefghijklmnopqrstuvwxyz0123456789"}),
+        serde_json::json!({"role": "user", "content": "Now about the harbour lighthouse."}),
+        serde_json::json!({"role": "user", "content": "Still in the context: the final question."}),
+    ];
+    let body = body(&messages);
+    let parsed = crate::formats::chat::parse(&body).unwrap();
+    let corpus = Corpus::of(&parsed.messages, &condensed(1, 4, &[4]));
+    assert_eq!(
+        corpus.span().as_deref(),
+        Some("m2–m4"),
+        "m5 is kept, so not condensed"
+    );
+
+    let port = corpus.answer(r#"{"query": "which port for staging?"}"#, 2000, &words);
+    assert!(
+        port.starts_with("[abridge_recall: the exact text of condensed messages]"),
+        "{port}"
+    );
+    let first = port.find("[m2 user]").unwrap();
+    assert!(
+        port[first..].contains("port 6543, ticket PROJ-1234"),
+        "{port}"
+    );
+    assert!(
+        !port.contains("final question") && !port.contains("Be brief"),
+        "{port}"
+    );
+
+    let tool = corpus.answer(r#"{"id": "m4"}"#, 2000, &words);
+    assert!(tool.contains("[m4 tool result call_1]"), "{tool}");
+    assert!(
+        tool.contains("[REDACTED]") && !tool.contains("abcdefghijklmnop"),
+        "{tool}"
+    );
+    let range = corpus.answer(r#"{"id": "m2-m3"}"#, 2000, &words);
+    assert!(
+        range.contains("[m2 user]") && range.contains("[tool call shell call_1]"),
+        "{range}"
+    );
+    assert!(!range.contains("[m4"), "{range}");
+
+    // What it cannot find, it says, and names what can be asked.
+    let outside = corpus.answer(r#"{"id": "m6"}"#, 2000, &words);
+    assert!(
+        outside.contains("`m6` is not a condensed message (they are m2–m4)"),
+        "{outside}"
+    );
+    let nothing = corpus.answer(r#"{"query": "zebra"}"#, 2000, &words);
+    assert!(
+        nothing.contains("no condensed message matches") && nothing.contains("m2–m4"),
+        "{nothing}"
+    );
+    assert!(
+        corpus
+            .answer("not json", 2000, &words)
+            .contains("give `id` or `query`")
+    );
+}
+
+#[test]
+fn a_long_message_is_read_in_parts_within_the_budget() {
+    let long = format!(
+        "{}needle at the end",
+        "filler line of a long tool output\n".repeat(300)
+    );
+    let messages = [
+        serde_json::json!({"role": "user", "content": "start"}),
+        serde_json::json!({"role": "user", "content": long}),
+        serde_json::json!({"role": "user", "content": "end"}),
+    ];
+    let body = body(&messages);
+    let parsed = crate::formats::chat::parse(&body).unwrap();
+    let corpus = Corpus::of(&parsed.messages, &condensed(0, 1, &[]));
+    let found = corpus.answer(r#"{"query": "needle"}"#, 2000, &words);
+    assert!(found.contains("needle at the end"), "{found}");
+    assert!(words(&found) <= 2000 + 50, "{}", found.len());
+    let whole = corpus.answer(r#"{"id": "m2"}"#, 500, &words);
+    assert!(words(&whole) <= 550, "{}", whole.len());
+    assert!(whole.contains("[more matches, not shown: m2.2"), "{whole}");
+    let part = corpus.answer(r#"{"id": "m2.3"}"#, 2000, &words);
+    assert!(
+        part.contains("needle at the end") && !part.contains("[m2 user]"),
+        "{part}"
+    );
+}

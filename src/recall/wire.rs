@@ -1,0 +1,357 @@
+//! Each format's side of recall: the tool as it writes tools (one constant each, so the
+//! bytes are the same in every request of a conversation and the provider's prompt cache
+//! keeps hitting), the recall calls in a provider's whole answer, the follow-up request
+//! that carries their results, and the answer the client gets (the last round's, with the
+//! usage of every round summed: the client pays for them all).
+
+use serde_json::{Value, json};
+
+use super::NAME;
+use crate::formats::Format;
+use crate::formats::splice::{Edit, apply, span_of};
+
+const DESCRIPTION: &str = "The earlier part of this conversation was condensed to fit the context window: a summary or an index stands in for the original messages, which are named by ids such as m12. Call this tool to read the exact original text of what was condensed, when you need a detail that is no longer in full view (a path, a command, a number, an error, what the user asked). Give `id` (an id from the summary or index, or a range such as m3-m9) or `query` (words to search the condensed messages for).";
+
+/// The parameters' JSON schema, as written in every format.
+const PARAMETERS: &str = r#"{"type":"object","properties":{"query":{"type":"string","description":"Words to search the condensed messages for."},"id":{"type":"string","description":"An id shown in the summary or index (m12), or a range (m3-m9)."}}}"#;
+
+/// The tool in `format`'s shape.
+pub fn tool(format: Format) -> &'static str {
+    use std::sync::OnceLock;
+    static TOOLS: OnceLock<[String; 3]> = OnceLock::new();
+    let tools = TOOLS.get_or_init(|| {
+        let description = Value::from(DESCRIPTION).to_string();
+        [
+            format!(
+                r#"{{"type":"function","function":{{"name":"{NAME}","description":{description},"parameters":{PARAMETERS}}}}}"#
+            ),
+            format!(
+                r#"{{"type":"function","name":"{NAME}","description":{description},"parameters":{PARAMETERS}}}"#
+            ),
+            format!(
+                r#"{{"name":"{NAME}","description":{description},"input_schema":{PARAMETERS}}}"#
+            ),
+        ]
+    });
+    match format {
+        Format::Chat => &tools[0],
+        Format::Responses => &tools[1],
+        Format::Messages => &tools[2],
+    }
+}
+
+/// A recall call in a provider's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub id: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+/// A provider's whole (non-streamed) answer, read for recall.
+#[derive(Debug)]
+pub struct Answer {
+    pub value: Value,
+    /// The recall calls it makes.
+    pub calls: Vec<Call>,
+}
+
+impl Answer {
+    /// `body` as `format`'s answer; `None` when it is not JSON.
+    pub fn read(format: Format, body: &[u8]) -> Option<Self> {
+        let value: Value = serde_json::from_slice(body).ok()?;
+        let calls = calls(format, &value);
+        Some(Self { value, calls })
+    }
+}
+
+fn calls(format: Format, answer: &Value) -> Vec<Call> {
+    let call = |id: &Value, arguments: String| Call {
+        id: id.as_str().unwrap_or_default().to_owned(),
+        arguments,
+    };
+    match format {
+        Format::Chat => answer["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["function"]["name"] == NAME)
+            .map(|c| {
+                let arguments = c["function"]["arguments"].as_str().unwrap_or("{}");
+                call(&c["id"], arguments.to_owned())
+            })
+            .collect(),
+        Format::Responses => answer["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|o| o["type"] == "function_call" && o["name"] == NAME)
+            .map(|o| {
+                call(
+                    &o["call_id"],
+                    o["arguments"].as_str().unwrap_or("{}").to_owned(),
+                )
+            })
+            .collect(),
+        Format::Messages => answer["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| b["type"] == "tool_use" && b["name"] == NAME)
+            .map(|b| call(&b["id"], b["input"].to_string()))
+            .collect(),
+    }
+}
+
+/// The items to append to the conversation for one round: the answer's assistant turn
+/// with only its recall calls (the client's own calls are dropped: the client would
+/// have to answer them, and the model asks again once it has read what it recalled),
+/// then each call's result.
+pub fn round_items(format: Format, answer: &Answer, results: &[(Call, String)]) -> Vec<Value> {
+    let mut out = Vec::new();
+    match format {
+        Format::Chat => {
+            let mut message = answer.value["choices"][0]["message"].clone();
+            if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                calls.retain(|c| c["function"]["name"] == NAME);
+            }
+            // Fields of an answer a request does not take.
+            if let Some(m) = message.as_object_mut() {
+                for key in ["refusal", "annotations", "audio", "reasoning_content"] {
+                    m.remove(key);
+                }
+            }
+            out.push(message);
+            out.extend(results.iter().map(|(call, result)| {
+                json!({"role": "tool", "tool_call_id": call.id, "content": result})
+            }));
+        }
+        Format::Responses => {
+            for item in answer.value["output"].as_array().into_iter().flatten() {
+                let client_call = item["type"] == "function_call" && item["name"] != NAME;
+                if !client_call {
+                    out.push(item.clone());
+                }
+            }
+            out.extend(results.iter().map(|(call, result)| {
+                json!({"type": "function_call_output", "call_id": call.id, "output": result})
+            }));
+        }
+        Format::Messages => {
+            let content: Vec<Value> = answer.value["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|b| b["type"] != "tool_use" || b["name"] == NAME)
+                .cloned()
+                .collect();
+            out.push(json!({"role": "assistant", "content": content}));
+            let results: Vec<Value> = results
+                .iter()
+                .map(|(call, result)| {
+                    json!({"type": "tool_result", "tool_use_id": call.id, "content": result})
+                })
+                .collect();
+            out.push(json!({"role": "user", "content": results}));
+        }
+    }
+    out
+}
+
+/// The follow-up request: `forwarded` (the body sent last) with `items` appended to its
+/// conversation, and — for the last round — the model told to answer without tools.
+/// Every other byte is kept as it was sent (the tools above all: the provider's prompt
+/// cache covers them). `None` when the body is not one abridge can extend.
+pub fn follow_up(format: Format, forwarded: &[u8], items: &[Value], last: bool) -> Option<Vec<u8>> {
+    #[derive(serde::Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow, default)]
+        messages: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow, default)]
+        input: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow, default)]
+        tool_choice: Option<&'a serde_json::value::RawValue>,
+    }
+    let text = std::str::from_utf8(forwarded).ok()?;
+    let top: Top<'_> = serde_json::from_str(text).ok()?;
+    let conversation = match format {
+        Format::Chat | Format::Messages => top.messages?,
+        Format::Responses => top.input?,
+    };
+    let array = conversation.get();
+    let inner = array.strip_prefix('[')?.strip_suffix(']')?;
+    let mut extended = String::with_capacity(array.len() + 256);
+    extended.push('[');
+    extended.push_str(inner);
+    for item in items {
+        if !extended.ends_with('[') {
+            extended.push(',');
+        }
+        extended.push_str(&item.to_string());
+    }
+    extended.push(']');
+    let mut edits = vec![Edit {
+        span: span_of(forwarded, array)?,
+        bytes: extended.into_bytes(),
+    }];
+    if last {
+        let none = match format {
+            Format::Messages => r#"{"type":"none"}"#,
+            Format::Chat | Format::Responses => r#""none""#,
+        };
+        edits.push(match top.tool_choice {
+            Some(choice) => Edit {
+                span: span_of(forwarded, choice.get())?,
+                bytes: none.as_bytes().to_vec(),
+            },
+            None => {
+                let close = forwarded.iter().rposition(|b| !b.is_ascii_whitespace())?;
+                Edit {
+                    span: close..close,
+                    bytes: format!(r#","tool_choice":{none}"#).into_bytes(),
+                }
+            }
+        });
+    }
+    apply(forwarded, edits).map(|b| b.to_vec())
+}
+
+/// The answer the client gets: the last round's, any recall call still in it removed
+/// (an answer that then calls nothing says it stopped), with `usage` — every round's,
+/// summed — in place of its own.
+pub fn finish(format: Format, mut answer: Value, usage: Option<Value>) -> Vec<u8> {
+    match format {
+        // `get_mut`, not indexing: indexing a missing member adds it as `null`.
+        Format::Chat => {
+            let Some(choice) = answer.pointer_mut("/choices/0") else {
+                return serde_json::to_vec(&answer).unwrap_or_default();
+            };
+            let emptied = choice
+                .pointer_mut("/message/tool_calls")
+                .and_then(Value::as_array_mut)
+                .map(|calls| {
+                    calls.retain(|c| c["function"]["name"] != NAME);
+                    calls.is_empty()
+                });
+            if emptied == Some(true) {
+                if let Some(m) = choice.get_mut("message").and_then(Value::as_object_mut) {
+                    m.remove("tool_calls");
+                }
+                if choice["finish_reason"] == "tool_calls" {
+                    choice["finish_reason"] = json!("stop");
+                }
+            }
+        }
+        Format::Responses => {
+            if let Some(output) = answer.get_mut("output").and_then(Value::as_array_mut) {
+                output.retain(|o| !(o["type"] == "function_call" && o["name"] == NAME));
+            }
+        }
+        Format::Messages => {
+            let calls = answer
+                .get_mut("content")
+                .and_then(Value::as_array_mut)
+                .map(|content| {
+                    content.retain(|b| !(b["type"] == "tool_use" && b["name"] == NAME));
+                    content.iter().any(|b| b["type"] == "tool_use")
+                });
+            if calls == Some(false) && answer["stop_reason"] == "tool_use" {
+                answer["stop_reason"] = json!("end_turn");
+            }
+        }
+    }
+    if let (Some(usage), Some(top)) = (usage, answer.as_object_mut()) {
+        top.insert("usage".to_owned(), usage);
+    }
+    serde_json::to_vec(&answer).unwrap_or_default()
+}
+
+/// Adds the numbers of `more`'s usage to `into`'s, member by member (nested objects
+/// too): what the client is told it used is every round's.
+pub fn add_usage(into: &mut Value, more: &Value) {
+    match (into, more) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (key, value) in b {
+                match a.get_mut(key) {
+                    Some(existing) => add_usage(existing, value),
+                    None => {
+                        a.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        (a @ Value::Number(_), Value::Number(b)) => {
+            if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
+                *a = Value::from(x.saturating_add(y));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether a 400 or 422 body says the provider refused the added tool (a server without
+/// tool support: llama-server without `--jinja`, a model whose template has no tools).
+pub fn refused(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(&body[..body.len().min(64 * 1024)]).to_ascii_lowercase();
+    text.contains(NAME)
+        || text.contains("tools")
+        || text.contains("tool_choice")
+        || text.contains("jinja")
+        || text.contains("function calling")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tool_is_valid_json_in_each_format_and_the_same_bytes_every_time() {
+        for format in [Format::Chat, Format::Responses, Format::Messages] {
+            let value: Value = serde_json::from_str(tool(format)).unwrap();
+            let name = match format {
+                Format::Chat => &value["function"]["name"],
+                _ => &value["name"],
+            };
+            assert_eq!(name, NAME);
+            assert!(std::ptr::eq(tool(format), tool(format)));
+        }
+    }
+
+    #[test]
+    fn usage_of_every_round_is_summed() {
+        let mut usage = json!({"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 64}});
+        add_usage(
+            &mut usage,
+            &json!({"prompt_tokens": 150, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 96}, "total_tokens": 157}),
+        );
+        assert_eq!(
+            usage,
+            json!({"prompt_tokens": 250, "completion_tokens": 12, "prompt_tokens_details": {"cached_tokens": 160}, "total_tokens": 157})
+        );
+    }
+
+    #[test]
+    fn a_round_keeps_only_the_recall_calls_and_answers_each() {
+        let answer = Answer::read(
+            Format::Messages,
+            br#"{"content": [{"type": "text", "text": "Let me check."}, {"type": "tool_use", "id": "toolu_1", "name": "abridge_recall", "input": {"query": "port"}}, {"type": "tool_use", "id": "toolu_2", "name": "bash", "input": {"cmd": "ls"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(answer.calls.len(), 1);
+        let results = vec![(answer.calls[0].clone(), "port 6543".to_owned())];
+        let items = round_items(Format::Messages, &answer, &results);
+        assert_eq!(
+            items[0]["content"].as_array().unwrap().len(),
+            2,
+            "{items:?}"
+        );
+        assert_eq!(items[1]["content"][0]["tool_use_id"], "toolu_1");
+        let body =
+            br#"{"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}"#;
+        let next: Value =
+            serde_json::from_slice(&follow_up(Format::Messages, body, &items, true).unwrap())
+                .unwrap();
+        assert_eq!(next["messages"].as_array().unwrap().len(), 3);
+        assert_eq!(next["tool_choice"], json!({"type": "none"}));
+    }
+}

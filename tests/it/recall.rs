@@ -1,0 +1,188 @@
+//! Recall: a compacted, non-streamed request carries the `abridge_recall` tool; when the
+//! model calls it, abridge answers from the condensed messages and asks again, and the
+//! client gets one answer with the elided fact in it, never the call, with every
+//! round's usage.
+
+use abridge::strategies::Strategy;
+use fake_provider::{Behavior, FakeProvider};
+use serde_json::{Value, json};
+
+use crate::common::{Proxy, client, compacting};
+
+const FACT: &str = "The staging database listens on port 6543.";
+const QUESTION: &str = "Which port does the staging database listen on?";
+
+/// The fake provider, using the recall tool when offered, and abridge compacting at
+/// 3,000 tokens with recency.
+async fn setup() -> (FakeProvider, Proxy) {
+    let provider = FakeProvider::start(Behavior {
+        uses_recall: true,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let mut config = compacting(&provider.url(), Strategy::Recency, 3000);
+    config.compaction.background = false;
+    let proxy = Proxy::start_with(config).await;
+    (provider, proxy)
+}
+
+/// A chat whose first turn plants [`FACT`] deep in a long message, grown until it is
+/// compacted; its messages.
+async fn compacted_chat(proxy: &Proxy) -> Vec<Value> {
+    let notes = format!(
+        "Setup notes for the rollout.\n{}\n{FACT}\n",
+        "The rollout waits for the canary to stay green overnight.\n".repeat(6)
+    );
+    let mut messages = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": notes}),
+    ];
+    for turn in 1..40 {
+        let (status, headers, body) = chat(proxy, &messages, &[]).await;
+        assert_eq!(status, 200, "{body}");
+        messages.push(body["choices"][0]["message"].clone());
+        if headers
+            .get("x-abridge-compacted")
+            .is_some_and(|v| v == "true")
+        {
+            return messages;
+        }
+        messages.push(json!({"role": "user", "content": format!(
+            "Turn {turn}: {}", "Tell me more about the harbour and its old lighthouse. ".repeat(20)
+        )}));
+    }
+    panic!("never compacted");
+}
+
+async fn chat(
+    proxy: &Proxy,
+    messages: &[Value],
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, Value) {
+    let mut request = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-recall")
+        .json(&json!({"model": "fake-model", "messages": messages}));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, headers, response.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn an_elided_fact_comes_back_through_a_recall_the_client_never_sees() {
+    let (provider, proxy) = setup().await;
+    let mut messages = compacted_chat(&proxy).await;
+    messages.push(json!({"role": "user", "content": QUESTION}));
+    let before = provider.requests().len();
+    let (status, headers, body) = chat(&proxy, &messages, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let answer = &body["choices"][0];
+    assert!(
+        answer["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("port 6543"),
+        "{body}"
+    );
+    assert!(answer["message"].get("tool_calls").is_none(), "{body}");
+    assert_eq!(answer["finish_reason"], "stop");
+    assert_eq!(headers["x-abridge-recalls"], "1");
+
+    // Two rounds at the provider: the compacted request with the tool (the fact no longer
+    // in it), then the same with the call and its result.
+    let rounds: Vec<Value> = provider.requests()[before..]
+        .iter()
+        .map(|r| r.json())
+        .collect();
+    assert_eq!(rounds.len(), 2, "{rounds:?}");
+    let tools = rounds[0]["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 1);
+    assert_eq!(tools[0]["function"]["name"], "abridge_recall");
+    // (The recency index may keep the number; not what it is.)
+    assert!(
+        !rounds[0]["messages"].to_string().contains(FACT),
+        "the fact was condensed"
+    );
+    let follow_up = rounds[1]["messages"].as_array().unwrap();
+    let result = follow_up.last().unwrap();
+    assert_eq!(result["role"], "tool");
+    assert!(
+        result["content"].as_str().unwrap().contains(FACT),
+        "{result}"
+    );
+    assert_eq!(
+        rounds[1]["tools"], rounds[0]["tools"],
+        "the same tool, byte for byte"
+    );
+
+    // The usage the client sees is both rounds'.
+    let prompt = |r: &Value| fake_provider::count_tokens(r["messages"].as_array().unwrap());
+    assert_eq!(
+        body["usage"]["prompt_tokens"].as_u64().unwrap(),
+        prompt(&rounds[0]) + prompt(&rounds[1])
+    );
+    assert_eq!(proxy.stats().recalls, 1);
+
+    // The next turn is forwarded with the same tool bytes: the prompt cache holds.
+    messages.push(answer["message"].clone());
+    messages.push(json!({"role": "user", "content": "And the harbour lighthouse?"}));
+    let first_tools = provider.requests()[before].body.clone();
+    let (status, _, _) = chat(&proxy, &messages, &[]).await;
+    assert_eq!(status, 200);
+    let tools_of = |body: &[u8]| {
+        let text = std::str::from_utf8(body).unwrap().to_owned();
+        let at = text.find(r#""tools":"#).unwrap();
+        text[at..].to_owned()
+    };
+    assert_eq!(
+        tools_of(&provider.last_request().unwrap().body),
+        tools_of(&first_tools)
+    );
+}
+
+#[tokio::test]
+async fn no_tool_when_the_client_turns_it_off_or_forces_its_own() {
+    let (provider, proxy) = setup().await;
+    let mut messages = compacted_chat(&proxy).await;
+    messages.push(json!({"role": "user", "content": QUESTION}));
+    let (status, headers, _) = chat(&proxy, &messages, &[("x-abridge-recall", "off")]).await;
+    assert_eq!(status, 200);
+    assert!(headers.get("x-abridge-recalls").is_none());
+    assert!(
+        provider
+            .last_request()
+            .unwrap()
+            .json()
+            .get("tools")
+            .is_none()
+    );
+    assert_eq!(headers["x-abridge-compacted"], "true");
+
+    // The client's own tools, and a forced one: the forwarded tools are the client's.
+    let body = json!({
+        "model": "fake-model", "messages": messages,
+        "tools": [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}],
+        "tool_choice": {"type": "function", "function": {"name": "shell"}},
+    });
+    let answer: Value = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-recall")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "shell"
+    );
+    let forwarded = provider.last_request().unwrap().json();
+    assert_eq!(forwarded["tools"].as_array().unwrap().len(), 1);
+}
