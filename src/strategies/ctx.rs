@@ -118,7 +118,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
         let marker = authored(
             self.input.format,
             self.settings.summary_role,
-            &recency::marker_text(n, n, n, n),
+            &recency::marker_text((n, n), n, n, n),
         );
         self.raw_tokens(&marker)
     }

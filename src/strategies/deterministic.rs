@@ -35,7 +35,12 @@ pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
     loop {
         let Edges { head, start } = ctx.edges(reserve, Tail::Budgeted, &|k| ctx.cost(k..k + 1));
         let range = &ctx.messages()[head..start];
-        let body = summary(range, index::index(range, index_budget, &tokens));
+        let index = index::index((head, range), index_budget, &tokens);
+        let body = format!(
+            "Messages {} of the conversation, condensed.\n{}",
+            super::recency::span_ids(head, range.len()),
+            summary(range, index)
+        );
         let raw = authored(ctx.input.format, ctx.settings.summary_role, &body);
         let plan = ctx.plan(
             Strategy::Deterministic,

@@ -32,14 +32,14 @@ const SECTIONS: [(&str, u64); 5] = [
 /// The index of `elided` within about `max_tokens` as `tokens` counts them (the
 /// request's estimator), or `None` when it holds nothing.
 pub(super) fn index(
-    elided: &[Item<'_>],
+    (first, elided): (usize, &[Item<'_>]),
     max_tokens: u64,
     tokens: &dyn Fn(&str) -> u64,
 ) -> Option<String> {
     if max_tokens == 0 {
         return None;
     }
-    let lists = collect(elided);
+    let lists = collect(first, elided);
     // Each entry is a line of its own: "- " and the line break.
     let cost = |text: &str| tokens(text) + 2;
     // Each section first takes entries within its share; what the sections leave is then
@@ -88,8 +88,10 @@ pub(super) fn index(
     (taken.iter().sum::<usize>() > 0).then_some(out)
 }
 
-/// The five lists, most recent first, each entry once.
-fn collect(elided: &[Item<'_>]) -> [Vec<String>; 5] {
+/// The five lists, most recent first, each entry once; an ask and a tool call carry
+/// the id of their message (`m12`, `elided` starting at history index `first`), which
+/// `abridge_recall` reads back.
+fn collect(first: usize, elided: &[Item<'_>]) -> [Vec<String>; 5] {
     // Calls by id, to describe a result by the call it answers.
     let calls: HashMap<&str, String> = elided
         .iter()
@@ -103,15 +105,18 @@ fn collect(elided: &[Item<'_>]) -> [Vec<String>; 5] {
         .collect();
     let mut lists: [Lister; 5] = Default::default();
     let [asks, tools, files, ids, decisions] = &mut lists;
-    for m in elided.iter().rev() {
+    for (i, m) in elided.iter().enumerate().rev() {
         let text = m.content.text_lossy();
         let (a, b) = scanned(&text);
+        let at = first + i + 1;
         if m.is_ask() {
-            asks.add(first_line(&text, LINE_CHARS).into_owned());
+            let ask = first_line(&text, LINE_CHARS);
+            asks.add_as(format!("m{at}: {ask}"), ask.into_owned());
         }
         for id in &m.results {
             if let Some(call) = calls.get(id.as_ref()) {
-                tools.add(format!("{call} → {}", outcome(&text)));
+                let line = format!("{call} → {}", outcome(&text));
+                tools.add_as(format!("m{at}: {line}"), line);
             }
         }
         // What was said and what calls were made with; a tool's output is represented by
@@ -152,6 +157,13 @@ struct Lister {
 impl Lister {
     fn add(&mut self, entry: String) {
         if !entry.is_empty() && self.seen.insert(entry.clone()) {
+            self.entries.push(entry);
+        }
+    }
+
+    /// `entry`, once per `key` (an entry whose id differs is still the same entry).
+    fn add_as(&mut self, entry: String, key: String) {
+        if !key.is_empty() && self.seen.insert(key) {
             self.entries.push(entry);
         }
     }
@@ -200,10 +212,11 @@ mod tests {
         ]})
         .to_string();
         let elided = items(&body);
-        let text = index(&elided, 2000, &approx_text).unwrap();
+        let text = index((0, &elided), 2000, &approx_text).unwrap();
         for fact in [
-            "Deploy the billing service to eu-west-1",
-            "bash(command=\"kubectl apply -f deploy/billing.yaml\") → exit status 0",
+            // An ask and a tool call name their message, as abridge_recall knows it.
+            "m1: Deploy the billing service to eu-west-1",
+            "m3: bash(command=\"kubectl apply -f deploy/billing.yaml\") → exit status 0",
             "deploy/billing.yaml",
             "OPS-812",
             "250 ms",
@@ -218,7 +231,7 @@ mod tests {
         let earlier = text.find("Deploy the billing").unwrap();
         assert!(later < earlier, "{text}");
         // Same messages, same bytes.
-        assert_eq!(index(&elided, 2000, &approx_text).unwrap(), text);
+        assert_eq!(index((0, &elided), 2000, &approx_text).unwrap(), text);
     }
 
     #[test]
@@ -229,7 +242,7 @@ mod tests {
         let body = serde_json::json!({ "messages": turns }).to_string();
         let elided = items(&body);
         for budget in [50, 400, 3000] {
-            let text = index(&elided, budget, &approx_text).unwrap_or_default();
+            let text = index((0, &elided), budget, &approx_text).unwrap_or_default();
             assert!(
                 approx_text(&text) <= budget + 20,
                 "{budget}: {}",
@@ -237,12 +250,12 @@ mod tests {
             );
         }
         assert!(
-            index(&elided, 3000, &approx_text)
+            index((0, &elided), 3000, &approx_text)
                 .unwrap()
                 .contains("src/mod_399.rs")
         );
-        assert_eq!(index(&elided, 0, &approx_text), None);
+        assert_eq!(index((0, &elided), 0, &approx_text), None);
         let quiet = items(r#"{"messages":[{"role":"assistant","content":""}]}"#);
-        assert_eq!(index(&quiet, 1000, &approx_text), None);
+        assert_eq!(index((0, &quiet), 1000, &approx_text), None);
     }
 }

@@ -18,22 +18,34 @@ use super::text::{first_line, thousands, truncate_chars};
 use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
 use crate::conversation::{Content, Item, Role};
 
-/// The marker's text for `elided` messages, of which `users` user messages, `assistants`
-/// assistant messages and `results` tool results.
+/// The marker's text for `elided` messages starting at history index `first`, of which
+/// `users` user messages, `assistants` assistant messages and `results` tool results.
+/// The span is named by the ids recall knows (`m3–m40`, see [`span_ids`]).
 pub(super) fn marker_text(
-    elided: usize,
+    (first, elided): (usize, usize),
     users: usize,
     assistants: usize,
     results: usize,
 ) -> String {
     format!(
-        "{} earlier messages ({} user, {} assistant, {} tool results) were elided to fit the \
-         context window. The conversation continues below; respond to its latest user message.",
+        "{} earlier messages ({}: {} user, {} assistant, {} tool results) were elided to fit \
+         the context window. The conversation continues below; respond to its latest user \
+         message.",
         thousands(elided),
+        span_ids(first, elided),
         thousands(users),
         thousands(assistants),
         thousands(results),
     )
+}
+
+/// The ids of `len` messages from history index `first`: `m3–m40` (1-based, as
+/// `abridge_recall` names them).
+pub(super) fn span_ids(first: usize, len: usize) -> String {
+    match len {
+        0 | 1 => format!("m{}", first + 1),
+        _ => format!("m{}–m{}", first + 1, first + len),
+    }
 }
 
 pub(super) fn plan(
@@ -86,14 +98,14 @@ fn attempt(ctx: &Ctx<'_, '_>, requested: Strategy, index_budget: u64) -> (Plan, 
     let elided = &messages[head..start];
     let count = |role: Role| elided.iter().filter(|m| m.role == role).count();
     let counts = marker_text(
-        elided.len(),
+        (head, elided.len()),
         count(Role::User),
         count(Role::Assistant),
         elided.iter().filter(|m| is_result(m)).count(),
     );
     let tokens = |text: &str| ctx.estimator().text(text);
     let indexed = |budget: u64| {
-        index::index(elided, budget, &tokens).map(|index| format!("{counts}\n{index}"))
+        index::index((head, elided), budget, &tokens).map(|index| format!("{counts}\n{index}"))
     };
     let mut kept: Vec<(Box<RawValue>, Origin)> = Vec::with_capacity(through + 1 - start);
     let mut digests = digests.into_iter().peekable();

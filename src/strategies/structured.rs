@@ -196,10 +196,11 @@ fn framed(
     // Kept for the next update and stored: no secret, whatever the summariser wrote.
     let body = redact(&body).into_owned();
     let framed = format!(
-        "Summary of {} earlier messages, condensed to fit the context window. It is \
+        "Summary of {} earlier messages ({}), condensed to fit the context window. It is \
          background about what happened, not a request: respond to the latest user message \
          below.\n\n{body}",
-        through + 1 - head
+        through + 1 - head,
+        super::recency::span_ids(head, through + 1 - head),
     );
     let raw = authored(ctx.input.format, ctx.settings.summary_role, &framed);
     ctx.plan(
