@@ -186,3 +186,180 @@ async fn no_tool_when_the_client_turns_it_off_or_forces_its_own() {
     let forwarded = provider.last_request().unwrap().json();
     assert_eq!(forwarded["tools"].as_array().unwrap().len(), 1);
 }
+
+/// The other two formats, whole: the same round trip.
+#[derive(Debug, Clone, Copy)]
+enum Wire {
+    Responses,
+    Messages,
+}
+
+impl Wire {
+    fn path(self) -> &'static str {
+        match self {
+            Wire::Responses => "/v1/responses",
+            Wire::Messages => "/v1/messages",
+        }
+    }
+
+    fn body(self, history: &[Value]) -> Value {
+        match self {
+            Wire::Responses => {
+                json!({"model": "fake-model", "instructions": "Be brief.", "input": history})
+            }
+            Wire::Messages => {
+                json!({"model": "fake-model", "system": "Be brief.", "max_tokens": 256, "messages": history})
+            }
+        }
+    }
+
+    /// The answer's text and whether it calls any tool.
+    fn text(self, answer: &Value) -> (String, bool) {
+        match self {
+            Wire::Responses => {
+                let output = answer["output"].as_array().unwrap();
+                let text = output
+                    .iter()
+                    .filter(|o| o["type"] == "message")
+                    .flat_map(|o| o["content"].as_array().unwrap())
+                    .filter_map(|p| p["text"].as_str())
+                    .collect();
+                (text, output.iter().any(|o| o["type"] == "function_call"))
+            }
+            Wire::Messages => {
+                let content = answer["content"].as_array().unwrap();
+                let text = content.iter().filter_map(|b| b["text"].as_str()).collect();
+                (text, content.iter().any(|b| b["type"] == "tool_use"))
+            }
+        }
+    }
+
+    fn input_tokens(self, request: &Value) -> u64 {
+        match self {
+            Wire::Responses => fake_provider::count_response_tokens(request),
+            Wire::Messages => fake_provider::count_message_tokens(request),
+        }
+    }
+
+    fn reported_input(self, answer: &Value) -> u64 {
+        let usage = &answer["usage"];
+        usage["input_tokens"].as_u64().unwrap()
+            + usage["cache_read_input_tokens"].as_u64().unwrap_or(0)
+            + usage["cache_creation_input_tokens"].as_u64().unwrap_or(0)
+    }
+
+    async fn send(self, proxy: &Proxy, history: &[Value]) -> (http::HeaderMap, Value) {
+        let response = client()
+            .post(proxy.url(self.path()))
+            .bearer_auth("sk-recall")
+            .header("x-api-key", "sk-ant-recall")
+            .header("anthropic-version", "2023-06-01")
+            .json(&self.body(history))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let headers = response.headers().clone();
+        (headers, response.json().await.unwrap())
+    }
+}
+
+#[tokio::test]
+async fn responses_and_messages_recall_the_same_way() {
+    for wire in [Wire::Responses, Wire::Messages] {
+        let (provider, proxy) = setup().await;
+        let notes = format!(
+            "Setup notes for the rollout.\n{}\n{FACT}\n",
+            "The rollout waits for the canary to stay green overnight.\n".repeat(6)
+        );
+        let mut history = vec![json!({"role": "user", "content": notes})];
+        let mut compacted = false;
+        for turn in 1..40 {
+            let (headers, answer) = wire.send(&proxy, &history).await;
+            history.push(json!({"role": "assistant", "content": wire.text(&answer).0}));
+            if headers
+                .get("x-abridge-compacted")
+                .is_some_and(|v| v == "true")
+            {
+                compacted = true;
+                break;
+            }
+            history.push(json!({"role": "user", "content": format!(
+                "Turn {turn}: {}", "Tell me more about the harbour and its old lighthouse. ".repeat(20)
+            )}));
+        }
+        assert!(compacted, "{wire:?}");
+        history.push(json!({"role": "user", "content": QUESTION}));
+        let before = provider.requests().len();
+        let (headers, answer) = wire.send(&proxy, &history).await;
+        let (text, calls) = wire.text(&answer);
+        assert!(text.contains("port 6543"), "{wire:?}: {answer}");
+        assert!(!calls, "{wire:?}: the client never sees the call: {answer}");
+        assert_eq!(headers["x-abridge-recalls"], "1", "{wire:?}");
+        let rounds: Vec<Value> = provider.requests()[before..]
+            .iter()
+            .map(|r| r.json())
+            .collect();
+        assert_eq!(rounds.len(), 2, "{wire:?}");
+        assert_eq!(rounds[1]["tools"], rounds[0]["tools"]);
+        assert_eq!(
+            wire.reported_input(&answer),
+            wire.input_tokens(&rounds[0]) + wire.input_tokens(&rounds[1]),
+            "{wire:?}: the usage of both rounds"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_last_round_asks_for_an_answer_and_the_clients_own_calls_reach_it() {
+    let provider = FakeProvider::start(Behavior {
+        uses_recall: true,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let mut config = compacting(&provider.url(), Strategy::Recency, 3000);
+    config.compaction.background = false;
+    config.recall.max_rounds = 1;
+    let proxy = Proxy::start_with(config).await;
+    let mut messages = compacted_chat(&proxy).await;
+    messages.push(json!({"role": "user", "content": QUESTION}));
+    let before = provider.requests().len();
+    let (_, headers, body) = chat(&proxy, &messages, &[]).await;
+    assert_eq!(headers["x-abridge-recalls"], "1");
+    let rounds: Vec<Value> = provider.requests()[before..]
+        .iter()
+        .map(|r| r.json())
+        .collect();
+    assert_eq!(rounds.len(), 2, "max_rounds = 1: one follow-up");
+    assert_eq!(
+        rounds[1]["tool_choice"], "none",
+        "the last round asks for an answer"
+    );
+    assert!(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("6543")
+    );
+
+    // The client's own tool: offered beside the recall tool, and its call reaches the
+    // client (the question is about what is still in view).
+    messages.push(body["choices"][0]["message"].clone());
+    messages.push(json!({"role": "user", "content": "Tell me more about the harbour lighthouse."}));
+    let shell = json!({"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}});
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-recall")
+        .json(&json!({"model": "fake-model", "messages": messages, "tools": [shell]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-abridge-compacted"], "true");
+    let answer: Value = response.json().await.unwrap();
+    let call = &answer["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "shell", "{answer}");
+    let tools = provider.last_request().unwrap().json()["tools"].clone();
+    assert_eq!(tools[0], shell);
+    assert_eq!(tools[1]["function"]["name"], "abridge_recall");
+}

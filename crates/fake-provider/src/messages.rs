@@ -326,7 +326,66 @@ struct Reply {
 
 enum Content {
     Text(String),
-    Tool { id: String, name: String },
+    Tool {
+        id: String,
+        name: String,
+        input: Value,
+    },
+}
+
+/// What the fake does with a proxy's recall tool (see [`crate::recall`]): the question
+/// is the last user message with text of its own.
+fn recall_move(request: &Value, messages: &[Value]) -> Option<crate::recall::Move> {
+    let is_result = |b: &Value| b["type"] == "tool_result";
+    let asked = messages.iter().rposition(|m| {
+        m["role"] == "user" && !blocks(m).iter().any(is_result) && !text_of(m).is_empty()
+    })?;
+    let calls: Vec<&str> = messages[asked..]
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .flat_map(blocks)
+        .filter(|b| b["type"] == "tool_use" && b["name"] == crate::recall::NAME)
+        .filter_map(|b| b["id"].as_str())
+        .collect();
+    let results: Vec<String> = messages[asked..]
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .flat_map(blocks)
+        .filter(|b| {
+            is_result(b)
+                && b["tool_use_id"]
+                    .as_str()
+                    .is_some_and(|id| calls.contains(&id))
+        })
+        .map(|b| match &b["content"] {
+            Value::String(s) => s.clone(),
+            other => other
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        })
+        .collect();
+    if results.is_empty() && asked + 1 != messages.len() {
+        return None;
+    }
+    let context: Vec<String> = messages
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != asked)
+        .map(|(_, m)| text_of(m))
+        .chain(request["system"].as_str().map(str::to_owned))
+        .collect();
+    let callable =
+        crate::recall::offered(&request["tools"]) && request["tool_choice"]["type"] != "none";
+    crate::recall::decide(
+        &text_of(&messages[asked]),
+        &context.join("\n"),
+        &results,
+        callable,
+    )
 }
 
 /// The input of every tool call the fake makes.
@@ -346,9 +405,11 @@ impl Reply {
             .rev()
             .find(|m| m["role"] != "system")
             .is_some_and(|m| m["role"] == "user" && !blocks(m).iter().any(is_result));
-        let tool = request["tools"]
-            .as_array()
-            .and_then(|t| t.iter().find_map(|t| t["name"].as_str()));
+        let tool = request["tools"].as_array().and_then(|t| {
+            t.iter()
+                .filter_map(|t| t["name"].as_str())
+                .find(|n| *n != crate::recall::NAME)
+        });
         let asked = messages
             .iter()
             .rev()
@@ -356,11 +417,22 @@ impl Reply {
             .map(text_of)
             .find(|t| !t.is_empty())
             .unwrap_or_default();
-        let (content, stop) = match tool {
-            Some(name) if last_asks && request["tool_choice"]["type"] != "none" => (
+        let recalled = recall_move(request, messages).filter(|_| b.uses_recall);
+        let (content, stop) = match (recalled, tool) {
+            (Some(crate::recall::Move::Call(query)), _) => (
+                Content::Tool {
+                    id: format!("toolu_recall{hash:016x}"),
+                    name: crate::recall::NAME.to_owned(),
+                    input: json!({ "query": query }),
+                },
+                "tool_use",
+            ),
+            (Some(crate::recall::Move::Answer(text)), _) => (Content::Text(text), "end_turn"),
+            (None, Some(name)) if last_asks && request["tool_choice"]["type"] != "none" => (
                 Content::Tool {
                     id: format!("toolu_fake{hash:016x}"),
                     name: name.to_owned(),
+                    input: tool_input(),
                 },
                 "tool_use",
             ),
@@ -413,8 +485,8 @@ impl Reply {
         thinking
             + match &self.content {
                 Content::Text(text) => text.split_whitespace().count() as u64,
-                Content::Tool { name, .. } => {
-                    ((name.len() + tool_input().to_string().len()) as u64).div_ceil(4)
+                Content::Tool { name, input, .. } => {
+                    ((name.len() + input.to_string().len()) as u64).div_ceil(4)
                 }
             }
     }
@@ -435,8 +507,8 @@ impl Reply {
         }
         out.push(match &self.content {
             Content::Text(text) => json!({"type": "text", "text": text}),
-            Content::Tool { id, name } => {
-                json!({"type": "tool_use", "id": id, "name": name, "input": tool_input()})
+            Content::Tool { id, name, input } => {
+                json!({"type": "tool_use", "id": id, "name": name, "input": input})
             }
         });
         out

@@ -287,18 +287,34 @@ impl<'a> Reply<'a> {
         let tool = request["tools"]
             .as_array()
             .and_then(|tools| {
-                tools
-                    .iter()
-                    .find(|t| t["type"] == "function" && t["name"].is_string())
+                tools.iter().find(|t| {
+                    t["type"] == "function"
+                        && t["name"].is_string()
+                        && t["name"] != crate::recall::NAME
+                })
             })
             .and_then(|t| t["name"].as_str());
-        let content = match tool {
-            Some(name) if last_is_user && request["tool_choice"] != "none" => Content::Call {
-                id: format!("fc_{hash:016x}"),
-                call_id: format!("call_{:08x}", hash as u32),
-                name: name.to_owned(),
-                arguments: r#"{"path":"/tmp/fake.txt"}"#.to_owned(),
+        let recalled = recall_move(request, items).filter(|_| b.uses_recall);
+        let content = match (recalled, tool) {
+            (Some(crate::recall::Move::Call(query)), _) => Content::Call {
+                id: format!("fc_r{hash:016x}"),
+                call_id: format!("call_r{:08x}", hash as u32),
+                name: crate::recall::NAME.to_owned(),
+                arguments: json!({ "query": query }).to_string(),
             },
+            (Some(crate::recall::Move::Answer(text)), _) => Content::Text {
+                id: format!("msg_{hash:016x}"),
+                text,
+                truncated: false,
+            },
+            (None, Some(name)) if last_is_user && request["tool_choice"] != "none" => {
+                Content::Call {
+                    id: format!("fc_{hash:016x}"),
+                    call_id: format!("call_{:08x}", hash as u32),
+                    name: name.to_owned(),
+                    arguments: r#"{"path":"/tmp/fake.txt"}"#.to_owned(),
+                }
+            }
             _ => {
                 let max = request["max_output_tokens"].as_u64();
                 let (text, truncated) = reply_text(&asked, b.reply_words, max);
@@ -426,6 +442,41 @@ impl<'a> Reply<'a> {
         ev.push(terminal, json!({"response": done}));
         ev.out
     }
+}
+
+/// What the fake does with a proxy's recall tool (see [`crate::recall`]).
+fn recall_move(request: &Value, items: &[Value]) -> Option<crate::recall::Move> {
+    let asked = items
+        .iter()
+        .rposition(|i| kind(i) == "message" && i["role"] == "user")?;
+    let calls: Vec<&str> = items[asked..]
+        .iter()
+        .filter(|i| kind(i) == "function_call" && i["name"] == crate::recall::NAME)
+        .filter_map(|i| i["call_id"].as_str())
+        .collect();
+    let results: Vec<String> = items[asked..]
+        .iter()
+        .filter(|i| kind(i) == "function_call_output")
+        .filter(|i| i["call_id"].as_str().is_some_and(|id| calls.contains(&id)))
+        .map(|i| i["output"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    if results.is_empty() && asked + 1 != items.len() {
+        return None;
+    }
+    let context: Vec<String> = items
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != asked)
+        .map(|(_, item)| text_of(item))
+        .chain(request["instructions"].as_str().map(str::to_owned))
+        .collect();
+    let callable = crate::recall::offered(&request["tools"]) && request["tool_choice"] != "none";
+    crate::recall::decide(
+        &text_of(&items[asked]),
+        &context.join("\n"),
+        &results,
+        callable,
+    )
 }
 
 /// The members of `base`, then those of `extra` (both objects).
