@@ -211,6 +211,21 @@ fn store_settings_from_env_and_cross_key_checks() {
 }
 
 #[test]
+fn recall_bounds_are_checked_and_it_turns_off_by_environment() {
+    let off = load("", &[("ABRIDGE_RECALL__ENABLED", "false")]).unwrap();
+    assert!(!off.recall.enabled);
+    for (text, key) in [
+        ("[recall]\nmax_tokens = 10\n", "recall.max_tokens"),
+        ("[recall]\nmax_rounds = 0\n", "recall.max_rounds"),
+    ] {
+        let err = load(text, &[]).unwrap_err().to_string();
+        assert!(err.contains(key), "{err}");
+    }
+    // Off, its bounds do not matter.
+    assert!(load("[recall]\nenabled = false\nmax_rounds = 0\n", &[]).is_ok());
+}
+
+#[test]
 fn upstream_keeps_its_path_prefix() {
     let config = load("upstream = \"https://openrouter.ai/api/v1/\"\n", &[]).unwrap();
     assert_eq!(config.upstream.path, "/api/v1");
