@@ -191,14 +191,16 @@ impl Streamed {
         }
     }
 
-    fn body(self, history: &[Value]) -> Value {
+    fn body(self, history: &[Value], stream: bool) -> Value {
         match self {
             Streamed::Chat(_) => {
-                json!({"model": "fake-model", "messages": history, "stream": true})
+                json!({"model": "fake-model", "messages": history, "stream": stream})
             }
-            Streamed::Responses => json!({"model": "fake-model", "input": history, "stream": true}),
+            Streamed::Responses => {
+                json!({"model": "fake-model", "input": history, "stream": stream})
+            }
             Streamed::Messages => {
-                json!({"model": "fake-model", "max_tokens": 256, "messages": history, "stream": true})
+                json!({"model": "fake-model", "max_tokens": 256, "messages": history, "stream": stream})
             }
         }
     }
@@ -229,6 +231,11 @@ impl Streamed {
 /// [`grow`], streamed in `format`, against a provider that reports overflows inside a 200
 /// stream; the provider's overflows.
 async fn grow_streamed(format: Streamed) -> usize {
+    grow_in(format, true).await
+}
+
+/// [`grow_streamed`], or — `streamed` false — whole, the overflows answered 400.
+async fn grow_in(format: Streamed, streamed: bool) -> usize {
     let family = match format {
         Streamed::Chat(family) => family,
         _ => Family::OpenAi,
@@ -236,7 +243,7 @@ async fn grow_streamed(format: Streamed) -> usize {
     let provider = FakeProvider::start(Behavior {
         context_window: Some(WINDOW),
         overflow: family,
-        overflow_in_stream: true,
+        overflow_in_stream: streamed,
         // Asked, llama-server would say its window before any overflow.
         window_endpoints: false,
         ..Behavior::default()
@@ -256,7 +263,7 @@ async fn grow_streamed(format: Streamed) -> usize {
             .bearer_auth("sk-windows")
             .header("x-api-key", "sk-ant-windows")
             .header("anthropic-version", "2023-06-01")
-            .json(&format.body(&history))
+            .json(&format.body(&history, streamed))
             .send()
             .await
             .unwrap();
@@ -267,10 +274,12 @@ async fn grow_streamed(format: Streamed) -> usize {
             .map(|v| v.to_str().unwrap().to_owned());
         retried += usize::from(note.is_some_and(|n| n.contains("compacted and retried")));
         let stream = answer.text().await.unwrap();
-        assert!(format.complete(&stream), "{format:?} turn {turn}: {stream}");
+        if streamed {
+            assert!(format.complete(&stream), "{format:?} turn {turn}: {stream}");
+        }
         history.push(json!({"role": "assistant", "content": "Noted; the canary stays."}));
         idle(&proxy).await;
-        if format.tokens(&format.body(&history)) > 4 * WINDOW {
+        if format.tokens(&format.body(&history, streamed)) > 4 * WINDOW {
             break;
         }
     }
@@ -330,4 +339,15 @@ async fn a_server_that_can_say_its_window_is_asked_and_never_overflows() {
         learned[0].learned.source,
         abridge::windows::Source::Overflow
     );
+}
+
+#[tokio::test]
+async fn responses_and_messages_whole_learn_the_window_from_one_overflow() {
+    for format in [Streamed::Responses, Streamed::Messages] {
+        let overflows = grow_in(format, false).await;
+        assert_eq!(
+            overflows, 1,
+            "{format:?}: one overflow, then the window is known"
+        );
+    }
 }
