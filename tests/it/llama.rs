@@ -6,7 +6,8 @@
 //! every turn is answered, streaming works, and a summary either passes the fidelity
 //! check or falls back — never fails the request. Served with a small window (`-c 2048`)
 //! to abridge in its default configuration, which does not know the model: the window
-//! is asked of the server and a conversation grows to four windows without an overflow.
+//! is asked of the server and a conversation grows to four windows without an overflow
+//! (its compacted requests carry the `abridge_recall` tool, which the server accepts).
 //! `#[ignore]`d for a bare `cargo test`; `scripts/test` runs it.
 
 use std::path::PathBuf;
@@ -193,6 +194,9 @@ async fn a_small_window_is_learned_from_the_server_and_never_overflowed() {
     }
     let stats = proxy.stats();
     assert_eq!(stats.context_overflows, 0, "{stats:?}");
+    // The compacted requests carried the recall tool, and the real server took it.
+    assert!(!proxy.state.refuses_recall_tool());
+    assert_eq!(stats.recall_failures, 0);
     assert!(stats.compactions_total() >= 1, "{stats:?}");
     let learned = proxy.state.compactor().learned_windows();
     assert_eq!(learned.len(), 1, "{learned:?}");
