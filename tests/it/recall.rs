@@ -55,6 +55,14 @@ async fn compacted_chat(proxy: &Proxy) -> Vec<Value> {
     panic!("never compacted");
 }
 
+/// The bodies the provider received after its first `before` requests.
+fn rounds_since(provider: &FakeProvider, before: usize) -> Vec<Value> {
+    provider.requests()[before..]
+        .iter()
+        .map(|r| r.json())
+        .collect()
+}
+
 async fn chat(
     proxy: &Proxy,
     messages: &[Value],
@@ -95,10 +103,7 @@ async fn an_elided_fact_comes_back_through_a_recall_the_client_never_sees() {
 
     // Two rounds at the provider: the compacted request with the tool (the fact no longer
     // in it), then the same with the call and its result.
-    let rounds: Vec<Value> = provider.requests()[before..]
-        .iter()
-        .map(|r| r.json())
-        .collect();
+    let rounds = rounds_since(&provider, before);
     assert_eq!(rounds.len(), 2, "{rounds:?}");
     let tools = rounds[0]["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 1);
@@ -296,10 +301,7 @@ async fn responses_and_messages_recall_the_same_way() {
         assert!(text.contains("port 6543"), "{wire:?}: {answer}");
         assert!(!calls, "{wire:?}: the client never sees the call: {answer}");
         assert_eq!(headers["x-abridge-recalls"], "1", "{wire:?}");
-        let rounds: Vec<Value> = provider.requests()[before..]
-            .iter()
-            .map(|r| r.json())
-            .collect();
+        let rounds = rounds_since(&provider, before);
         assert_eq!(rounds.len(), 2, "{wire:?}");
         assert_eq!(rounds[1]["tools"], rounds[0]["tools"]);
         assert_eq!(
@@ -327,10 +329,7 @@ async fn the_last_round_asks_for_an_answer_and_the_clients_own_calls_reach_it() 
     let before = provider.requests().len();
     let (_, headers, body) = chat(&proxy, &messages, &[]).await;
     assert_eq!(headers["x-abridge-recalls"], "1");
-    let rounds: Vec<Value> = provider.requests()[before..]
-        .iter()
-        .map(|r| r.json())
-        .collect();
+    let rounds = rounds_since(&provider, before);
     assert_eq!(rounds.len(), 2, "max_rounds = 1: one follow-up");
     assert_eq!(
         rounds[1]["tool_choice"], "none",

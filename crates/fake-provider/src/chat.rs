@@ -328,22 +328,9 @@ fn recall_move(request: &Value, messages: &[Value]) -> Option<crate::recall::Mov
         })
         .map(text_of)
         .collect();
-    if results.is_empty() && asked + 1 != messages.len() {
-        return None;
-    }
-    let context: Vec<String> = messages
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != asked)
-        .map(|(_, m)| text_of(m))
-        .collect();
     let callable = crate::recall::offered(&request["tools"]) && request["tool_choice"] != "none";
-    crate::recall::decide(
-        &text_of(&messages[asked]),
-        &context.join("\n"),
-        &results,
-        callable,
-    )
+    let texts: Vec<String> = messages.iter().map(text_of).collect();
+    crate::recall::decide_at((asked, &texts), &results, None, callable)
 }
 
 fn wants_tool_call(request: &Value, messages: &[Value]) -> bool {

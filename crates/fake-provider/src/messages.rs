@@ -368,22 +368,13 @@ fn recall_move(request: &Value, messages: &[Value]) -> Option<crate::recall::Mov
                 .join("\n"),
         })
         .collect();
-    if results.is_empty() && asked + 1 != messages.len() {
-        return None;
-    }
-    let context: Vec<String> = messages
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != asked)
-        .map(|(_, m)| text_of(m))
-        .chain(request["system"].as_str().map(str::to_owned))
-        .collect();
     let callable =
         crate::recall::offered(&request["tools"]) && request["tool_choice"]["type"] != "none";
-    crate::recall::decide(
-        &text_of(&messages[asked]),
-        &context.join("\n"),
+    let texts: Vec<String> = messages.iter().map(text_of).collect();
+    crate::recall::decide_at(
+        (asked, &texts),
         &results,
+        request["system"].as_str(),
         callable,
     )
 }

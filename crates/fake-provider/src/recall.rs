@@ -66,6 +66,28 @@ pub fn decide(question: &str, context: &str, results: &[String], callable: bool)
     (!missing.is_empty()).then(|| Move::Call(missing.join(" ")))
 }
 
+/// [`decide`] for a request whose items' texts are `texts`, the question at `asked`;
+/// `extra`: text beside the items (a system prompt, instructions). Only a question that
+/// ends the request, or recall results after it, are acted on.
+pub fn decide_at(
+    (asked, texts): (usize, &[String]),
+    results: &[String],
+    extra: Option<&str>,
+    callable: bool,
+) -> Option<Move> {
+    if results.is_empty() && asked + 1 != texts.len() {
+        return None;
+    }
+    let context: Vec<&str> = texts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != asked)
+        .map(|(_, t)| t.as_str())
+        .chain(extra)
+        .collect();
+    decide(texts.get(asked)?, &context.join("\n"), results, callable)
+}
+
 /// Whether `tools` (a request's `tools`) offers the recall tool, in any format's shape.
 pub fn offered(tools: &serde_json::Value) -> bool {
     tools.as_array().is_some_and(|tools| {

@@ -460,21 +460,12 @@ fn recall_move(request: &Value, items: &[Value]) -> Option<crate::recall::Move> 
         .filter(|i| i["call_id"].as_str().is_some_and(|id| calls.contains(&id)))
         .map(|i| i["output"].as_str().unwrap_or_default().to_owned())
         .collect();
-    if results.is_empty() && asked + 1 != items.len() {
-        return None;
-    }
-    let context: Vec<String> = items
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != asked)
-        .map(|(_, item)| text_of(item))
-        .chain(request["instructions"].as_str().map(str::to_owned))
-        .collect();
     let callable = crate::recall::offered(&request["tools"]) && request["tool_choice"] != "none";
-    crate::recall::decide(
-        &text_of(&items[asked]),
-        &context.join("\n"),
+    let texts: Vec<String> = items.iter().map(text_of).collect();
+    crate::recall::decide_at(
+        (asked, &texts),
         &results,
+        request["instructions"].as_str(),
         callable,
     )
 }
