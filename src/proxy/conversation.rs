@@ -227,15 +227,19 @@ async fn forward(
     let reads = (may_compact || added || recalling, recalling);
     let mut upstream = first_answer(state, parts, target, outgoing, reads, exchange).await?;
     if recalling && recall::refused(&upstream) {
-        state.refuse_recall_tool();
         recalling = false;
         let (outgoing, plain) = rewrite(state, request, decision.apply.as_ref(), None);
         let reads = (may_compact || added, false);
         upstream = first_answer(state, parts, target, outgoing, reads, exchange).await?;
         watch = plain;
-        decision.report.add_note(
-            "the provider refused the abridge_recall tool abridge adds: retried without it; recall is off for this provider",
-        );
+        // Refused for the tool only when the request without it is not refused too (a
+        // client's own bad tools must not turn recall off for everyone).
+        if !recall::refused(&upstream) {
+            state.refuse_recall_tool();
+            decision.report.add_note(
+                "the provider refused the abridge_recall tool abridge adds: retried without it; recall is off for this provider",
+            );
+        }
     }
     if added && refused_addition(&upstream) {
         state.refuse_usage_option();

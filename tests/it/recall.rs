@@ -362,3 +362,111 @@ async fn the_last_round_asks_for_an_answer_and_the_clients_own_calls_reach_it() 
     assert_eq!(tools[0], shell);
     assert_eq!(tools[1]["function"]["name"], "abridge_recall");
 }
+
+#[tokio::test]
+async fn a_provider_that_refuses_tools_answers_without_the_tool_and_is_not_sent_it_again() {
+    let (provider, proxy) = setup().await;
+    let mut messages = compacted_chat(&proxy).await;
+    messages.push(json!({"role": "user", "content": QUESTION}));
+    let before = provider.requests().len();
+    let refuse = [("x-fake-reject-tools", "1")];
+    let (status, headers, _) = chat(&proxy, &messages, &refuse).await;
+    assert_eq!(status, 200, "what abridge added never fails the request");
+    assert!(
+        headers["x-abridge-note"]
+            .to_str()
+            .unwrap()
+            .contains("refused the abridge_recall tool")
+    );
+    let rounds = rounds_since(&provider, before);
+    assert_eq!(rounds.len(), 2);
+    assert!(rounds[0].get("tools").is_some() && rounds[1].get("tools").is_none());
+    assert!(proxy.state.refuses_recall_tool());
+    // Not sent again.
+    let (status, _, _) = chat(&proxy, &messages, &refuse).await;
+    assert_eq!(status, 200);
+    assert!(
+        provider
+            .last_request()
+            .unwrap()
+            .json()
+            .get("tools")
+            .is_none()
+    );
+
+    // A client's own tools that the provider refuses do not turn recall off.
+    let (provider, proxy) = setup().await;
+    let mut messages = compacted_chat(&proxy).await;
+    messages.push(json!({"role": "user", "content": QUESTION}));
+    let shell = json!({"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}});
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-recall")
+        .header("x-fake-reject-tools", "1")
+        .json(&json!({"model": "fake-model", "messages": messages, "tools": [shell]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        400,
+        "the provider's own answer to the client's tools"
+    );
+    assert!(!proxy.state.refuses_recall_tool());
+    assert_eq!(
+        provider.requests().last().unwrap().json()["tools"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_recalls_only_its_own_conversation() {
+    let (provider, proxy) = setup().await;
+    // Tenant A's conversation holds the fact; tenant B's, with the same opening shape,
+    // does not. B asks A's question.
+    let _ = compacted_chat(&proxy).await;
+    let mut theirs = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": "Setup notes for the rollout: nothing about databases."}),
+    ];
+    for turn in 1..40 {
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth("sk-other-tenant")
+            .json(&json!({"model": "fake-model", "messages": theirs}))
+            .send()
+            .await
+            .unwrap();
+        let compacted = response.headers()["x-abridge-compacted"] == "true";
+        let body: Value = response.json().await.unwrap();
+        theirs.push(body["choices"][0]["message"].clone());
+        if compacted {
+            break;
+        }
+        theirs.push(json!({"role": "user", "content": format!(
+            "Turn {turn}: {}", "Tell me more about the harbour and its old lighthouse. ".repeat(20)
+        )}));
+    }
+    theirs.push(json!({"role": "user", "content": QUESTION}));
+    let before = provider.requests().len();
+    let response = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-other-tenant")
+        .json(&json!({"model": "fake-model", "messages": theirs}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["x-abridge-recalls"],
+        "1",
+        "B's model did recall"
+    );
+    let answer: Value = response.json().await.unwrap();
+    for round in rounds_since(&provider, before) {
+        assert!(!round.to_string().contains("6543"), "{round}");
+    }
+    assert!(!answer.to_string().contains("6543"), "{answer}");
+}

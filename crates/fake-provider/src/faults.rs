@@ -11,6 +11,8 @@
 //! - `reject_stream_options` / `x-fake-reject-stream-options: 1` — `400 Unrecognized
 //!   request argument supplied: stream_options` for a body that has `stream_options`, as
 //!   Azure OpenAI's older API versions and some compatible servers answer.
+//! - `reject_tools` / `x-fake-reject-tools: 1` — llama-server's answer without `--jinja`
+//!   to a body that has `tools`: `400 tools param requires --jinja flag`.
 //! - `api_keys` — when not empty, a request whose `Authorization: Bearer <key>` or
 //!   `x-api-key: <key>` is not in the list gets OpenAI's `401 invalid_api_key` (on the
 //!   Messages routes Anthropic's `401 authentication_error`: `x-api-key header is
@@ -28,6 +30,7 @@ pub struct Faults {
     pub garbage: bool,
     pub reset: bool,
     pub reject_stream_options: bool,
+    pub reject_tools: bool,
     pub api_keys: Vec<String>,
 }
 
@@ -41,6 +44,7 @@ impl Faults {
         self.garbage |= flag("x-fake-garbage");
         self.reset |= flag("x-fake-reset");
         self.reject_stream_options |= flag("x-fake-reject-stream-options");
+        self.reject_tools |= flag("x-fake-reject-tools");
     }
 }
 
@@ -62,6 +66,17 @@ pub(crate) fn respond(
         return Some(crate::error(
             StatusCode::BAD_REQUEST,
             "Unrecognized request argument supplied: stream_options",
+            "invalid_request_error",
+            None,
+            None,
+        ));
+    }
+    if faults.reject_tools
+        && serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v.get("tools").is_some())
+    {
+        return Some(crate::error(
+            StatusCode::BAD_REQUEST,
+            "tools param requires --jinja flag",
             "invalid_request_error",
             None,
             None,

@@ -34,7 +34,8 @@
 //! (every SSE event in two TCP writes), `x-fake-multiline: 1` (JSON spread over several
 //! `data:` lines), `x-fake-usage: input` (`input_tokens` naming), `x-fake-prompt-tokens:
 //! N` (report N prompt tokens), the faults of [`faults`] (`x-fake-gzip-bomb`,
-//! `x-fake-garbage`, `x-fake-reset`, `x-fake-reject-stream-options`; a key list that
+//! `x-fake-garbage`, `x-fake-reset`, `x-fake-reject-stream-options`,
+//! `x-fake-reject-tools`; a key list that
 //! answers 401), `x-fake-leak-headers: 1` (hop-by-hop and `x-abridge-*` response
 //! headers a proxy must not pass on), `x-fake-thinking: 1` (Responses: a reasoning item
 //! first; Messages: a thinking block first), `x-fake-strict-alternation: 1` (Messages:
