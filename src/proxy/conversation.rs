@@ -137,7 +137,24 @@ async fn stages(
         upstream = recall::serve(state, &prepared, at, &mut decision, upstream, exchange).await;
     }
 
-    // relay → record.
+    Ok(relay(
+        state,
+        &prepared,
+        (upstream, watch),
+        decision,
+        exchange,
+    ))
+}
+
+/// relay → record: the provider's answer to the client, with what abridge did and every
+/// note of the request's, and what the record stage needs once the body has gone.
+fn relay(
+    state: &AppState,
+    prepared: &Prepared,
+    (upstream, watch): (Upstream, Watch),
+    mut decision: Decision,
+    exchange: &mut Exchange,
+) -> Response {
     for note in prepared
         .controls
         .ignored
@@ -148,15 +165,8 @@ async fn stages(
         decision.report.add_note(note);
     }
     exchange.payer = prepared.identified.as_ref().map(|i| i.payer);
-    let followup = followup(&prepared, &decision);
-    Ok(respond(
-        state,
-        upstream,
-        watch,
-        &decision.report,
-        followup,
-        exchange,
-    ))
+    let followup = followup(prepared, &decision);
+    respond(state, upstream, watch, &decision.report, followup, exchange)
 }
 
 /// For a model whose window abridge does not know, asks its server in the background
