@@ -15,6 +15,11 @@ const QUESTION: &str = "Which port does the staging database listen on?";
 /// The fake provider, using the recall tool when offered, and abridge compacting at
 /// 3,000 tokens with recency.
 async fn setup() -> (FakeProvider, Proxy) {
+    setup_with(3).await
+}
+
+/// [`setup`] with `recall.max_rounds` at `max_rounds`.
+async fn setup_with(max_rounds: u32) -> (FakeProvider, Proxy) {
     let provider = FakeProvider::start(Behavior {
         uses_recall: true,
         ..Behavior::default()
@@ -23,6 +28,7 @@ async fn setup() -> (FakeProvider, Proxy) {
     .unwrap();
     let mut config = compacting(&provider.url(), Strategy::Recency, 3000);
     config.compaction.background = false;
+    config.recall.max_rounds = max_rounds;
     let proxy = Proxy::start_with(config).await;
     (provider, proxy)
 }
@@ -34,18 +40,28 @@ async fn compacted_chat(proxy: &Proxy) -> Vec<Value> {
         "Setup notes for the rollout.\n{}\n{FACT}\n",
         "The rollout waits for the canary to stay green overnight.\n".repeat(6)
     );
+    compacted_chat_of(proxy, "sk-recall", &notes).await
+}
+
+/// A chat of `tenant` opening with `notes`, grown until it is compacted.
+async fn compacted_chat_of(proxy: &Proxy, tenant: &str, notes: &str) -> Vec<Value> {
     let mut messages = vec![
         json!({"role": "system", "content": "Be brief."}),
         json!({"role": "user", "content": notes}),
     ];
     for turn in 1..40 {
-        let (status, headers, body) = chat(proxy, &messages, &[]).await;
-        assert_eq!(status, 200, "{body}");
+        let response = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth(tenant)
+            .json(&json!({"model": "fake-model", "messages": messages}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let compacted = response.headers()["x-abridge-compacted"] == "true";
+        let body: Value = response.json().await.unwrap();
         messages.push(body["choices"][0]["message"].clone());
-        if headers
-            .get("x-abridge-compacted")
-            .is_some_and(|v| v == "true")
-        {
+        if compacted {
             return messages;
         }
         messages.push(json!({"role": "user", "content": format!(
@@ -314,16 +330,7 @@ async fn responses_and_messages_recall_the_same_way() {
 
 #[tokio::test]
 async fn the_last_round_asks_for_an_answer_and_the_clients_own_calls_reach_it() {
-    let provider = FakeProvider::start(Behavior {
-        uses_recall: true,
-        ..Behavior::default()
-    })
-    .await
-    .unwrap();
-    let mut config = compacting(&provider.url(), Strategy::Recency, 3000);
-    config.compaction.background = false;
-    config.recall.max_rounds = 1;
-    let proxy = Proxy::start_with(config).await;
+    let (provider, proxy) = setup_with(1).await;
     let mut messages = compacted_chat(&proxy).await;
     messages.push(json!({"role": "user", "content": QUESTION}));
     let before = provider.requests().len();
@@ -428,28 +435,8 @@ async fn a_tenant_recalls_only_its_own_conversation() {
     // Tenant A's conversation holds the fact; tenant B's, with the same opening shape,
     // does not. B asks A's question.
     let _ = compacted_chat(&proxy).await;
-    let mut theirs = vec![
-        json!({"role": "system", "content": "Be brief."}),
-        json!({"role": "user", "content": "Setup notes for the rollout: nothing about databases."}),
-    ];
-    for turn in 1..40 {
-        let response = client()
-            .post(proxy.url("/v1/chat/completions"))
-            .bearer_auth("sk-other-tenant")
-            .json(&json!({"model": "fake-model", "messages": theirs}))
-            .send()
-            .await
-            .unwrap();
-        let compacted = response.headers()["x-abridge-compacted"] == "true";
-        let body: Value = response.json().await.unwrap();
-        theirs.push(body["choices"][0]["message"].clone());
-        if compacted {
-            break;
-        }
-        theirs.push(json!({"role": "user", "content": format!(
-            "Turn {turn}: {}", "Tell me more about the harbour and its old lighthouse. ".repeat(20)
-        )}));
-    }
+    let notes = "Setup notes for the rollout: nothing about databases.";
+    let mut theirs = compacted_chat_of(&proxy, "sk-other-tenant", notes).await;
     theirs.push(json!({"role": "user", "content": QUESTION}));
     let before = provider.requests().len();
     let response = client()
