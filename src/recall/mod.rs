@@ -79,11 +79,16 @@ impl Corpus {
             })
             .collect();
         let (head, through) = (checkpoint.head as usize, checkpoint.through as usize);
+        let condensed =
+            (head..=through.min(items.len().saturating_sub(1))).filter(|i| !kept.contains(i));
+        Self::of_messages(items, condensed)
+    }
+
+    /// The messages of `items` at `indices` (in order), as condensed.
+    pub fn of_messages(items: &[Item<'_>], indices: impl Iterator<Item = usize>) -> Self {
         let mut passages = Vec::new();
-        for (i, item) in items.iter().enumerate().take(through + 1).skip(head) {
-            if kept.contains(&i) {
-                continue;
-            }
+        for i in indices {
+            let Some(item) = items.get(i) else { continue };
             let text = render(i, item);
             let pieces = split(&text);
             let parts = pieces.len();
@@ -187,7 +192,33 @@ impl Corpus {
             let _ = write!(out, "; {}", problems.join("; "));
         }
         out.push_str("]\n");
-        let mut used = tokens(&out);
+        let used = tokens(&out);
+        let (text, returned) = self.within(chosen, used, max_tokens, tokens);
+        out.push_str(&text);
+        if returned < chosen.len() {
+            let more: Vec<String> = chosen[returned..]
+                .iter()
+                .take(8)
+                .map(|&p| self.passages[p].id())
+                .collect();
+            let _ = write!(out, "\n[more matches, not shown: {}]\n", more.join(", "));
+        }
+        if chosen.is_empty() {
+            let _ = write!(out, "\nCondensed messages: {span}.\n");
+        }
+        out
+    }
+
+    /// The `chosen` passages, best first, as many as fit in `max_tokens` with `used`
+    /// already spent (the first one cut to fit if it alone does not), and how many.
+    fn within(
+        &self,
+        chosen: &[usize],
+        mut used: u64,
+        max_tokens: u64,
+        tokens: &dyn Fn(&str) -> u64,
+    ) -> (String, usize) {
+        let mut out = String::new();
         let mut returned = 0;
         for &p in chosen {
             let passage = &self.passages[p];
@@ -208,18 +239,20 @@ impl Corpus {
             }
             break;
         }
-        if returned < chosen.len() {
-            let more: Vec<String> = chosen[returned..]
-                .iter()
-                .take(8)
-                .map(|&p| self.passages[p].id())
-                .collect();
-            let _ = write!(out, "\n[more matches, not shown: {}]\n", more.join(", "));
-        }
-        if chosen.is_empty() {
-            let _ = write!(out, "\nCondensed messages: {span}.\n");
-        }
-        out
+        (out, returned)
+    }
+
+    /// The condensed text a `query` call would return, within `max_tokens` (no header,
+    /// no notes): what `abridge replay` checks an identifier against.
+    pub fn returned_for(
+        &self,
+        query: &str,
+        max_tokens: u64,
+        tokens: &dyn Fn(&str) -> u64,
+    ) -> String {
+        let texts: Vec<&str> = self.passages.iter().map(|p| p.text.as_str()).collect();
+        let ranked = rank::rank(&texts, query);
+        self.within(&ranked, 0, max_tokens, tokens).0
     }
 }
 

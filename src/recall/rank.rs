@@ -1,12 +1,16 @@
 //! Okapi BM25 over the condensed passages: which ones a recall query is about. Terms are
 //! runs of letters and digits, lower-cased (so `PROJ-1234` is `proj` and `1234`, as in a
-//! query that names it); one pass over the passages' text, linear in their size.
+//! query that names it); one pass over the passages' text, linear in their size. A
+//! passage that holds the whole query as written (case aside: a path, an id, a command)
+//! ranks above every passage that holds only its terms.
 
 use std::collections::HashMap;
 
 /// BM25's term-frequency saturation and length normalisation, the usual values.
 const K1: f64 = 1.2;
 const B: f64 = 0.75;
+/// What holding the whole query adds: more than any passage's BM25 score can be.
+const EXACT: f64 = 1.0e6;
 
 /// The terms of `text`.
 pub fn terms(text: &str) -> impl Iterator<Item = String> + '_ {
@@ -52,6 +56,9 @@ pub fn rank(passages: &[&str], query: &str) -> Vec<usize> {
             ((n - c + 0.5) / (c + 0.5) + 1.0).ln()
         })
         .collect();
+    let phrase = query.trim().to_lowercase();
+    let exact =
+        |p: usize| phrase.chars().count() >= 3 && passages[p].to_lowercase().contains(&phrase);
     let mut scored: Vec<(usize, f64)> = counts
         .iter()
         .enumerate()
@@ -65,7 +72,7 @@ pub fn rank(passages: &[&str], query: &str) -> Vec<usize> {
                     idf[i] * tf * (K1 + 1.0) / (tf + norm)
                 })
                 .sum::<f64>();
-            (p, score)
+            (p, if exact(p) { score + EXACT } else { score })
         })
         .collect();
     scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
@@ -90,5 +97,11 @@ mod tests {
         assert_eq!(harbour[0], 2, "more of the terms, and more often");
         assert!(!harbour.contains(&3), "no shared term, not ranked");
         assert!(rank(&passages, "?!").is_empty());
+        // The whole query as written ranks first, however common its terms.
+        let paths = [
+            "src/module/parser.rs src/module/parser.rs src/module/parser.rs module parser",
+            "the fix is in src/module_7/parser.rs",
+        ];
+        assert_eq!(rank(&paths, "src/module_7/parser.rs")[0], 1);
     }
 }

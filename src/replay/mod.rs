@@ -164,6 +164,7 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
     config.store = Default::default();
     config.identity.secret = Some(Secret::new("abridge replay: a fixed, local identity key"));
     config.admin.token = None;
+    let max_tokens = config.recall.max_tokens;
     let state = AppState::new(config).map_err(|e| e.to_string())?;
     let bind = || TcpListener::bind("127.0.0.1:0");
     let (proxy, admin) = (
@@ -184,7 +185,7 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
     ));
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut turns = Vec::new();
-    for body in bodies {
+    for (n, body) in bodies.iter().enumerate() {
         let bytes = Bytes::from(body.to_string());
         let request = http::Request::post(&url)
             .header("content-type", "application/json")
@@ -216,6 +217,8 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
                 _ => true,
             },
             kept_identifiers: identifier_share(body, forwarded.as_ref()),
+            recallable_identifiers: (n + 1 == bodies.len())
+                .then(|| recallable_share((body, &bytes), forwarded.as_ref(), max_tokens)),
         });
         wait_idle(&state).await;
     }
@@ -246,16 +249,85 @@ fn client_tokens(body: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
-/// The share of the identifiers in the client's history that reached the provider.
-fn identifier_share(body: &Value, forwarded: Option<&provider::Seen>) -> f64 {
-    let history = body["messages"].to_string();
-    let mut ids = identifiers(&history);
-    ids.sort();
-    ids.dedup();
+/// The share of the identifiers in the client's history that reached the provider, or
+/// that an `abridge_recall` query for the identifier returns from the messages that did
+/// not (within `recall.max_tokens`).
+fn recallable_share(
+    (body, bytes): (&Value, &[u8]),
+    forwarded: Option<&provider::Seen>,
+    max_tokens: u64,
+) -> f64 {
+    let Ok(parsed) = crate::formats::chat::parse(bytes) else {
+        return 0.0;
+    };
+    let sent: std::collections::HashSet<&str> = forwarded
+        .map(|f| f.messages.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let condensed =
+        (0..parsed.messages.len()).filter(|&i| !sent.contains(parsed.messages[i].raw.get()));
+    let corpus = crate::recall::Corpus::of_messages(&parsed.messages, condensed);
+    let model = parsed.request.model.as_deref().unwrap_or_default();
+    let estimator = crate::tokens::Estimator::for_model(model);
+    let tokens = |t: &str| estimator.text(t);
+    let forwarded = forwarded_text(forwarded);
+    let ids = history_identifiers(body);
     if ids.is_empty() {
         return 1.0;
     }
-    let sent = forwarded.map(|f| f.messages.join("\n")).unwrap_or_default();
+    let found = ids
+        .iter()
+        .filter(|id| {
+            forwarded.contains(id.as_str())
+                || corpus
+                    .returned_for(id, max_tokens, &tokens)
+                    .contains(id.as_str())
+        })
+        .count();
+    found as f64 / ids.len() as f64
+}
+
+/// The share of the identifiers in the client's history that reached the provider.
+fn identifier_share(body: &Value, forwarded: Option<&provider::Seen>) -> f64 {
+    let ids = history_identifiers(body);
+    if ids.is_empty() {
+        return 1.0;
+    }
+    let sent = forwarded_text(forwarded);
     let kept = ids.iter().filter(|id| sent.contains(id.as_str())).count();
     kept as f64 / ids.len() as f64
+}
+
+/// The identifiers of a request's messages, read from their text (every string in them,
+/// unescaped: never a JSON escape taken for part of a path), each once.
+fn history_identifiers(body: &Value) -> Vec<String> {
+    let mut text = String::new();
+    strings(&body["messages"], &mut text);
+    let mut ids = identifiers(&text);
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// The text of what was forwarded: every string in its messages.
+fn forwarded_text(forwarded: Option<&provider::Seen>) -> String {
+    let mut text = String::new();
+    for raw in forwarded.map_or(&[][..], |f| f.messages.as_slice()) {
+        if let Ok(value) = serde_json::from_str::<Value>(raw) {
+            strings(&value, &mut text);
+        }
+    }
+    text
+}
+
+/// Every string of `value`, each on a line of its own.
+fn strings(value: &Value, out: &mut String) {
+    match value {
+        Value::String(s) => {
+            out.push_str(s);
+            out.push('\n');
+        }
+        Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+        Value::Object(members) => members.values().for_each(|v| strings(v, out)),
+        _ => {}
+    }
 }

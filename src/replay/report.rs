@@ -25,6 +25,10 @@ pub struct Turn {
     pub stable_prefix: bool,
     /// Share of the history's identifiers present in what was forwarded.
     pub kept_identifiers: f64,
+    /// At an input's final turn: the share of the history's identifiers either present in
+    /// what was forwarded or returned by an `abridge_recall` query for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recallable_identifiers: Option<f64>,
 }
 
 /// One strategy's figures over every input.
@@ -46,6 +50,8 @@ pub struct Figures {
     pub stable_prefix_share: f64,
     /// At each input's final turn, averaged over inputs.
     pub final_identifier_share: f64,
+    /// The same, counting what a recall query returns too.
+    pub final_recallable_share: f64,
     /// Every turn of every input, in order (the plot).
     #[serde(skip)]
     pub series: Vec<Turn>,
@@ -87,13 +93,24 @@ impl Figures {
             threshold,
             all_succeeded: all.iter().all(|t| t.status == 200),
             stable_prefix_share: share(all.iter().filter(|t| t.stable_prefix).count()),
-            final_identifier_share: if finals.is_empty() {
-                1.0
-            } else {
-                finals.iter().sum::<f64>() / finals.len() as f64
-            },
+            final_identifier_share: mean(&finals),
+            final_recallable_share: mean(
+                &inputs
+                    .iter()
+                    .filter_map(|turns| turns.last().and_then(|t| t.recallable_identifiers))
+                    .collect::<Vec<_>>(),
+            ),
             series: all,
         }
+    }
+}
+
+/// The mean of shares (1 for none).
+fn mean(shares: &[f64]) -> f64 {
+    if shares.is_empty() {
+        1.0
+    } else {
+        shares.iter().sum::<f64>() / shares.len() as f64
     }
 }
 
@@ -101,12 +118,12 @@ impl Figures {
 pub fn text(figures: &[Figures]) -> String {
     let mut out = String::from(
         "strategy       turns  compactions  compacted turns  client tokens  provider tokens  \
-         saved  largest  all 2xx  stable prefix  identifiers kept\n",
+         saved  largest  all 2xx  stable prefix  identifiers kept  recallable\n",
     );
     for f in figures {
         let _ = writeln!(
             out,
-            "{:<14} {:>5}  {:>11}  {:>15}  {:>13}  {:>15}  {:>4.1}%  {:>7}  {:>7}  {:>12.0}%  {:>15.0}%",
+            "{:<14} {:>5}  {:>11}  {:>15}  {:>13}  {:>15}  {:>4.1}%  {:>7}  {:>7}  {:>12.0}%  {:>15.0}%  {:>9.0}%",
             f.strategy.to_string(),
             f.turns,
             f.compactions,
@@ -118,6 +135,7 @@ pub fn text(figures: &[Figures]) -> String {
             if f.all_succeeded { "yes" } else { "NO" },
             100.0 * f.stable_prefix_share,
             100.0 * f.final_identifier_share,
+            100.0 * f.final_recallable_share,
         );
     }
     out

@@ -67,6 +67,10 @@ fn replay_reports_each_strategy_as_json_and_as_a_page() {
         assert!(f["saved_percent"].as_f64().unwrap() > 10.0, "{name}: {f}");
         let share = f["final_identifier_share"].as_f64().unwrap();
         assert!(share > 0.5 && share <= 1.0, "{name}: {f}");
+        // What was condensed can be read back: every identifier is forwarded, or an
+        // abridge_recall query for it returns it.
+        let recallable = f["final_recallable_share"].as_f64().unwrap();
+        assert!(recallable >= 0.99 && recallable >= share, "{name}: {f}");
         let stable = f["stable_prefix_share"].as_f64().unwrap();
         assert!(stable > 0.5 && stable <= 1.0, "{name}: {f}");
     }
