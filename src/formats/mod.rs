@@ -438,6 +438,15 @@ impl Request {
         }
     }
 
+    /// The client's `tool_choice`, as written.
+    pub fn tool_choice(&self) -> Option<&RawValue> {
+        match self {
+            Request::Chat(r) => r.parsed().request.tool_choice,
+            Request::Responses(r) => r.parsed().fields.tool_choice,
+            Request::Messages(r) => r.parsed().fields.tool_choice,
+        }
+    }
+
     /// Whether the client leaves the choice of tool to the model: no `tool_choice`, or
     /// `auto` (chat and Responses: `"auto"`; Messages: `{"type": "auto"}`), and not chat's
     /// legacy `functions` (which cannot be mixed with `tools`). A tool abridge adds is

@@ -72,7 +72,13 @@ pub(super) async fn serve(
         _ => return Upstream::Whole(head, body, usage),
     };
     decision.report.recalls = Some(0);
+    let choice = client_choice(prepared);
     if answer.calls.is_empty() {
+        // A Responses answer echoes the tools: the client sees only its own.
+        if format == crate::formats::Format::Responses {
+            let body = Bytes::from(wire::finish(format, answer.value, None, &choice));
+            return Upstream::Whole(head, body, usage);
+        }
         return Upstream::Whole(head, body, usage);
     }
     let Some(checkpoint) = decision.apply.as_ref() else {
@@ -84,6 +90,7 @@ pub(super) async fn serve(
         corpus: &corpus,
         estimator: Estimator::for_model_ready(prepared.request.model()),
         format,
+        choice,
     };
     match rounds.run(answer, sent, (parts, target), exchange).await {
         Ok((head, body, served)) => {
@@ -102,6 +109,16 @@ pub(super) async fn serve(
                 .unwrap_or(Upstream::Whole(head, body, usage))
         }
     }
+}
+
+/// The client's `tool_choice` as a Responses answer echoes it: `auto` when it sent none.
+fn client_choice(prepared: &Prepared) -> serde_json::Value {
+    prepared
+        .request
+        .tool_choice()
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+        .filter(|v: &serde_json::Value| !v.is_null())
+        .unwrap_or_else(|| serde_json::Value::from("auto"))
 }
 
 /// The forwarded request once more, without the tool.
@@ -125,6 +142,8 @@ struct Rounds<'a> {
     corpus: &'a Corpus,
     estimator: Estimator,
     format: crate::formats::Format,
+    /// The client's `tool_choice`, as the answer echoes it (Responses).
+    choice: serde_json::Value,
 }
 
 impl Rounds<'_> {
@@ -190,7 +209,7 @@ impl Rounds<'_> {
             }
             sent = next;
             if answer.calls.is_empty() || last {
-                let body = wire::finish(self.format, answer.value, usage);
+                let body = wire::finish(self.format, answer.value, usage, &self.choice);
                 return Ok((head, Bytes::from(body), served));
             }
         }

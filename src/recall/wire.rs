@@ -218,8 +218,18 @@ pub fn follow_up(format: Format, forwarded: &[u8], items: &[Value], last: bool) 
 
 /// The answer the client gets: the last round's, any recall call still in it removed
 /// (an answer that then calls nothing says it stopped), with `usage` — every round's,
-/// summed — in place of its own.
-pub fn finish(format: Format, mut answer: Value, usage: Option<Value>) -> Vec<u8> {
+/// summed — in place of its own. A Responses answer echoes the request's tools and
+/// `tool_choice`: the client sees its own (`choice`: the client's `tool_choice`, `auto`
+/// when it sent none).
+pub fn finish(format: Format, mut answer: Value, usage: Option<Value>, choice: &Value) -> Vec<u8> {
+    if format == Format::Responses {
+        if let Some(tools) = answer.get_mut("tools").and_then(Value::as_array_mut) {
+            tools.retain(|t| t["name"] != NAME);
+        }
+        if let Some(echoed) = answer.get_mut("tool_choice") {
+            *echoed = choice.clone();
+        }
+    }
     match format {
         // `get_mut`, not indexing: indexing a missing member adds it as `null`.
         Format::Chat => {

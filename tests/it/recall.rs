@@ -317,6 +317,11 @@ async fn responses_and_messages_recall_the_same_way() {
         assert!(text.contains("port 6543"), "{wire:?}: {answer}");
         assert!(!calls, "{wire:?}: the client never sees the call: {answer}");
         assert_eq!(headers["x-abridge-recalls"], "1", "{wire:?}");
+        if let Wire::Responses = wire {
+            // A Responses answer echoes the request's tools: only the client's.
+            assert_eq!(answer["tools"], json!([]), "{answer}");
+            assert_eq!(answer["tool_choice"], "auto", "{answer}");
+        }
         let rounds = rounds_since(&provider, before);
         assert_eq!(rounds.len(), 2, "{wire:?}");
         assert_eq!(rounds[1]["tools"], rounds[0]["tools"]);
