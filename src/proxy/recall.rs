@@ -90,7 +90,7 @@ pub(super) async fn serve(
         corpus: &corpus,
         estimator: Estimator::for_model_ready(prepared.request.model()),
         format,
-        choice,
+        choice: choice.clone(),
     };
     match rounds.run(answer, sent, (parts, target), exchange).await {
         Ok((head, body, served)) => {
@@ -104,9 +104,16 @@ pub(super) async fn serve(
             decision
                 .report
                 .add_note(format!("recall: {why}; answered without recall"));
-            without_tool(state, prepared, (parts, target), decision, exchange)
-                .await
-                .unwrap_or(Upstream::Whole(head, body, usage))
+            match without_tool(state, prepared, (parts, target), decision, exchange).await {
+                Some(answered) => answered,
+                // Not even that: the first answer, its recall calls taken out.
+                None => {
+                    let stripped = wire::Answer::read(format, &body)
+                        .map(|a| Bytes::from(wire::finish(format, a.value, None, &choice)))
+                        .unwrap_or(body);
+                    Upstream::Whole(head, stripped, usage)
+                }
+            }
         }
     }
 }
