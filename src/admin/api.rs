@@ -87,6 +87,7 @@ pub(super) async fn conversations(
             "messages": latest.map(|u| u.messages),
             "histories": loaded.as_ref().map(|l| l.usage.len()),
             "compactions": state.map(|s| s.compactions),
+            "recalls": state.map(|s| s.recalls),
             "checkpoints": loaded.as_ref().map(|l| l.checkpoints.len()),
         }));
     }
@@ -156,6 +157,7 @@ pub(super) async fn conversation(
         "state": {
             "scheduled": s.scheduled,
             "compactions": s.compactions,
+            "recalls": s.recalls,
             "last_seen_ms": s.last_seen_ms,
         },
         // Each history's last report, newest first.

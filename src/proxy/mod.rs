@@ -281,6 +281,10 @@ fn respond(
     let compacted = report.compacted;
     let inflight = exchange.inflight.take();
     let held = exchange.held.take();
+    let recalled = report
+        .recalls
+        .filter(|n| *n > 0)
+        .zip(followup.as_ref().map(|f| f.conversation));
     let on_done: OnDone = Box::new(move |outcome: Outcome| {
         // A background compaction keeps the body: its share of the budget goes along.
         let followup = followup.map(|mut f| {
@@ -288,6 +292,13 @@ fn respond(
             f
         });
         record(&recorder, &outcome, followup, compacted);
+        if let (Some((n, conversation)), Ok(runtime)) =
+            (recalled, tokio::runtime::Handle::try_current())
+        {
+            let store = recorder.store().clone();
+            // Failures are counted and logged by the store.
+            runtime.spawn(async move { store.add_recalls(&conversation, u64::from(n)).await });
+        }
         drop((inflight, stream));
     });
     let mut response = match upstream {

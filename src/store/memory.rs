@@ -201,6 +201,14 @@ impl MemoryStore {
         existed
     }
 
+    /// Counts `n` recall calls answered for a live conversation.
+    pub fn add_recalls(&self, id: &Fingerprint, n: u64) {
+        let mut inner = lock(&self.inner);
+        if let Some(c) = live(&mut inner, id, Instant::now()) {
+            c.state.get_or_insert_with(State::default).recalls += n;
+        }
+    }
+
     pub fn schedule(&self, id: &Fingerprint, focus: Option<&str>) -> bool {
         let mut inner = lock(&self.inner);
         let now = Instant::now();

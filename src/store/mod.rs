@@ -18,7 +18,7 @@
 //! one slot; only hashes appear in key names; every conversation key has a TTL refreshed
 //! on use:
 //! - `<prefix>:{<conv>}:ckpt`  — hash: `<through, 10 digits>:<prefix hash>` → checkpoint JSON
-//! - `<prefix>:{<conv>}:state` — hash: compactions, last_seen, scheduled
+//! - `<prefix>:{<conv>}:state` — hash: compactions, recalls, last_seen, scheduled
 //! - `<prefix>:{<conv>}:usage` — hash: `<history prefix hash>` → the usage reported for it
 //! - `<prefix>:{<conv>}:lock`  — the single-flight lock token (SET NX PX)
 //! - `<prefix>:{<tenant>}:tenant` — "1" once the provider accepted the tenant's credential
@@ -268,6 +268,20 @@ impl Store {
             match &self.backend {
                 Backend::Memory(m) => Ok(m.schedule(conversation, Some(focus))),
                 Backend::Redis(r) => r.schedule(conversation, Some(focus)).await,
+            }
+        })
+        .await
+    }
+
+    /// Counts `n` `abridge_recall` calls answered for a conversation (its state).
+    pub async fn add_recalls(&self, conversation: &Fingerprint, n: u64) -> Result<(), StoreError> {
+        self.call("add_recalls", async {
+            match &self.backend {
+                Backend::Memory(m) => {
+                    m.add_recalls(conversation, n);
+                    Ok(())
+                }
+                Backend::Redis(r) => r.add_recalls(conversation, n).await,
             }
         })
         .await

@@ -130,6 +130,8 @@ pub struct State {
     pub scheduled: Option<String>,
     /// Checkpoints saved over the conversation's life.
     pub compactions: u64,
+    /// `abridge_recall` calls answered over the conversation's life.
+    pub recalls: u64,
     pub last_seen_ms: u64,
 }
 

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::common::{Proxy, client, compacting};
 
+const ADMIN_TOKEN: &str = "k7Qm2vXp9Lr4Tz8Wn3Ys6Bd1Hf5Gj0Ca";
 const FACT: &str = "The staging database listens on port 6543.";
 const QUESTION: &str = "Which port does the staging database listen on?";
 
@@ -29,6 +30,7 @@ async fn setup_with(max_rounds: u32) -> (FakeProvider, Proxy) {
     let mut config = compacting(&provider.url(), Strategy::Recency, 3000);
     config.compaction.background = false;
     config.recall.max_rounds = max_rounds;
+    config.admin.token = Some(abridge::secret::Secret::new(ADMIN_TOKEN));
     let proxy = Proxy::start_with(config).await;
     (provider, proxy)
 }
@@ -148,6 +150,28 @@ async fn an_elided_fact_comes_back_through_a_recall_the_client_never_sees() {
         prompt(&rounds[0]) + prompt(&rounds[1])
     );
     assert_eq!(proxy.stats().recalls, 1);
+    // Counted for the conversation, in the admin API (recorded once the body is sent).
+    let id = headers["x-abridge-conversation"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut shown = Value::Null;
+    for _ in 0..50 {
+        shown = client()
+            .get(format!("http://{}/admin/conversations/{id}", proxy.admin))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if shown["state"]["recalls"] == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(shown["state"]["recalls"], 1, "{shown}");
 
     // The next turn is forwarded with the same tool bytes: the prompt cache holds.
     messages.push(answer["message"].clone());

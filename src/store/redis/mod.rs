@@ -23,7 +23,7 @@ use redis::{ErrorKind, RedisError, Script};
 use tokio::sync::OnceCell;
 
 use self::keys::{Hex, Key};
-use self::scripts::{RECORD_USAGE, REFRESH, SAVE_CHECKPOINT, SCHEDULE, UNLOCK};
+use self::scripts::{ADD_RECALLS, RECORD_USAGE, REFRESH, SAVE_CHECKPOINT, SCHEDULE, UNLOCK};
 use self::sentinel::{Conn, Sentinel};
 use self::tls::Transport;
 use super::{
@@ -51,6 +51,7 @@ struct Inner {
     unlock: Script,
     refresh: Script,
     schedule: Script,
+    add_recalls: Script,
 }
 
 enum Target {
@@ -103,6 +104,7 @@ impl RedisStore {
                 unlock: Script::new(UNLOCK),
                 refresh: Script::new(REFRESH),
                 schedule: Script::new(SCHEDULE),
+                add_recalls: Script::new(ADD_RECALLS),
             }),
         })
     }
@@ -280,6 +282,19 @@ impl RedisStore {
             own.invoke_async::<i64>(&mut a),
             index.query_async::<()>(&mut b)
         )?;
+        Ok(())
+    }
+
+    /// Counts `n` recall calls answered (on an existing state hash only).
+    pub async fn add_recalls(&self, conversation: &Fingerprint, n: u64) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        let _: i64 = self
+            .inner
+            .add_recalls
+            .key(self.key(conversation, "state"))
+            .arg(n)
+            .invoke_async(&mut conn)
+            .await?;
         Ok(())
     }
 
@@ -518,6 +533,7 @@ fn parse_state(fields: &[(String, String)]) -> Result<Option<State>, StoreError>
     Ok(Some(State {
         scheduled: get("scheduled").cloned(),
         compactions: number("compactions")?,
+        recalls: number("recalls")?,
         last_seen_ms: number("last_seen")?,
     }))
 }

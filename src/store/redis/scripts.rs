@@ -82,3 +82,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 return 0
 "#;
+
+/// Counts recall calls answered, on a conversation's state hash that exists (so no key
+/// is ever made without its TTL). KEYS: state. ARGV: n.
+pub(super) const ADD_RECALLS: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'recalls', ARGV[1])
+end
+return 0
+"#;

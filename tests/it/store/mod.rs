@@ -159,7 +159,23 @@ suite!(
     delete_and_recent,
     identity_secret_is_set_once,
     each_history_keeps_its_own_checkpoints,
+    recalls_are_counted_on_a_known_conversation_only,
 );
+
+async fn recalls_are_counted_on_a_known_conversation_only((store, _): (Store, StoreConfig)) {
+    let (known, unknown) = (conversation("r", 1), conversation("r", 2));
+    store
+        .record_usage(&known, usage(fingerprint(1), 1, 1, None), None, false)
+        .await
+        .unwrap();
+    store.add_recalls(&known, 2).await.unwrap();
+    store.add_recalls(&known, 1).await.unwrap();
+    let state = store.load(&known).await.unwrap().state.unwrap();
+    assert_eq!(state.recalls, 3);
+    // No state is made for a conversation the store does not know (no key without TTL).
+    store.add_recalls(&unknown, 5).await.unwrap();
+    assert!(store.load(&unknown).await.unwrap().state.is_none());
+}
 
 async fn round_trip((store, _): (Store, StoreConfig)) {
     let conv = conversation("Bearer sk-a", 1);
