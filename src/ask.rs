@@ -68,9 +68,10 @@ const HOSTED: &[&str] = &[
 /// Whether `host` is one of the hosted APIs.
 pub fn is_hosted(host: &str) -> bool {
     let host = host.to_ascii_lowercase();
-    HOSTED
-        .iter()
-        .any(|h| host == *h || host.ends_with(&format!(".{h}")))
+    HOSTED.iter().any(|h| {
+        host.strip_suffix(h)
+            .is_some_and(|rest| rest.is_empty() || rest.ends_with('.'))
+    })
 }
 
 /// What the server behind `provider`'s upstream says `model`'s window is, asking each

@@ -93,11 +93,6 @@ impl Upstream {
         }
     }
 
-    /// The host `provider`'s requests go to.
-    pub fn host_of(&self, provider: Provider) -> &str {
-        self.base_of(provider).authority.host()
-    }
-
     /// `<provider's base><path>`, for requests abridge makes itself.
     pub fn on_base(&self, provider: Provider, path: &str) -> Result<Uri, Error> {
         let base = self.base_of(provider);

@@ -21,6 +21,9 @@ const LABELLED_MODELS: usize = 64;
 pub(super) struct Upstreams {
     main: String,
     anthropic: String,
+    /// Each one's host is a hosted API's, never asked for windows ([`crate::ask`]):
+    /// decided once, from the configuration.
+    hosted: (bool, bool),
     /// Models overflows were counted under (bounded: clients choose model names).
     labelled: Mutex<HashSet<String>>,
     /// (upstream, model) pairs whose server was asked for the window (bounded likewise).
@@ -30,7 +33,14 @@ pub(super) struct Upstreams {
 impl Upstreams {
     pub(super) fn of(config: &Config) -> Self {
         let main = config.upstream.to_string();
+        let host =
+            |base: &crate::config::UpstreamBase| crate::ask::is_hosted(base.authority.host());
+        let main_hosted = host(&config.upstream);
         Self {
+            hosted: (
+                main_hosted,
+                config.anthropic_upstream.as_ref().map_or(main_hosted, host),
+            ),
             anthropic: config
                 .anthropic_upstream
                 .as_ref()
@@ -45,6 +55,13 @@ impl Upstreams {
         match provider {
             Provider::Main => &self.main,
             Provider::Anthropic => &self.anthropic,
+        }
+    }
+
+    fn is_hosted(&self, provider: Provider) -> bool {
+        match provider {
+            Provider::Main => self.hosted.0,
+            Provider::Anthropic => self.hosted.1,
         }
     }
 
@@ -119,10 +136,11 @@ impl Compactor {
     }
 
     /// Whether the server behind `provider`'s upstream should be asked for `model`'s
-    /// window (see [`crate::ask`]): nothing configured, learned or in the table says it,
-    /// and it was not asked before.
+    /// window (see [`crate::ask`]): it is not a hosted API, nothing configured, learned
+    /// or in the table says it, and it was not asked before.
     pub fn should_ask(&self, provider: Provider, model: &str) -> bool {
-        !model.is_empty()
+        !self.upstreams.is_hosted(provider)
+            && !model.is_empty()
             && models::configured_window(model, &self.config.context_windows).is_none()
             && self.learned_window(provider, model).is_none()
             && models::table_window(model).is_none()

@@ -172,9 +172,7 @@ fn relay(
 /// For a model whose window abridge does not know, asks its server in the background
 /// (see [`crate::ask`]); what it says applies from a later request on.
 fn ask_window(state: &AppState, turn: &Turn<'_, '_>, parts: &Parts) {
-    let host = state.upstream().host_of(turn.provider);
     if state.config().compaction.mode == CompactionMode::Off
-        || crate::ask::is_hosted(host)
         || !state.compactor().should_ask(turn.provider, turn.model)
     {
         return;
