@@ -40,14 +40,6 @@ const KNOWN: &[(&str, u64)] = &[
     ("grok", 131_072),
 ];
 
-/// The context window of `model`: configured prefixes first, then the built-in table,
-/// longest prefix winning in each; else `default`.
-pub fn context_window(model: &str, configured: &BTreeMap<String, u64>, default: u64) -> u64 {
-    configured_window(model, configured)
-        .or_else(|| table_window(model))
-        .unwrap_or(default)
-}
-
 /// The window `compaction.context_windows` gives `model` (longest prefix), if any.
 pub fn configured_window(model: &str, configured: &BTreeMap<String, u64>) -> Option<u64> {
     longest(model, &mut configured.iter().map(|(k, v)| (k.as_str(), *v)))
@@ -74,6 +66,14 @@ fn longest(model: &str, entries: &mut dyn Iterator<Item = (&str, u64)>) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Configured prefixes first, then the table, else `default` (the compactor puts
+    /// learned windows between the two).
+    fn context_window(model: &str, configured: &BTreeMap<String, u64>, default: u64) -> u64 {
+        configured_window(model, configured)
+            .or_else(|| table_window(model))
+            .unwrap_or(default)
+    }
 
     #[test]
     fn longest_prefix_after_the_provider_wins() {

@@ -59,42 +59,41 @@ const PHRASES: &[&str] = &[
 
 /// Windows read from the text: (pattern, what to add to the number). Fireworks states
 /// the window one short.
+const WINDOW_PATTERNS: &[(&str, u64)] = &[
+    (r"maximum context length is (\d+)", 0),
+    (r"context length is only (\d+)", 0),
+    (r"available context size \((\d+) tokens\)", 0),
+    (r"tokens > (\d+) maximum", 0),
+    (r"exceed context limit: \d+ \+ \d+ > (\d+)", 0),
+    (r"maximum number of tokens allowed \((\d+)\)", 0),
+    (r"too large for model with (\d+) maximum context length", 0),
+    (
+        r"longer than the model's context length \((\d+) tokens\)",
+        0,
+    ),
+    (r"maximum model length of (\d+)", 0),
+    (r"context length only supports (\d+) tokens", 0),
+    (r"context length of only (\d+) tokens", 0),
+    (r"n_ctx:? \(?(\d+)", 0),
+    (r"configured limit of (\d+) tokens", 0),
+    (r"max_new_tokens` must be <= (\d+)", 0),
+    (r"model maximum context length: (\d+)", 1),
+];
+
+/// [`WINDOW_PATTERNS`], compiled once.
 fn window_patterns() -> &'static [(Regex, u64)] {
     static P: OnceLock<Vec<(Regex, u64)>> = OnceLock::new();
     P.get_or_init(|| {
-        let compiled = crate::strategies::text::compile(&[
-            r"maximum context length is (\d+)",
-            r"context length is only (\d+)",
-            r"available context size \((\d+) tokens\)",
-            r"tokens > (\d+) maximum",
-            r"exceed context limit: \d+ \+ \d+ > (\d+)",
-            r"maximum number of tokens allowed \((\d+)\)",
-            r"too large for model with (\d+) maximum context length",
-            r"longer than the model's context length \((\d+) tokens\)",
-            r"maximum model length of (\d+)",
-            r"context length only supports (\d+) tokens",
-            r"context length of only (\d+) tokens",
-            r"n_ctx:? \(?(\d+)",
-            r"configured limit of (\d+) tokens",
-            r"max_new_tokens` must be <= (\d+)",
-            r"model maximum context length: (\d+)",
-        ]);
-        let last = compiled.len() - 1;
-        compiled
+        let patterns: Vec<&str> = WINDOW_PATTERNS.iter().map(|(p, _)| *p).collect();
+        crate::strategies::text::compile(&patterns)
             .into_iter()
-            .enumerate()
-            .map(|(i, re)| (re, u64::from(i == last)))
+            .zip(WINDOW_PATTERNS.iter().map(|(_, add)| *add))
             .collect()
     })
 }
 
 /// Windows smaller than this or larger than that, read from an error, are not believed.
 const PLAUSIBLE: std::ops::RangeInclusive<u64> = 256..=100_000_000;
-
-/// Whether a provider's error response means the request was too long for the model.
-pub fn is_context_overflow(status: StatusCode, body: &[u8]) -> bool {
-    read(status, body).is_some()
-}
 
 /// The overflow a provider's error response reports, if it is one.
 pub fn read(status: StatusCode, body: &[u8]) -> Option<Overflow> {

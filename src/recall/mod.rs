@@ -23,7 +23,9 @@ pub mod wire;
 
 use std::fmt::Write as _;
 
-use crate::conversation::{Content, Item, Part, Role};
+use std::borrow::Cow;
+
+use crate::conversation::{Content, Item, Role};
 use crate::store::{Checkpoint, Piece};
 use crate::strategies::redact::redact;
 
@@ -271,7 +273,12 @@ fn render(i: usize, m: &Item<'_>) -> String {
         let _ = write!(out, " {id}");
     }
     out.push_str("]\n");
-    out.push_str(&redact(&text_of(&m.content)));
+    // What `text_lossy` leaves out of a value abridge does not model, kept as written.
+    let text = match &m.content {
+        Content::Other(raw) => Cow::Borrowed(raw.get()),
+        content => content.text_lossy(),
+    };
+    out.push_str(&redact(&text));
     for call in &m.calls {
         let _ = write!(
             out,
@@ -282,22 +289,6 @@ fn render(i: usize, m: &Item<'_>) -> String {
         );
     }
     out
-}
-
-fn text_of(content: &Content<'_>) -> String {
-    match content {
-        Content::None => String::new(),
-        Content::Text(t) => t.to_string(),
-        Content::Parts(parts) => parts
-            .iter()
-            .filter_map(|p| match p {
-                Part::Text(t) => Some(t.as_ref()),
-                Part::Other(_) => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-        Content::Other(raw) => raw.get().to_owned(),
-    }
 }
 
 /// `text` in passages of at most [`PART_CHARS`] characters, cut at a line end where one
