@@ -31,23 +31,16 @@ pub struct ChatRequest<'a> {
     #[serde(default)]
     pub stream: Option<bool>,
     /// `Some` whenever the key is present, `null` included (to edit it in place).
-    #[serde(borrow, default, deserialize_with = "present")]
+    #[serde(borrow, default, deserialize_with = "super::present")]
     pub stream_options: Option<&'a RawValue>,
-    /// The client's tools, `tool_choice` and legacy `functions`, as written (for what
-    /// abridge adds: see [`crate::recall`]).
-    #[serde(borrow, default)]
+    /// The client's tools (`null` included, to replace it), `tool_choice` and legacy
+    /// `functions`, as written (for what abridge adds: see [`crate::recall`]).
+    #[serde(borrow, default, deserialize_with = "super::present")]
     pub tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub tool_choice: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub functions: Option<&'a RawValue>,
-}
-
-/// `Some(raw)` for any present value, `null` included (serde maps `null` to `None`).
-fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<&'a RawValue>, D::Error> {
-    <&'a RawValue>::deserialize(d).map(Some)
 }
 
 /// The message fields abridge reads, as serde_json reads them (the reference for

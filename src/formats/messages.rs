@@ -55,8 +55,9 @@ pub struct Fields<'a> {
     pub metadata: Option<Metadata<'a>>,
     #[serde(default)]
     pub stream: Option<bool>,
-    /// The client's tools and `tool_choice`, as written (see [`crate::recall`]).
-    #[serde(borrow, default)]
+    /// The client's tools (`null` included, to replace it) and `tool_choice`, as
+    /// written (see [`crate::recall`]).
+    #[serde(borrow, default, deserialize_with = "super::present")]
     pub tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub tool_choice: Option<&'a RawValue>,

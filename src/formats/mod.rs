@@ -69,6 +69,14 @@ fn from_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, serde_j
     }
 }
 
+/// `Some(raw)` for any present value, `null` included (serde maps `null` to `None`): for
+/// a member abridge may edit in place.
+fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'a RawValue>, D::Error> {
+    <&'a RawValue as serde::Deserialize>::deserialize(d).map(Some)
+}
+
 /// A content value as the chat and Responses formats write it (`value`: its JSON text,
 /// and its text when the walk decoded a string on its way): a
 /// string, `null`, or an array of parts of which those whose `type` is one of
@@ -457,15 +465,19 @@ impl Request {
             #[serde(borrow, rename = "type")]
             kind: Option<std::borrow::Cow<'a, str>>,
         }
-        let (choice, functions) = match self {
-            Request::Chat(r) => (r.parsed().request.tool_choice, r.parsed().request.functions),
-            Request::Responses(r) => (r.parsed().fields.tool_choice, None),
-            Request::Messages(r) => (r.parsed().fields.tool_choice, None),
-        };
-        if functions.is_some_and(|f| f.get() != "null") {
+        if let Request::Chat(r) = self
+            && r.parsed()
+                .request
+                .functions
+                .is_some_and(|f| f.get() != "null")
+        {
             return false;
         }
-        let Some(choice) = choice.map(RawValue::get).filter(|c| *c != "null") else {
+        let Some(choice) = self
+            .tool_choice()
+            .map(RawValue::get)
+            .filter(|c| *c != "null")
+        else {
             return true;
         };
         match self {

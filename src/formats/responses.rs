@@ -55,8 +55,9 @@ pub struct Fields<'a> {
     pub context_management: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub prompt_cache_key: Option<Cow<'a, str>>,
-    /// The client's tools and `tool_choice`, as written (see [`crate::recall`]).
-    #[serde(borrow, default)]
+    /// The client's tools (`null` included, to replace it) and `tool_choice`, as
+    /// written (see [`crate::recall`]).
+    #[serde(borrow, default, deserialize_with = "super::present")]
     pub tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub tool_choice: Option<&'a RawValue>,

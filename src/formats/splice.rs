@@ -101,30 +101,64 @@ pub fn append_tool(
     tools: Option<&serde_json::value::RawValue>,
     tool: &str,
 ) -> Option<Edit> {
-    if let Some(tools) = tools.filter(|t| t.get() != "null") {
-        let text = tools.get();
-        let span = span_of(body, text)?;
-        let inner = text.strip_prefix('[')?.strip_suffix(']')?;
-        let bytes = match inner.trim().is_empty() {
-            true => format!("[{tool}]"),
-            false => format!("[{inner},{tool}]"),
-        };
-        return Some(Edit {
-            span,
-            bytes: bytes.into_bytes(),
-        });
-    }
-    if tools.is_some() {
+    match tools {
         // `"tools": null`: an array in its place.
-        let span = span_of(body, tools?.get())?;
-        return Some(Edit {
-            span,
-            bytes: format!("[{tool}]").into_bytes(),
-        });
+        Some(tools) if tools.get() == "null" => {
+            return Some(Edit {
+                span: span_of(body, tools.get())?,
+                bytes: format!("[{tool}]").into_bytes(),
+            });
+        }
+        Some(tools) => {
+            let text = tools.get();
+            let inner = text.strip_prefix('[')?.strip_suffix(']')?;
+            let bytes = match inner.trim().is_empty() {
+                true => format!("[{tool}]"),
+                false => format!("[{inner},{tool}]"),
+            };
+            return Some(Edit {
+                span: span_of(body, text)?,
+                bytes: bytes.into_bytes(),
+            });
+        }
+        None => {}
     }
     let close = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
     (body[close] == b'}').then(|| Edit {
         span: close..close,
         bytes: format!(",\"tools\":[{tool}]").into_bytes(),
     })
+}
+
+#[cfg(test)]
+mod tool_tests {
+    use super::*;
+
+    fn with_tool(body: &str) -> Option<String> {
+        let parsed = crate::formats::messages::parse(body.as_bytes()).unwrap();
+        let edit = append_tool(body.as_bytes(), parsed.fields.tools, r#"{"name":"t"}"#)?;
+        let out = apply(body.as_bytes(), vec![edit])?;
+        Some(String::from_utf8(out.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn the_tool_goes_after_the_clients_and_every_other_byte_stays() {
+        assert_eq!(
+            with_tool(r#"{"tools": [ {"name":"a"} ], "x": 1}"#).unwrap(),
+            r#"{"tools": [ {"name":"a"} ,{"name":"t"}], "x": 1}"#
+        );
+        assert_eq!(
+            with_tool(r#"{"tools": [ ], "x": 1}"#).unwrap(),
+            r#"{"tools": [{"name":"t"}], "x": 1}"#
+        );
+        assert_eq!(
+            with_tool(r#"{"tools": null}"#).unwrap(),
+            r#"{"tools": [{"name":"t"}]}"#
+        );
+        assert_eq!(
+            with_tool("{\"x\": 1}\n").unwrap(),
+            "{\"x\": 1,\"tools\":[{\"name\":\"t\"}]}\n"
+        );
+        assert_eq!(with_tool(r#"{"tools": {"a": 1}}"#), None, "not an array");
+    }
 }
