@@ -207,6 +207,10 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
         let answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
         let seen = provider.seen();
         let forwarded = seen.last().cloned();
+        let (ids, sent) = (
+            history_identifiers(body),
+            forwarded_text(forwarded.as_ref()),
+        );
         turns.push(Turn {
             status,
             compacted,
@@ -216,9 +220,11 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
                 (Some(before), Some(now)) => now.messages.starts_with(&before.messages),
                 _ => true,
             },
-            kept_identifiers: identifier_share(body, forwarded.as_ref()),
-            recallable_identifiers: (n + 1 == bodies.len())
-                .then(|| recallable_share((body, &bytes), forwarded.as_ref(), max_tokens)),
+            kept_identifiers: share(&ids, |id| sent.contains(id)),
+            recallable_identifiers: (n + 1 == bodies.len()).then(|| {
+                let recall = Recallable::of(&bytes, forwarded.as_ref(), max_tokens);
+                share(&ids, |id| sent.contains(id) || recall.returns(id))
+            }),
         });
         wait_idle(&state).await;
     }
@@ -249,52 +255,53 @@ fn client_tokens(body: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
-/// The share of the identifiers in the client's history that reached the provider, or
-/// that an `abridge_recall` query for the identifier returns from the messages that did
-/// not (within `recall.max_tokens`).
-fn recallable_share(
-    (body, bytes): (&Value, &[u8]),
-    forwarded: Option<&provider::Seen>,
-    max_tokens: u64,
-) -> f64 {
-    let Ok(parsed) = crate::formats::chat::parse(bytes) else {
-        return 0.0;
-    };
-    let sent: std::collections::HashSet<&str> = forwarded
-        .map(|f| f.messages.iter().map(String::as_str).collect())
-        .unwrap_or_default();
-    let condensed =
-        (0..parsed.messages.len()).filter(|&i| !sent.contains(parsed.messages[i].raw.get()));
-    let corpus = crate::recall::Corpus::of_messages(&parsed.messages, condensed);
-    let model = parsed.request.model.as_deref().unwrap_or_default();
-    let estimator = crate::tokens::Estimator::for_model(model);
-    let tokens = |t: &str| estimator.text(t);
-    let forwarded = forwarded_text(forwarded);
-    let ids = history_identifiers(body);
+/// The share of `ids` that `found` finds (1 for none).
+fn share(ids: &[String], found: impl Fn(&str) -> bool) -> f64 {
     if ids.is_empty() {
         return 1.0;
     }
-    let found = ids
-        .iter()
-        .filter(|id| {
-            forwarded.contains(id.as_str())
-                || corpus
-                    .returned_for(id, max_tokens, &tokens)
-                    .contains(id.as_str())
-        })
-        .count();
-    found as f64 / ids.len() as f64
+    ids.iter().filter(|id| found(id)).count() as f64 / ids.len() as f64
 }
 
-/// The share of the identifiers in the client's history that reached the provider.
-fn identifier_share(body: &Value, forwarded: Option<&provider::Seen>) -> f64 {
-    let ids = history_identifiers(body);
-    if ids.is_empty() {
-        return 1.0;
+/// What an `abridge_recall` query returns from the messages of a request (its bytes)
+/// that were not forwarded, within `recall.max_tokens`.
+struct Recallable {
+    corpus: crate::recall::Corpus,
+    estimator: crate::tokens::Estimator,
+    max_tokens: u64,
+}
+
+impl Recallable {
+    fn of(bytes: &[u8], forwarded: Option<&provider::Seen>, max_tokens: u64) -> Self {
+        let sent: std::collections::HashSet<&str> = forwarded
+            .map(|f| f.messages.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        let (corpus, model) = match crate::formats::chat::parse(bytes) {
+            Ok(parsed) => {
+                let condensed = (0..parsed.messages.len())
+                    .filter(|&i| !sent.contains(parsed.messages[i].raw.get()));
+                let corpus = crate::recall::Corpus::of_messages(&parsed.messages, condensed);
+                (
+                    corpus,
+                    parsed.request.model.unwrap_or_default().into_owned(),
+                )
+            }
+            Err(_) => (crate::recall::Corpus::default(), String::new()),
+        };
+        Self {
+            corpus,
+            estimator: crate::tokens::Estimator::for_model(&model),
+            max_tokens,
+        }
     }
-    let sent = forwarded_text(forwarded);
-    let kept = ids.iter().filter(|id| sent.contains(id.as_str())).count();
-    kept as f64 / ids.len() as f64
+
+    /// Whether a query for `id` returns it.
+    fn returns(&self, id: &str) -> bool {
+        let tokens = |t: &str| self.estimator.text(t);
+        self.corpus
+            .returned_for(id, self.max_tokens, &tokens)
+            .contains(id)
+    }
 }
 
 /// The identifiers of a request's messages, read from their text (every string in them,
