@@ -52,13 +52,8 @@ async fn compacted_chat_of(proxy: &Proxy, tenant: &str, notes: &str) -> Vec<Valu
         json!({"role": "user", "content": notes}),
     ];
     for turn in 1..40 {
-        let response = client()
-            .post(proxy.url("/v1/chat/completions"))
-            .bearer_auth(tenant)
-            .json(&json!({"model": "fake-model", "messages": messages}))
-            .send()
-            .await
-            .unwrap();
+        let body = json!({"model": "fake-model", "messages": messages});
+        let response = post(proxy, tenant, &body, &[]).await;
         assert_eq!(response.status(), 200);
         let compacted = response.headers()["x-abridge-compacted"] == "true";
         let body: Value = response.json().await.unwrap();
@@ -81,19 +76,31 @@ fn rounds_since(provider: &FakeProvider, before: usize) -> Vec<Value> {
         .collect()
 }
 
+/// A chat completion `body` sent as `tenant`, with `headers`.
+async fn post(
+    proxy: &Proxy,
+    tenant: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth(tenant)
+        .json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+/// `messages` sent by the test's tenant: the status, headers and body of the answer.
 async fn chat(
     proxy: &Proxy,
     messages: &[Value],
     headers: &[(&str, &str)],
 ) -> (u16, http::HeaderMap, Value) {
-    let mut request = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .bearer_auth("sk-recall")
-        .json(&json!({"model": "fake-model", "messages": messages}));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.unwrap();
+    let body = json!({"model": "fake-model", "messages": messages});
+    let response = post(proxy, "sk-recall", &body, headers).await;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     (status, headers, response.json().await.unwrap())
@@ -157,15 +164,9 @@ async fn an_elided_fact_comes_back_through_a_recall_the_client_never_sees() {
         .to_owned();
     let mut shown = Value::Null;
     for _ in 0..50 {
-        shown = client()
-            .get(format!("http://{}/admin/conversations/{id}", proxy.admin))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        shown = proxy
+            .admin_json(&format!("/admin/conversations/{id}"), ADMIN_TOKEN)
+            .await;
         if shown["state"]["recalls"] == 1 {
             break;
         }
@@ -214,13 +215,8 @@ async fn no_tool_when_the_client_turns_it_off_or_forces_its_own() {
         "tools": [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}],
         "tool_choice": {"type": "function", "function": {"name": "shell"}},
     });
-    let answer: Value = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .bearer_auth("sk-recall")
-        .json(&body)
-        .send()
+    let answer: Value = post(&proxy, "sk-recall", &body, &[])
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -383,13 +379,8 @@ async fn the_last_round_asks_for_an_answer_and_the_clients_own_calls_reach_it() 
     messages.push(body["choices"][0]["message"].clone());
     messages.push(json!({"role": "user", "content": "Tell me more about the harbour lighthouse."}));
     let shell = json!({"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}});
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .bearer_auth("sk-recall")
-        .json(&json!({"model": "fake-model", "messages": messages, "tools": [shell]}))
-        .send()
-        .await
-        .unwrap();
+    let body = json!({"model": "fake-model", "messages": messages, "tools": [shell]});
+    let response = post(&proxy, "sk-recall", &body, &[]).await;
     assert_eq!(response.headers()["x-abridge-compacted"], "true");
     let answer: Value = response.json().await.unwrap();
     let call = &answer["choices"][0]["message"]["tool_calls"][0];
@@ -435,14 +426,8 @@ async fn a_provider_that_refuses_tools_answers_without_the_tool_and_is_not_sent_
     let mut messages = compacted_chat(&proxy).await;
     messages.push(json!({"role": "user", "content": QUESTION}));
     let shell = json!({"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}});
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .bearer_auth("sk-recall")
-        .header("x-fake-reject-tools", "1")
-        .json(&json!({"model": "fake-model", "messages": messages, "tools": [shell]}))
-        .send()
-        .await
-        .unwrap();
+    let body = json!({"model": "fake-model", "messages": messages, "tools": [shell]});
+    let response = post(&proxy, "sk-recall", &body, &refuse).await;
     assert_eq!(
         response.status(),
         400,
@@ -468,13 +453,8 @@ async fn a_tenant_recalls_only_its_own_conversation() {
     let mut theirs = compacted_chat_of(&proxy, "sk-other-tenant", notes).await;
     theirs.push(json!({"role": "user", "content": QUESTION}));
     let before = provider.requests().len();
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .bearer_auth("sk-other-tenant")
-        .json(&json!({"model": "fake-model", "messages": theirs}))
-        .send()
-        .await
-        .unwrap();
+    let body = json!({"model": "fake-model", "messages": theirs});
+    let response = post(&proxy, "sk-other-tenant", &body, &[]).await;
     assert_eq!(
         response.headers()["x-abridge-recalls"],
         "1",

@@ -135,15 +135,7 @@ async fn a_restart_and_another_replica_know_the_window_without_an_overflow() {
     assert_eq!(overflows(&provider), 1, "the restart knew");
 
     // `/admin/stats` lists it, and where it came from.
-    let stats: Value = client()
-        .get(format!("http://{}/admin/stats", restarted.admin))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats = restarted.admin_json("/admin/stats", ADMIN_TOKEN).await;
     let learned = &stats["learned_windows"][0];
     assert_eq!(learned["window"], WINDOW, "{stats}");
     assert_eq!(learned["source"], "overflow");

@@ -71,6 +71,19 @@ impl Proxy {
         self.state.stats().snapshot()
     }
 
+    /// `GET http://<admin><path>` with the admin `token`, as JSON.
+    pub async fn admin_json(&self, path: &str, token: &str) -> serde_json::Value {
+        client()
+            .get(format!("http://{}{path}", self.admin))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// Signals shutdown and waits for `run` to return.
     pub async fn shutdown(mut self) -> std::io::Result<()> {
         if let Some(stop) = self.stop.take() {

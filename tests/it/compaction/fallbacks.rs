@@ -167,15 +167,12 @@ async fn a_summary_missing_sections_is_repaired_and_used() {
         .await
         .unwrap();
     assert!(text.contains("abridge_summary_repairs_total 1"), "{text}");
-    let shown: serde_json::Value = crate::common::client()
-        .get(format!("http://{}/admin/conversations/{id}", proxy.admin))
-        .bearer_auth("admin-token-for-the-gate")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let shown = proxy
+        .admin_json(
+            &format!("/admin/conversations/{id}"),
+            "admin-token-for-the-gate",
+        )
+        .await;
     let gate = &shown["checkpoints"][0]["gate"];
     assert!(
         gate["score"].is_number(),
