@@ -67,6 +67,12 @@ pub(super) async fn serve(
         return upstream;
     };
     let format = prepared.request.format();
+    // An answer that never names the tool calls it not (and, on Responses, does not
+    // echo it): no parse. The common case: most answers call nothing.
+    if memchr::memmem::find(&body, crate::recall::NAME.as_bytes()).is_none() {
+        decision.report.recalls = Some(0);
+        return Upstream::Whole(head, body, usage);
+    }
     let answer = match wire::Answer::read(format, &body) {
         Some(answer) if head.status == StatusCode::OK => answer,
         _ => return Upstream::Whole(head, body, usage),
