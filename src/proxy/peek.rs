@@ -27,6 +27,7 @@ use serde_json::Value;
 
 use crate::compactor::overflow::{self, Overflow};
 use crate::error::Error;
+use crate::relay::events::{Event, next_event};
 
 /// Most bytes held back.
 pub const MAX_HELD: usize = 64 * 1024;
@@ -104,53 +105,6 @@ fn scan(bytes: &[u8]) -> Scanned {
     Scanned::Held(at)
 }
 
-/// One event's fields.
-#[derive(Debug, Default)]
-struct Event<'a> {
-    name: Option<&'a str>,
-    data: Vec<&'a str>,
-    /// llama-server's old non-standard `error:` field.
-    error: Option<&'a str>,
-    comment_only: bool,
-}
-
-/// The first complete event of `bytes` and the bytes it took, with its blank line. Lines
-/// end in LF, CRLF or CR.
-fn next_event(bytes: &[u8]) -> Option<(usize, Event<'_>)> {
-    let mut event = Event {
-        comment_only: true,
-        ..Event::default()
-    };
-    let mut at = 0;
-    loop {
-        let rest = &bytes[at..];
-        let end = rest.iter().position(|&b| b == b'\n' || b == b'\r')?;
-        let ending = match (rest[end], rest.get(end + 1)) {
-            (b'\r', Some(b'\n')) => 2,
-            // A CR at the end of what was read may be the first half of a CRLF.
-            (b'\r', None) => return None,
-            _ => 1,
-        };
-        let line = std::str::from_utf8(&rest[..end]).unwrap_or("");
-        at += end + ending;
-        if line.is_empty() {
-            return Some((at, event));
-        }
-        if line.starts_with(':') {
-            continue;
-        }
-        event.comment_only = false;
-        let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value);
-        match field {
-            "event" => event.name = Some(value),
-            "data" => event.data.push(value),
-            "error" => event.error = Some(value),
-            _ => {}
-        }
-    }
-}
-
 enum Kind {
     Held,
     Other,
@@ -175,7 +129,7 @@ fn classify(event: &Event<'_>) -> Kind {
         let value = serde_json::from_str::<Value>(error).unwrap_or(Value::Null);
         return overflow_in(&serde_json::json!({ "error": value }));
     }
-    let data = event.data.join("\n");
+    let data = event.data();
     let named = event.name.filter(|n| !n.is_empty());
     let says_error = memmem::find(data.as_bytes(), b"error").is_some();
     if !says_error {

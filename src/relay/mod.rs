@@ -29,6 +29,7 @@
 //! the [`Outcome`] once — the "record" stage of the request path.
 
 mod burst;
+pub mod events;
 pub mod sse;
 mod tap;
 pub mod usage;
