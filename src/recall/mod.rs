@@ -19,6 +19,7 @@
 //! follow-up request.
 
 pub mod rank;
+pub mod stream;
 pub mod wire;
 
 use std::fmt::Write as _;

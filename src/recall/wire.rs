@@ -60,8 +60,13 @@ impl Answer {
     /// `body` as `format`'s answer; `None` when it is not JSON.
     pub fn read(format: Format, body: &[u8]) -> Option<Self> {
         let value: Value = serde_json::from_slice(body).ok()?;
+        Some(Self::of(format, value))
+    }
+
+    /// `value` as `format`'s whole answer (a streamed one, gathered: see [`super::stream`]).
+    pub fn of(format: Format, value: Value) -> Self {
         let calls = calls(format, &value);
-        Some(Self { value, calls })
+        Self { value, calls }
     }
 }
 
