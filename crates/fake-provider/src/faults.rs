@@ -13,6 +13,9 @@
 //!   Azure OpenAI's older API versions and some compatible servers answer.
 //! - `reject_tools` / `x-fake-reject-tools: 1` — llama-server's answer without `--jinja`
 //!   to a body that has `tools`: `400 tools param requires --jinja flag`.
+//! - `fail_follow_ups` / `x-fake-fail-follow-ups: 1` — `503 overloaded` for a body that
+//!   carries the result of an `abridge_recall` call (a provider that fails a proxy's
+//!   recall follow-up, and only that).
 //! - `api_keys` — when not empty, a request whose `Authorization: Bearer <key>` or
 //!   `x-api-key: <key>` is not in the list gets OpenAI's `401 invalid_api_key` (on the
 //!   Messages routes Anthropic's `401 authentication_error`: `x-api-key header is
@@ -31,6 +34,7 @@ pub struct Faults {
     pub reset: bool,
     pub reject_stream_options: bool,
     pub reject_tools: bool,
+    pub fail_follow_ups: bool,
     pub api_keys: Vec<String>,
 }
 
@@ -45,6 +49,7 @@ impl Faults {
         self.reset |= flag("x-fake-reset");
         self.reject_stream_options |= flag("x-fake-reject-stream-options");
         self.reject_tools |= flag("x-fake-reject-tools");
+        self.fail_follow_ups |= flag("x-fake-fail-follow-ups");
     }
 }
 
@@ -78,6 +83,15 @@ pub(crate) fn respond(
             StatusCode::BAD_REQUEST,
             "tools param requires --jinja flag",
             "invalid_request_error",
+            None,
+            None,
+        ));
+    }
+    if faults.fail_follow_ups && carries_recall_result(body) {
+        return Some(crate::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The server is overloaded; try again.",
+            "server_error",
             None,
             None,
         ));
@@ -171,4 +185,17 @@ fn presented(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.strip_prefix("Bearer "))
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
+}
+
+/// Whether a request answers an `abridge_recall` call: its conversation (not its tools)
+/// holds a call of the tool (any of the three formats).
+fn carries_recall_result(body: &[u8]) -> bool {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    let conversation = value.get("messages").or_else(|| value.get("input"));
+    conversation.is_some_and(|c| {
+        c.to_string()
+            .contains(&format!("\"name\":\"{}\"", crate::recall::NAME))
+    })
 }
