@@ -10,6 +10,7 @@
 mod conversation;
 mod peek;
 mod recall;
+mod recall_stream;
 
 pub use conversation::{chat, messages, responses};
 
@@ -56,6 +57,18 @@ impl Exchange {
             started: Instant::now(),
             upstream_wait: Duration::ZERO,
             inflight: Some(state.stats().request_started()),
+            payer: None,
+            held: None,
+        }
+    }
+
+    /// A request abridge makes for one it is serving (a recall follow-up): its
+    /// bookkeeping is the served request's.
+    fn detached() -> Self {
+        Self {
+            started: Instant::now(),
+            upstream_wait: Duration::ZERO,
+            inflight: None,
             payer: None,
             held: None,
         }
@@ -151,6 +164,9 @@ enum Upstream {
     /// A whole (not streamed) answer read to see whether it calls the recall tool, and
     /// the usage to record for the forwarded history.
     Whole(http::response::Parts, Bytes, Option<relay::Usage>),
+    /// A stream (`Streaming` or `Peeked`) to go through the recall rounds as it is
+    /// relayed.
+    Recalling(Box<Upstream>, Box<recall_stream::Streamed>),
 }
 
 impl Upstream {
@@ -160,7 +176,7 @@ impl Upstream {
         match self {
             Upstream::Buffered(head, error) => crate::compactor::overflow::read(head.status, error),
             Upstream::Peeked(peeked) => peeked.overflow,
-            Upstream::Streaming(_) | Upstream::Whole(..) => None,
+            Upstream::Streaming(_) | Upstream::Whole(..) | Upstream::Recalling(..) => None,
         }
     }
 }
@@ -265,13 +281,7 @@ fn respond(
     followup: Option<Followup>,
     exchange: &mut Exchange,
 ) -> Response {
-    let stream = match &upstream {
-        Upstream::Streaming(r) if relay::is_event_stream(r.headers()) => {
-            Some(state.stats().stream_started())
-        }
-        Upstream::Peeked(_) => Some(state.stats().stream_started()),
-        _ => None,
-    };
+    let stream = upstream.streams().then(|| state.stats().stream_started());
     if report.compacted
         && let (Some(before), Some(after)) = (report.tokens_before, report.tokens_after)
     {
@@ -301,7 +311,26 @@ fn respond(
         }
         drop((inflight, stream));
     });
-    let mut response = match upstream {
+    let mut response = relayed(state, upstream, watch, on_done);
+    report.write(response.headers_mut());
+    response
+}
+
+impl Upstream {
+    /// Whether the client gets an event stream.
+    fn streams(&self) -> bool {
+        match self {
+            Upstream::Streaming(r) => relay::is_event_stream(r.headers()),
+            Upstream::Peeked(_) => true,
+            Upstream::Recalling(inner, _) => inner.streams(),
+            Upstream::Buffered(..) | Upstream::Whole(..) => false,
+        }
+    }
+}
+
+/// The client's response for `upstream`, `on_done` called when it ends.
+fn relayed(state: &AppState, upstream: Upstream, watch: Watch, on_done: OnDone) -> Response {
+    match upstream {
         Upstream::Streaming(response) => {
             relay::respond(response, watch, relay_bounds(state), on_done)
         }
@@ -314,9 +343,11 @@ fn respond(
             relay_bounds(state),
             on_done,
         ),
-    };
-    report.write(response.headers_mut());
-    response
+        Upstream::Recalling(inner, rounds) => {
+            let first = relayed(state, *inner, watch, on_done);
+            rounds.wrap(first, watch, relay_bounds(state))
+        }
+    }
 }
 
 /// record: the outcome in the stats; the usage the provider reported to the compactor

@@ -5,8 +5,9 @@
 //! answer without tools. The client gets the last answer, with every round's usage
 //! summed; a recall call never reaches it.
 //!
-//! The tool is added only to a compacted request that is not streamed and lets the
-//! model choose its tools (see [`wanted`]). When a follow-up cannot be sent or the
+//! The tool is added only to a compacted request that lets the model choose its tools
+//! (see [`wanted`]). A streamed answer goes through the rounds as it streams
+//! ([`super::recall_stream`]); this module reads whole answers. When a follow-up cannot be sent or the
 //! provider refuses it, the request is sent once more as the client would have had it
 //! answered without recall (the forwarded request without the tool), and the client is
 //! told.
@@ -22,6 +23,7 @@ use crate::recall::{Corpus, wire};
 use crate::state::AppState;
 use crate::tokens::Estimator;
 
+use super::recall_stream::Streamed;
 use super::{Exchange, Upstream, first_answer};
 
 /// Whether this request gets the recall tool (see the module docs).
@@ -33,7 +35,6 @@ pub(super) fn wanted(state: &AppState, prepared: &Prepared, decision: &Decision)
         && decision.active
         && decision.apply.is_some()
         && !prepared.controls.recall_off
-        && !prepared.request.streams()
         && prepared.request.lets_the_model_choose_tools()
         && !state.refuses_recall_tool()
 }
@@ -63,9 +64,14 @@ pub(super) async fn serve(
     upstream: Upstream,
     exchange: &mut Exchange,
 ) -> Upstream {
-    let Upstream::Whole(head, body, usage) = upstream else {
-        return upstream;
+    let upstream = match upstream {
+        Upstream::Whole(head, body, usage) => (head, body, usage),
+        Upstream::Streaming(_) | Upstream::Peeked(_) => {
+            return streamed(state, prepared, (parts, target, sent), decision, upstream);
+        }
+        other => return other,
     };
+    let (head, body, usage) = upstream;
     let format = prepared.request.format();
     // An answer that never names the tool calls it not (and, on Responses, does not
     // echo it): no parse. The common case: most answers call nothing.
@@ -124,6 +130,47 @@ pub(super) async fn serve(
     }
 }
 
+/// A streamed answer, to go through the rounds as it streams.
+fn streamed(
+    state: &AppState,
+    prepared: &Prepared,
+    (parts, target, sent): (&Parts, &Uri, Bytes),
+    decision: &Decision,
+    upstream: Upstream,
+) -> Upstream {
+    let Some(checkpoint) = decision.apply.clone() else {
+        return upstream;
+    };
+    let rounds = Streamed {
+        state: state.clone(),
+        request: prepared.request.clone(),
+        checkpoint,
+        parts: super::recall_stream::copy(parts),
+        target: target.clone(),
+        sent,
+        choice: client_choice(prepared),
+        conversation: prepared.identified.as_ref().map(|i| i.conversation),
+    };
+    Upstream::Recalling(Box::new(upstream), Box::new(rounds))
+}
+
+/// Each call answered from `corpus`, within `max_tokens`; counted in the stats.
+pub(super) fn answer_calls(
+    state: &AppState,
+    corpus: &Corpus,
+    (estimator, max_tokens): (&Estimator, u64),
+    calls: &[wire::Call],
+) -> Vec<(wire::Call, String)> {
+    calls
+        .iter()
+        .map(|call| {
+            let text = corpus.answer(&call.arguments, max_tokens, &|t| estimator.text(t));
+            state.stats().recalled(estimator.text(&text));
+            (call.clone(), text)
+        })
+        .collect()
+}
+
 /// The client's `tool_choice` as a Responses answer echoes it: `auto` when it sent none.
 fn client_choice(prepared: &Prepared) -> serde_json::Value {
     prepared
@@ -175,19 +222,12 @@ impl Rounds<'_> {
         let mut round = 0;
         loop {
             round += 1;
-            let results: Vec<(wire::Call, String)> = answer
-                .calls
-                .iter()
-                .map(|call| {
-                    let text = self
-                        .corpus
-                        .answer(&call.arguments, config.max_tokens, &|t| {
-                            self.estimator.text(t)
-                        });
-                    self.state.stats().recalled(self.estimator.text(&text));
-                    (call.clone(), text)
-                })
-                .collect();
+            let results = answer_calls(
+                self.state,
+                self.corpus,
+                (&self.estimator, config.max_tokens),
+                &answer.calls,
+            );
             served += u32::try_from(results.len()).unwrap_or(u32::MAX);
             let items = wire::round_items(self.format, &answer, &results);
             let last = round >= config.max_rounds;

@@ -1,4 +1,4 @@
-//! Recall: a compacted, non-streamed request carries the `abridge_recall` tool; when the
+//! Recall: a compacted request carries the `abridge_recall` tool; when the
 //! model calls it, abridge answers from the condensed messages and asks again, and the
 //! client gets one answer with the elided fact in it, never the call, with every
 //! round's usage.
@@ -9,20 +9,26 @@ use serde_json::{Value, json};
 
 use crate::common::{Proxy, client, compacting};
 
-const ADMIN_TOKEN: &str = "k7Qm2vXp9Lr4Tz8Wn3Ys6Bd1Hf5Gj0Ca";
-const FACT: &str = "The staging database listens on port 6543.";
-const QUESTION: &str = "Which port does the staging database listen on?";
+pub(super) const ADMIN_TOKEN: &str = "k7Qm2vXp9Lr4Tz8Wn3Ys6Bd1Hf5Gj0Ca";
+pub(super) const FACT: &str = "The staging database listens on port 6543.";
+pub(super) const QUESTION: &str = "Which port does the staging database listen on?";
 
 /// The fake provider, using the recall tool when offered, and abridge compacting at
 /// 3,000 tokens with recency.
-async fn setup() -> (FakeProvider, Proxy) {
+pub(super) async fn setup() -> (FakeProvider, Proxy) {
     setup_with(3).await
 }
 
 /// [`setup`] with `recall.max_rounds` at `max_rounds`.
-async fn setup_with(max_rounds: u32) -> (FakeProvider, Proxy) {
+pub(super) async fn setup_with(max_rounds: u32) -> (FakeProvider, Proxy) {
+    setup_of(max_rounds, false).await
+}
+
+/// [`setup_with`], the model thinking before it answers when `thinking`.
+pub(super) async fn setup_of(max_rounds: u32, thinking: bool) -> (FakeProvider, Proxy) {
     let provider = FakeProvider::start(Behavior {
         uses_recall: true,
+        thinking,
         ..Behavior::default()
     })
     .await
@@ -37,7 +43,7 @@ async fn setup_with(max_rounds: u32) -> (FakeProvider, Proxy) {
 
 /// A chat whose first turn plants [`FACT`] deep in a long message, grown until it is
 /// compacted; its messages.
-async fn compacted_chat(proxy: &Proxy) -> Vec<Value> {
+pub(super) async fn compacted_chat(proxy: &Proxy) -> Vec<Value> {
     let notes = format!(
         "Setup notes for the rollout.\n{}\n{FACT}\n",
         "The rollout waits for the canary to stay green overnight.\n".repeat(6)
@@ -69,7 +75,7 @@ async fn compacted_chat_of(proxy: &Proxy, tenant: &str, notes: &str) -> Vec<Valu
 }
 
 /// The bodies the provider received after its first `before` requests.
-fn rounds_since(provider: &FakeProvider, before: usize) -> Vec<Value> {
+pub(super) fn rounds_since(provider: &FakeProvider, before: usize) -> Vec<Value> {
     provider.requests()[before..]
         .iter()
         .map(|r| r.json())
@@ -77,7 +83,7 @@ fn rounds_since(provider: &FakeProvider, before: usize) -> Vec<Value> {
 }
 
 /// A chat completion `body` sent as `tenant`, with `headers`.
-async fn post(
+pub(super) async fn post(
     proxy: &Proxy,
     tenant: &str,
     body: &Value,
@@ -230,20 +236,20 @@ async fn no_tool_when_the_client_turns_it_off_or_forces_its_own() {
 
 /// The other two formats, whole: the same round trip.
 #[derive(Debug, Clone, Copy)]
-enum Wire {
+pub(super) enum Wire {
     Responses,
     Messages,
 }
 
 impl Wire {
-    fn path(self) -> &'static str {
+    pub(super) fn path(self) -> &'static str {
         match self {
             Wire::Responses => "/v1/responses",
             Wire::Messages => "/v1/messages",
         }
     }
 
-    fn body(self, history: &[Value]) -> Value {
+    pub(super) fn body(self, history: &[Value]) -> Value {
         match self {
             Wire::Responses => {
                 json!({"model": "fake-model", "instructions": "Be brief.", "input": history})
@@ -255,7 +261,7 @@ impl Wire {
     }
 
     /// The answer's text and whether it calls any tool.
-    fn text(self, answer: &Value) -> (String, bool) {
+    pub(super) fn text(self, answer: &Value) -> (String, bool) {
         match self {
             Wire::Responses => {
                 let output = answer["output"].as_array().unwrap();
@@ -275,21 +281,21 @@ impl Wire {
         }
     }
 
-    fn input_tokens(self, request: &Value) -> u64 {
+    pub(super) fn input_tokens(self, request: &Value) -> u64 {
         match self {
             Wire::Responses => fake_provider::count_response_tokens(request),
             Wire::Messages => fake_provider::count_message_tokens(request),
         }
     }
 
-    fn reported_input(self, answer: &Value) -> u64 {
+    pub(super) fn reported_input(self, answer: &Value) -> u64 {
         let usage = &answer["usage"];
         usage["input_tokens"].as_u64().unwrap()
             + usage["cache_read_input_tokens"].as_u64().unwrap_or(0)
             + usage["cache_creation_input_tokens"].as_u64().unwrap_or(0)
     }
 
-    async fn send(self, proxy: &Proxy, history: &[Value]) -> (http::HeaderMap, Value) {
+    pub(super) async fn send(self, proxy: &Proxy, history: &[Value]) -> (http::HeaderMap, Value) {
         let response = client()
             .post(proxy.url(self.path()))
             .bearer_auth("sk-recall")
@@ -305,32 +311,35 @@ impl Wire {
     }
 }
 
+/// A `wire` conversation planting [`FACT`], grown until compacted, then [`QUESTION`].
+pub(super) async fn compacted_history(proxy: &Proxy, wire: Wire) -> Vec<Value> {
+    let notes = format!(
+        "Setup notes for the rollout.\n{}\n{FACT}\n",
+        "The rollout waits for the canary to stay green overnight.\n".repeat(6)
+    );
+    let mut history = vec![json!({"role": "user", "content": notes})];
+    for turn in 1..40 {
+        let (headers, answer) = wire.send(proxy, &history).await;
+        history.push(json!({"role": "assistant", "content": wire.text(&answer).0}));
+        if headers
+            .get("x-abridge-compacted")
+            .is_some_and(|v| v == "true")
+        {
+            history.push(json!({"role": "user", "content": QUESTION}));
+            return history;
+        }
+        history.push(json!({"role": "user", "content": format!(
+            "Turn {turn}: {}", "Tell me more about the harbour and its old lighthouse. ".repeat(20)
+        )}));
+    }
+    panic!("{wire:?}: never compacted");
+}
+
 #[tokio::test]
 async fn responses_and_messages_recall_the_same_way() {
     for wire in [Wire::Responses, Wire::Messages] {
         let (provider, proxy) = setup().await;
-        let notes = format!(
-            "Setup notes for the rollout.\n{}\n{FACT}\n",
-            "The rollout waits for the canary to stay green overnight.\n".repeat(6)
-        );
-        let mut history = vec![json!({"role": "user", "content": notes})];
-        let mut compacted = false;
-        for turn in 1..40 {
-            let (headers, answer) = wire.send(&proxy, &history).await;
-            history.push(json!({"role": "assistant", "content": wire.text(&answer).0}));
-            if headers
-                .get("x-abridge-compacted")
-                .is_some_and(|v| v == "true")
-            {
-                compacted = true;
-                break;
-            }
-            history.push(json!({"role": "user", "content": format!(
-                "Turn {turn}: {}", "Tell me more about the harbour and its old lighthouse. ".repeat(20)
-            )}));
-        }
-        assert!(compacted, "{wire:?}");
-        history.push(json!({"role": "user", "content": QUESTION}));
+        let history = compacted_history(&proxy, wire).await;
         let before = provider.requests().len();
         let (headers, answer) = wire.send(&proxy, &history).await;
         let (text, calls) = wire.text(&answer);

@@ -1,0 +1,238 @@
+//! Recall for a streamed answer: the rounds of [`crate::recall::stream`] driven over the
+//! network. The client's body is fed by a task that reads each round's stream (relayed
+//! by [`crate::relay`] as every stream is: timeouts, decoding, usage stripping), passes
+//! its events through the round, and — when a round called `abridge_recall` — answers
+//! the calls, asks the provider again with the same streamed request extended by the
+//! calls and their results (the last time with `tool_choice: none`), and relays that
+//! stream as the continuation. The client sees one stream.
+//!
+//! The first round's usage is what is recorded for the conversation (the forwarded
+//! history, as the provider counted it), by the first round's relay. When a follow-up
+//! cannot be sent or is refused, the forwarded request is sent once more without the
+//! tool and its stream continues the client's; when even that fails, the round's own
+//! answer is relayed with its recall calls taken out. The calls served are counted for
+//! the conversation when the stream ends; the `x-abridge-recalls` header, sent before
+//! anything is known, is not set on streams.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{StatusCode, Uri};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use crate::formats::Request;
+use crate::identity::Fingerprint;
+use crate::recall::stream::{Carry, Event, Round};
+use crate::recall::{Corpus, wire};
+use crate::relay::{self, Watch};
+use crate::state::AppState;
+use crate::store::Checkpoint;
+use crate::tokens::Estimator;
+
+use super::{Exchange, Upstream, first_answer};
+
+type Sent = Result<Frame<Bytes>, axum::Error>;
+
+/// What the rounds of one streamed request need, taken from its handler.
+pub(super) struct Streamed {
+    pub state: AppState,
+    pub request: Arc<Request>,
+    pub checkpoint: Checkpoint,
+    pub parts: Parts,
+    pub target: Uri,
+    /// The body of the first round, as sent.
+    pub sent: Bytes,
+    /// The client's `tool_choice`, as a Responses answer echoes it.
+    pub choice: Value,
+    pub conversation: Option<Fingerprint>,
+}
+
+/// A copy of a request's head (method, URI, version, headers).
+pub(super) fn copy(parts: &Parts) -> Parts {
+    let (mut copy, ()) = http::Request::new(()).into_parts();
+    copy.method = parts.method.clone();
+    copy.uri = parts.uri.clone();
+    copy.version = parts.version;
+    copy.headers = parts.headers.clone();
+    copy
+}
+
+impl Streamed {
+    /// The client's response: `first` (the first round, relayed) when it is not a
+    /// stream; otherwise the same head with a body fed by the rounds.
+    pub(super) fn wrap(self, first: Response, watch: Watch, bounds: relay::Bounds) -> Response {
+        if first.status() != StatusCode::OK || !relay::is_event_stream(first.headers()) {
+            return first;
+        }
+        let (head, body) = first.into_parts();
+        let (tx, rx) = mpsc::channel(8);
+        let span = tracing::Span::current();
+        tokio::spawn(self.run(body, (watch, bounds), tx).instrument(span));
+        Response::from_parts(head, Body::new(Channel(rx)))
+    }
+
+    async fn run(
+        self,
+        first: Body,
+        (watch, bounds): (Watch, relay::Bounds),
+        tx: mpsc::Sender<Sent>,
+    ) {
+        let format = self.request.format();
+        let config = &self.state.config().recall;
+        let (max_rounds, max_tokens) = (config.max_rounds, config.max_tokens);
+        let estimator = Estimator::for_model_ready(self.request.model());
+        let mut body = first;
+        let mut carry = Carry::new(format, self.choice.clone());
+        let mut sent = self.sent.clone();
+        let (mut followups, mut served) = (0u32, 0u64);
+        let mut corpus = None;
+        loop {
+            let mut round = Round::new(carry);
+            if !relay_round(&mut body, &mut round, &tx).await {
+                break;
+            }
+            let Some(answer) = round.recalled(followups < max_rounds) else {
+                let _ = send(&tx, round.flush()).await;
+                break;
+            };
+            followups += 1;
+            let corpus =
+                corpus.get_or_insert_with(|| Corpus::of(self.request.items(), &self.checkpoint));
+            let results = super::recall::answer_calls(
+                &self.state,
+                corpus,
+                (&estimator, max_tokens),
+                &answer.calls,
+            );
+            served += results.len() as u64;
+            let items = wire::round_items(format, &answer, &results);
+            let last = followups >= max_rounds;
+            let next = wire::follow_up(format, &sent, &items, last).map(Bytes::from);
+            let asked = match next {
+                Some(next) => self
+                    .ask(next.clone(), watch, &bounds)
+                    .await
+                    .map(|b| (b, next)),
+                None => Err("the forwarded request could not be extended".to_owned()),
+            };
+            match asked {
+                Ok((next_body, next)) => (body, sent) = (next_body, next),
+                Err(why) => {
+                    self.state.stats().recall_failure();
+                    tracing::warn!(%why, "recall follow-up failed; continued without recall");
+                    let (plain, watch) = super::conversation::rewrite(
+                        &self.state,
+                        &self.request,
+                        Some(&self.checkpoint),
+                        None,
+                    );
+                    match self.ask(plain, watch, &bounds).await {
+                        Ok(plain_body) => {
+                            body = plain_body;
+                            followups = max_rounds;
+                        }
+                        Err(_) => {
+                            let _ = send(&tx, round.flush()).await;
+                            break;
+                        }
+                    }
+                }
+            }
+            carry = round.into_carry();
+        }
+        if served > 0
+            && let Some(conversation) = self.conversation
+        {
+            // Failures are counted and logged by the store.
+            let _ = self.state.store().add_recalls(&conversation, served).await;
+        }
+    }
+
+    /// The provider's stream for `body`, relayed (its usage is not recorded: the
+    /// conversation's is the first round's).
+    async fn ask(&self, body: Bytes, watch: Watch, bounds: &relay::Bounds) -> Result<Body, String> {
+        let mut exchange = Exchange::detached();
+        let answer = first_answer(
+            &self.state,
+            &self.parts,
+            &self.target,
+            body,
+            (false, false),
+            &mut exchange,
+        )
+        .await
+        .map_err(|e| format!("the follow-up could not be sent ({e})"))?;
+        let Upstream::Streaming(response) = answer else {
+            return Err("the provider's answer to the follow-up was not a stream".to_owned());
+        };
+        if response.status() != StatusCode::OK || !relay::is_event_stream(response.headers()) {
+            return Err(format!(
+                "the provider answered the follow-up with {}",
+                response.status()
+            ));
+        }
+        let relayed = relay::respond(response, watch, bounds.clone(), Box::new(|_| {}));
+        Ok(relayed.into_body())
+    }
+}
+
+/// Reads one round's stream to its end through `round`, sending the client what it
+/// lets through as it comes. `false`: the stream failed (the error went to the client)
+/// or the client is gone.
+async fn relay_round(body: &mut Body, round: &mut Round, tx: &mpsc::Sender<Sent>) -> bool {
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let frame = tokio::select! {
+            frame = body.frame() => frame,
+            () = tx.closed() => return false,
+        };
+        let data = match frame {
+            None => return pending.is_empty() || send(tx, pending).await,
+            Some(Err(e)) => {
+                let _ = tx.send(Err(e)).await;
+                return false;
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_) => continue,
+            },
+        };
+        pending.extend_from_slice(&data);
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some((len, event)) = Event::read(&pending[at..]) {
+            at += len;
+            out.extend(round.event(event));
+        }
+        pending.drain(..at);
+        if !send(tx, out).await {
+            return false;
+        }
+    }
+}
+
+/// Sends `bytes` to the client (nothing when empty); `false` when it is gone.
+async fn send(tx: &mpsc::Sender<Sent>, bytes: Vec<u8>) -> bool {
+    bytes.is_empty() || tx.send(Ok(Frame::data(Bytes::from(bytes)))).await.is_ok()
+}
+
+/// The client's body: what the rounds send.
+struct Channel(mpsc::Receiver<Sent>);
+
+impl http_body::Body for Channel {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Sent>> {
+        self.0.poll_recv(cx)
+    }
+}
