@@ -2,7 +2,8 @@
 //! `scripts/test` into `target/sdk/claude`), with `ANTHROPIC_BASE_URL` at abridge in
 //! front of the fake provider (Anthropic's rules, strict alternation): `claude -p` and
 //! `claude -p --continue` carry one session over several turns, its conversation is
-//! compacted, and every turn still completes. `#[ignore]`d for a bare `cargo test`.
+//! compacted, and every turn still completes; a fact stated in the second turn, condensed
+//! since, comes back through a streamed recall. `#[ignore]`d for a bare `cargo test`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -53,11 +54,14 @@ async fn claude(home: &Path, work: &Path, base_url: &str, args: &[&str]) -> Stri
     stdout
 }
 
+const FACT: &str = "The quokkabase replica listens on port 6543.";
+
 #[tokio::test]
 #[ignore = "needs Claude Code, which scripts/test installs"]
 async fn claude_code_sessions_are_compacted_and_carry_on() {
     let provider = FakeProvider::start(Behavior {
         strict_alternation: true,
+        uses_recall: true,
         ..Behavior::default()
     })
     .await
@@ -72,8 +76,15 @@ async fn claude_code_sessions_are_compacted_and_carry_on() {
     let work = tempfile::tempdir().unwrap();
     let base = proxy.url("");
     let ask = |n: usize| {
+        // On a line of its own, as notes are written; not in the first ask, which the
+        // compaction keeps as the conversation's head.
+        let fact = if n == 2 {
+            format!("\n{FACT}\n")
+        } else {
+            String::new()
+        };
         format!(
-            "Step {n}: review module_{n} and list what to change. {}",
+            "Step {n}: review module_{n} and list what to change.{fact} {}",
             "The service must stay backwards compatible and the change small. ".repeat(40)
         )
     };
@@ -88,7 +99,16 @@ async fn claude_code_sessions_are_compacted_and_carry_on() {
         args.push(&prompt);
         claude(home.path(), work.path(), &base, &args).await;
     }
+    // The second step is condensed by now; its fact comes back through the tool, inside
+    // Claude Code's stream.
+    let mut args = vec!["-p", "--continue"];
+    args.extend(flags);
+    args.push("Which port does the quokkabase replica listen on?");
+    let answer = claude(home.path(), work.path(), &base, &args).await;
+    assert!(answer.contains("6543"), "{answer}");
     let stats = proxy.stats();
+    assert!(stats.recalls >= 1, "{stats:?}");
+    assert!(!answer.contains("abridge_recall"), "{answer}");
     assert!(stats.messages_requests >= 8, "{stats:?}");
     assert_eq!(stats.responses_4xx + stats.responses_5xx, 0, "{stats:?}");
     assert!(stats.compactions_total() > 0, "compacted: {stats:?}");

@@ -2,7 +2,9 @@
 //! `target/sdk/codex`), pointed at abridge with a custom model provider
 //! (`wire_api = "responses"`) in front of the fake provider: `codex exec` and
 //! `codex exec resume --last` carry one session over several turns, its conversation
-//! is compacted, and every turn still completes. `#[ignore]`d for a bare `cargo test`.
+//! is compacted, and every turn still completes; a fact stated in the second turn,
+//! condensed since, comes back through a streamed recall. `#[ignore]`d for a bare
+//! `cargo test`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -75,10 +77,17 @@ async fn codex(home: &Path, work: &Path, args: &[&str]) -> String {
     stdout
 }
 
+const FACT: &str = "The quokkabase replica listens on port 6543.";
+
 #[tokio::test]
 #[ignore = "needs Codex CLI, which scripts/test installs"]
 async fn codex_cli_sessions_are_compacted_and_carry_on() {
-    let provider = FakeProvider::start(Default::default()).await.unwrap();
+    let provider = FakeProvider::start(fake_provider::Behavior {
+        uses_recall: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let mut config = config_for(&provider.url());
     // Codex's own system prompt and tools are the head; the threshold leaves room for a
     // few turns of this test's long asks.
@@ -93,8 +102,15 @@ async fn codex_cli_sessions_are_compacted_and_carry_on() {
         "--dangerously-bypass-approvals-and-sandbox",
     ];
     let ask = |n: usize| {
+        // On a line of its own, as notes are written; not in the first ask, which the
+        // compaction keeps as the conversation's head.
+        let fact = if n == 2 {
+            format!("\n{FACT}\n")
+        } else {
+            String::new()
+        };
         format!(
-            "Step {n}: review module_{n} and list what to change. {}",
+            "Step {n}: review module_{n} and list what to change.{fact} {}",
             "The service must stay backwards compatible and the change small. ".repeat(40)
         )
     };
@@ -109,7 +125,16 @@ async fn codex_cli_sessions_are_compacted_and_carry_on() {
         args.push(&next);
         codex(home.path(), work.path(), &args).await;
     }
+    // The second step is condensed by now; its fact comes back through the tool, inside
+    // Codex's stream.
+    let mut args = vec!["resume", "--last"];
+    args.extend(flags);
+    args.push("Which port does the quokkabase replica listen on?");
+    let answer = codex(home.path(), work.path(), &args).await;
+    assert!(answer.contains("6543"), "{answer}");
+    assert!(!answer.contains("abridge_recall"), "{answer}");
     let stats = proxy.stats();
+    assert!(stats.recalls >= 1, "{stats:?}");
     let sent: Vec<_> = provider
         .requests()
         .into_iter()
