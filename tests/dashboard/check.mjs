@@ -1,6 +1,6 @@
 // The admin dashboard in headless Chromium (Debian's chromium, driven by playwright-core):
 // it loads without console errors, shows the same numbers as /admin/stats, drills down
-// into a conversation, and leaves a screenshot.
+// into a conversation, lists recalls, and leaves a screenshot.
 //
 // Usage: node check.mjs ADMIN_BASE_URL TOKEN SCREENSHOT_PATH
 
@@ -46,6 +46,8 @@ try {
     prompt_tokens_reported: c.prompt_tokens_reported,
     summary_calls: c.summary_calls,
     summary_repairs: c.summary_repairs,
+    recalls: c.recalls,
+    recall_tokens: c.recall_tokens,
     active_conversations: stats.active_conversations,
   };
   for (const [key, value] of Object.entries(expected)) {
@@ -54,6 +56,14 @@ try {
     console.log(`ok ${key} = ${value}`);
   }
   if (expected.compactions < 1) fail("the test traffic should have compacted something");
+  if (expected.recalls < 1) fail("the test traffic should have recalled something");
+
+  // The conversation that recalled shows it in the list.
+  const listed = await page.$$eval("#conversations tbody tr", (rows) =>
+    rows.map((r) => [...r.children].map((td) => td.textContent)),
+  );
+  if (!listed.some((cells) => Number(cells[6]) >= 1)) fail("no conversation lists its recalls: " + JSON.stringify(listed));
+  console.log("ok recalls listed");
 
   const rows = await page.$$("#compactions tbody tr");
   if (rows.length < 1) fail("no recent compactions listed");
@@ -61,6 +71,7 @@ try {
   await page.waitForSelector("#detail:not(.hidden) pre", { timeout: 5000 });
   const detail = await page.textContent("#detail");
   if (!/replaced/.test(detail)) fail("conversation detail shows no checkpoint: " + detail);
+  if (!/last reported [0-9,]+ prompt tokens for [0-9,]+ messages/.test(detail)) fail("conversation detail shows no usage: " + detail);
   console.log("ok drill-down");
 
   await page.screenshot({ path: screenshot, fullPage: true });

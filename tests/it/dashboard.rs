@@ -1,13 +1,15 @@
 //! The dashboard in headless Chromium (Debian's `chromium`, driven by `playwright-core`,
 //! both installed by `scripts/test`): it loads without console errors, shows the numbers
-//! of /admin/stats after real traffic, drills down into a conversation, and a screenshot
-//! is saved to `target/artifacts/dashboard.png`. `#[ignore]`d for a bare `cargo test`.
+//! of /admin/stats after real traffic (recalls too), drills down into a conversation,
+//! and a screenshot is saved to `target/artifacts/dashboard.png`. `#[ignore]`d for a
+//! bare `cargo test`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use abridge::secret::Secret;
 use fake_provider::{Behavior, FakeProvider};
+use serde_json::json;
 
 use crate::common::agent::Agent;
 use crate::common::{Proxy, config_for, eventually};
@@ -26,6 +28,13 @@ async fn the_dashboard_shows_what_the_api_says() {
         agent.turn(n).await;
     }
     assert!(proxy.stats().compactions_total() >= 1);
+    // A second conversation asks for a fact its compaction condensed: the model (the
+    // fake, told to use the tool) recalls it.
+    let mut messages = crate::recall::compacted_chat(&proxy).await;
+    messages.push(json!({"role": "user", "content": crate::recall::QUESTION}));
+    let body = json!({"model": "fake-model", "messages": messages});
+    let answer = crate::recall::post(&proxy, "sk-recall", &body, &[("x-fake-recall", "1")]).await;
+    assert_eq!(answer.headers()["x-abridge-recalls"], "1");
     assert!(
         eventually(Duration::from_secs(2), || proxy.stats().inflight_requests
             == 0)
@@ -62,7 +71,9 @@ async fn the_dashboard_shows_what_the_api_says() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("ok no console errors") && stdout.contains("ok drill-down"),
+        stdout.contains("ok no console errors")
+            && stdout.contains("ok drill-down")
+            && stdout.contains("ok recalls listed"),
         "{stdout}"
     );
     assert!(
