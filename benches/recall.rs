@@ -2,7 +2,9 @@
 //! (against the same body without it), and answering a call — building the condensed
 //! messages' passages and ranking a query (BM25), or reading an id — for an agentic
 //! conversation of 100 and 1,000 messages (about 1 KB a message) condensed but for its
-//! last ten messages.
+//! last ten messages; and, per relayed event, what the stream filter of a compacted
+//! stream that carries the tool costs (read, parse, renumber, relay) against only
+//! splitting the same stream into events, for a Messages stream of 200 text deltas.
 
 #![allow(
     clippy::unwrap_used,
@@ -13,7 +15,9 @@
 use std::hint::black_box;
 
 use abridge::formats::{Format, Request};
+use abridge::recall::stream::{Carry, Event, Round};
 use abridge::recall::{Corpus, wire};
+use abridge::relay::events::next_event;
 use abridge::store::Checkpoint;
 use abridge::strategies::Strategy;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -81,5 +85,59 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// A Messages stream: opening events, one text block of `deltas` deltas, the end.
+fn messages_stream(deltas: usize) -> Vec<u8> {
+    let named =
+        |v: serde_json::Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
+    let mut s = named(
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude", "content": [], "stop_reason": null, "usage": {"input_tokens": 2000, "output_tokens": 1}}}),
+    );
+    s += &named(
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    );
+    for i in 0..deltas {
+        s += &named(
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!("word{i} of the answer, ")}}),
+        );
+    }
+    s += &named(json!({"type": "content_block_stop", "index": 0}));
+    s += &named(
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": deltas}}),
+    );
+    s += &named(json!({"type": "message_stop"}));
+    s.into_bytes()
+}
+
+fn bench_stream(c: &mut Criterion) {
+    let mut group = c.benchmark_group("recall_stream");
+    let stream = messages_stream(200);
+    let events = 204;
+    group.throughput(Throughput::Elements(events));
+    group.bench_function("split_only", |b| {
+        b.iter(|| {
+            let mut rest = &stream[..];
+            let mut n = 0;
+            while let Some((len, event)) = next_event(rest) {
+                n += black_box(event.data().len());
+                rest = &rest[len..];
+            }
+            n
+        })
+    });
+    group.bench_function("filter", |b| {
+        b.iter(|| {
+            let mut round = Round::new(Carry::new(Format::Messages, json!(null)));
+            let mut rest = &stream[..];
+            let mut out = 0;
+            while let Some((len, event)) = Event::read(rest) {
+                out += round.event(event).len();
+                rest = &rest[len..];
+            }
+            out + round.flush().len()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_stream);
 criterion_main!(benches);

@@ -289,13 +289,17 @@ impl Round {
     }
 
     /// `event` as the client gets it (empty: not relayed).
-    fn out(&mut self, event: Event) -> Vec<u8> {
-        let Some(mut value) = event.value.clone() else {
+    fn out(&mut self, mut event: Event) -> Vec<u8> {
+        let kind = match self.carry.format {
+            Format::Responses => event.kind().to_owned(),
+            Format::Chat | Format::Messages => String::new(),
+        };
+        let Some(mut value) = event.value.take() else {
             return event.raw;
         };
         let changed = match self.carry.format {
             Format::Chat => self.out_chat(&mut value),
-            Format::Responses => self.out_responses(&event, &mut value),
+            Format::Responses => self.out_responses(&kind, &mut value),
             Format::Messages => self.out_messages(&mut value),
         };
         match changed {
@@ -339,7 +343,7 @@ impl Round {
         }
     }
 
-    fn out_responses(&mut self, event: &Event, value: &mut Value) -> Option<bool> {
+    fn out_responses(&mut self, kind: &str, value: &mut Value) -> Option<bool> {
         let mut changed = false;
         if let Some(provider) = value.get("output_index").and_then(Value::as_u64) {
             let index = self.index(provider, self.carry.offset)?;
@@ -359,11 +363,11 @@ impl Round {
                 seq + 1
             };
         }
-        if event.kind() == "response.output_item.done" {
+        if kind == "response.output_item.done" {
             self.items.push(value["item"].clone());
         }
         if let Some(response) = value.get_mut("response").filter(|r| r.is_object()) {
-            self.echo(response, is_terminal(event.kind()));
+            self.echo(response, is_terminal(kind));
             changed = true;
         }
         Some(changed)
