@@ -274,12 +274,7 @@ fn render(i: usize, m: &Item<'_>) -> String {
         let _ = write!(out, " {id}");
     }
     out.push_str("]\n");
-    // What `text_lossy` leaves out of a value abridge does not model, kept as written.
-    let text = match &m.content {
-        Content::Other(raw) => Cow::Borrowed(raw.get()),
-        content => content.text_lossy(),
-    };
-    out.push_str(&redact(&text));
+    out.push_str(&redact(&content_text(m)));
     for call in &m.calls {
         let _ = write!(
             out,
@@ -288,6 +283,25 @@ fn render(i: usize, m: &Item<'_>) -> String {
             call.id,
             redact(&call.arguments)
         );
+    }
+    out
+}
+
+/// A message's content as text: what `text_lossy` leaves out of a value abridge does not
+/// model, kept as written.
+fn content_text<'a>(m: &'a Item<'_>) -> Cow<'a, str> {
+    match &m.content {
+        Content::Other(raw) => Cow::Borrowed(raw.get()),
+        content => content.text_lossy(),
+    }
+}
+
+/// What the model reads of a message: its text, and its tool calls' names and
+/// arguments (not an item's ids or metadata).
+pub fn readable(m: &Item<'_>) -> String {
+    let mut out = content_text(m).into_owned();
+    for call in &m.calls {
+        let _ = write!(out, "\n{} {}", call.name, call.arguments);
     }
     out
 }
