@@ -13,6 +13,7 @@ abridge — OpenAI-compatible proxy that keeps long conversations inside the con
 USAGE:
     abridge [--config FILE] [--healthcheck | --check-config]
     abridge replay [--strategy S ...] [--threshold TOKENS] [--json] [--html OUT] FILE...
+                        (abridge replay --help says more)
 
 OPTIONS:
     -c, --config FILE   TOML configuration (see config/abridge.toml for every key)
@@ -126,7 +127,11 @@ fn main() -> ExitCode {
 fn replay() -> ExitCode {
     let parser = lexopt::Parser::from_args(std::env::args_os().skip(2));
     let options = match abridge::replay::parse_args(parser) {
-        Ok(options) => options,
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            println!("{}", abridge::replay::USAGE);
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("abridge replay: {e}\n\n{}", abridge::replay::USAGE);
             return ExitCode::from(2);

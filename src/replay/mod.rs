@@ -5,12 +5,14 @@
 //! the configured summary provider, or the simulated provider's offline stand-in, which
 //! says so. [`report`] prints what happened per strategy.
 //!
-//! An input file is a JSONL of chat-completions request bodies as a client sent them turn
-//! by turn, or one request (a body, or `{"request": body}` as in
-//! `tests/data/conversations/`) whose history is replayed growing one user turn at a time.
+//! What an input file can be, and how its format is found, is [`input`]'s: request
+//! bodies of any of the three formats, or an agent's own session file (Claude Code,
+//! Codex CLI), read by [`sessions`].
 
+mod input;
 mod provider;
 mod report;
+mod sessions;
 
 use std::path::PathBuf;
 
@@ -22,11 +24,13 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
+use crate::formats::{Format, Request};
 use crate::secret::Secret;
 use crate::strategies::Strategy;
 use crate::strategies::text::identifiers;
 use crate::{AppState, Listeners};
 
+pub use input::Input;
 pub use report::{Figures, Turn};
 
 /// What the command line asked for.
@@ -46,13 +50,25 @@ USAGE:
     abridge replay [--config FILE] [--strategy S ...] [--threshold TOKENS] [--json]
                    [--html OUT] FILE...
 
-FILE is a JSONL of chat-completions request bodies as a client sent them turn by turn,
-or one request whose history is replayed growing one user turn at a time. Every
-strategy is replayed unless --strategy names some; --threshold sets
-compaction.threshold_tokens.";
+FILE is one of (the format is found by itself):
+  - a Claude Code transcript: ~/.claude/projects/*/*.jsonl
+  - a Codex CLI rollout: ~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl
+  - a JSONL of request bodies (chat completions, Responses or Messages), one per
+    turn as the client sent them
+  - one request (JSON) whose history is replayed growing one turn at a time
 
-/// Reads the arguments after `replay`.
-pub fn parse_args(mut parser: lexopt::Parser) -> Result<Options, lexopt::Error> {
+OPTIONS:
+    -c, --config FILE      abridge's configuration (the upstream is replaced by a
+                           simulated provider on loopback; nothing leaves the machine)
+        --strategy S       deterministic, recency, structured or llm_replace; repeat
+                           for several (default: every strategy)
+        --threshold TOKENS compaction.threshold_tokens for the run
+        --json             the figures as JSON instead of a table
+        --html OUT         also write a page with a plot per strategy to OUT
+    -h, --help             print this help";
+
+/// Reads the arguments after `replay`; `None` when they ask for the help.
+pub fn parse_args(mut parser: lexopt::Parser) -> Result<Option<Options>, lexopt::Error> {
     use lexopt::prelude::*;
     let mut o = Options {
         config: None,
@@ -69,6 +85,7 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Options, lexopt::Error> 
             Long("threshold") => o.threshold = Some(parser.value()?.parse()?),
             Long("json") => o.json = true,
             Long("html") => o.html = Some(parser.value()?.into()),
+            Short('h') | Long("help") => return Ok(None),
             Value(file) => o.files.push(file.into()),
             _ => return Err(arg.unexpected()),
         }
@@ -79,39 +96,7 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Options, lexopt::Error> 
     if o.strategies.is_empty() {
         o.strategies = Strategy::ALL.to_vec();
     }
-    Ok(o)
-}
-
-/// The turns of one input: the request bodies to send, in order.
-fn turns_of(text: &str) -> Result<Vec<Value>, String> {
-    let whole: Result<Value, _> = serde_json::from_str(text);
-    let request = match whole {
-        Ok(v) if v.get("request").is_some() => v["request"].clone(),
-        Ok(v) => v,
-        Err(_) => {
-            // JSONL: one body per line, each a turn.
-            return text
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(|l| serde_json::from_str(l).map_err(|e| format!("a line is not JSON: {e}")))
-                .collect();
-        }
-    };
-    let messages = request["messages"]
-        .as_array()
-        .ok_or("the request has no messages array")?;
-    let asks: Vec<usize> = (0..messages.len())
-        .filter(|&k| messages[k]["role"] == "user")
-        .collect();
-    Ok(asks
-        .iter()
-        .map(|&k| {
-            let mut body = request.clone();
-            body["messages"] = Value::Array(messages[..=k].to_vec());
-            body["stream"] = Value::Bool(false);
-            body
-        })
-        .collect())
+    Ok(Some(o))
 }
 
 /// Runs the command; the exit code.
@@ -120,10 +105,11 @@ pub async fn run(options: Options) -> Result<String, String> {
     let mut inputs = Vec::new();
     for file in &options.files {
         let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        inputs.push((
-            file.display().to_string(),
-            turns_of(&text).map_err(|e| format!("{}: {e}", file.display()))?,
-        ));
+        let read = input::read(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+        if read.iter().all(Input::is_empty) {
+            return Err(format!("{}: no request to replay in it", file.display()));
+        }
+        inputs.extend(read);
     }
     let mut figures = Vec::new();
     for &strategy in &options.strategies {
@@ -133,8 +119,8 @@ pub async fn run(options: Options) -> Result<String, String> {
             config.compaction.threshold_tokens = t;
         }
         let (mut turns, mut compactions) = (Vec::new(), 0);
-        for (_, bodies) in &inputs {
-            let (replayed, runs) = replay(&config, bodies).await?;
+        for input in &inputs {
+            let (replayed, runs) = replay(&config, input).await?;
             turns.push(replayed);
             compactions += runs;
         }
@@ -154,7 +140,7 @@ pub async fn run(options: Options) -> Result<String, String> {
 
 /// One input through abridge with `config`: what each turn showed, in order, and how
 /// many compactions ran.
-async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), String> {
+async fn replay(config: &Config, input: &Input) -> Result<(Vec<Turn>, u64), String> {
     let provider = provider::Simulated::start()
         .await
         .map_err(|e| e.to_string())?;
@@ -172,8 +158,9 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
         bind().await.map_err(|e| e.to_string())?,
     );
     let url = format!(
-        "http://{}/v1/chat/completions",
-        proxy.local_addr().map_err(|e| e.to_string())?
+        "http://{}{}",
+        proxy.local_addr().map_err(|e| e.to_string())?,
+        path(input.format)
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(crate::run(
@@ -185,11 +172,13 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
     ));
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut turns = Vec::new();
-    for (n, body) in bodies.iter().enumerate() {
-        let bytes = Bytes::from(body.to_string());
+    let format = input.format;
+    for n in 0..input.len() {
+        let bytes = Bytes::from(input.body(n).to_string());
         let request = http::Request::post(&url)
             .header("content-type", "application/json")
             .header("authorization", "Bearer replay")
+            .header("anthropic-version", "2023-06-01")
             .body(Full::new(bytes.clone()))
             .map_err(|e| e.to_string())?;
         let response = client.request(request).await.map_err(|e| e.to_string())?;
@@ -205,24 +194,22 @@ async fn replay(config: &Config, bodies: &[Value]) -> Result<(Vec<Turn>, u64), S
             .map_err(|e| e.to_string())?
             .to_bytes();
         let answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
-        let seen = provider.seen();
-        let forwarded = seen.last().cloned();
-        let (ids, sent) = (
-            history_identifiers(body),
-            forwarded_text(forwarded.as_ref()),
-        );
+        let (before, forwarded) = provider.last_two();
+        let sent = forwarded.as_ref().map_or("", |f| f.text.as_str());
+        let client = Request::parse(format, bytes).ok();
+        let ids = client.as_ref().map(history_identifiers).unwrap_or_default();
         turns.push(Turn {
             status,
             compacted,
-            client_tokens: client_tokens(&bytes),
-            provider_tokens: answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
-            stable_prefix: match (seen.len().checked_sub(2).map(|i| &seen[i]), &forwarded) {
+            client_tokens: client.as_ref().map_or(0, client_tokens),
+            provider_tokens: reported_input(&answer),
+            stable_prefix: match (&before, &forwarded) {
                 (Some(before), Some(now)) => now.messages.starts_with(&before.messages),
                 _ => true,
             },
             kept_identifiers: share(&ids, |id| sent.contains(id)),
-            recallable_identifiers: (n + 1 == bodies.len()).then(|| {
-                let recall = Recallable::of(&bytes, forwarded.as_ref(), max_tokens);
+            recallable_identifiers: (n + 1 == input.len()).then(|| {
+                let recall = Recallable::of(client.as_ref(), forwarded.as_ref(), max_tokens);
                 share(&ids, |id| sent.contains(id) || recall.returns(id))
             }),
         });
@@ -245,14 +232,29 @@ async fn wait_idle(state: &AppState) {
     }
 }
 
-/// What the client's request (its bytes, as sent) estimates, as abridge counts it.
-fn client_tokens(body: &[u8]) -> u64 {
-    crate::formats::chat::parse(body)
-        .map(|p| {
-            let model = p.request.model.as_deref().unwrap_or_default();
-            crate::tokens::Estimator::for_model(model).messages(&p.messages)
-        })
-        .unwrap_or(0)
+/// Where a format's requests go.
+fn path(format: Format) -> &'static str {
+    match format {
+        Format::Chat => "/v1/chat/completions",
+        Format::Responses => "/v1/responses",
+        Format::Messages => "/v1/messages",
+    }
+}
+
+/// The prompt tokens an answer reports, in any of the three formats (Anthropic's
+/// `input_tokens` leaves out what the cache read and wrote).
+fn reported_input(answer: &Value) -> u64 {
+    let usage = &answer["usage"];
+    let n = |k: &str| usage[k].as_u64().unwrap_or(0);
+    n("prompt_tokens")
+        + n("input_tokens")
+        + n("cache_read_input_tokens")
+        + n("cache_creation_input_tokens")
+}
+
+/// What the client's request estimates, as abridge counts it.
+fn client_tokens(request: &Request) -> u64 {
+    crate::tokens::Estimator::for_model(request.model()).messages(request.items())
 }
 
 /// The share of `ids` that `found` finds (1 for none).
@@ -272,21 +274,18 @@ struct Recallable {
 }
 
 impl Recallable {
-    fn of(bytes: &[u8], forwarded: Option<&provider::Seen>, max_tokens: u64) -> Self {
+    fn of(client: Option<&Request>, forwarded: Option<&provider::Seen>, max_tokens: u64) -> Self {
         let sent: std::collections::HashSet<&str> = forwarded
             .map(|f| f.messages.iter().map(String::as_str).collect())
             .unwrap_or_default();
-        let (corpus, model) = match crate::formats::chat::parse(bytes) {
-            Ok(parsed) => {
-                let condensed = (0..parsed.messages.len())
-                    .filter(|&i| !sent.contains(parsed.messages[i].raw.get()));
-                let corpus = crate::recall::Corpus::of_messages(&parsed.messages, condensed);
-                (
-                    corpus,
-                    parsed.request.model.unwrap_or_default().into_owned(),
-                )
+        let (corpus, model) = match client {
+            Some(request) => {
+                let items = request.items();
+                let condensed = (0..items.len()).filter(|&i| !sent.contains(items[i].raw.get()));
+                let corpus = crate::recall::Corpus::of_messages(items, condensed);
+                (corpus, request.model().to_owned())
             }
-            Err(_) => (crate::recall::Corpus::default(), String::new()),
+            None => (crate::recall::Corpus::default(), String::new()),
         };
         Self {
             corpus,
@@ -304,37 +303,16 @@ impl Recallable {
     }
 }
 
-/// The identifiers of a request's messages, read from their text (every string in them,
-/// unescaped: never a JSON escape taken for part of a path), each once.
-fn history_identifiers(body: &Value) -> Vec<String> {
+/// The identifiers of a request's history, read from what the model reads of each
+/// message (its text and tool calls, never an item's ids or metadata), each once.
+fn history_identifiers(request: &Request) -> Vec<String> {
     let mut text = String::new();
-    strings(&body["messages"], &mut text);
+    for item in request.items() {
+        text.push_str(&crate::recall::readable(item));
+        text.push('\n');
+    }
     let mut ids = identifiers(&text);
     ids.sort();
     ids.dedup();
     ids
-}
-
-/// The text of what was forwarded: every string in its messages.
-fn forwarded_text(forwarded: Option<&provider::Seen>) -> String {
-    let mut text = String::new();
-    for raw in forwarded.map_or(&[][..], |f| f.messages.as_slice()) {
-        if let Ok(value) = serde_json::from_str::<Value>(raw) {
-            strings(&value, &mut text);
-        }
-    }
-    text
-}
-
-/// Every string of `value`, each on a line of its own.
-fn strings(value: &Value, out: &mut String) {
-    match value {
-        Value::String(s) => {
-            out.push_str(s);
-            out.push('\n');
-        }
-        Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
-        Value::Object(members) => members.values().for_each(|v| strings(v, out)),
-        _ => {}
-    }
 }

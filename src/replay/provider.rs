@@ -1,20 +1,21 @@
-//! The provider `abridge replay` runs against: an OpenAI-compatible chat-completions
-//! endpoint on loopback that answers every request with a one-line reply and the usage a
-//! real provider would report (the forwarded messages counted by abridge's own
-//! estimator), records what it was sent, and answers summary requests with an offline
-//! stand-in that says so.
+//! The provider `abridge replay` runs against: chat completions, Responses and Messages
+//! on loopback (the format told by the path), answering every request with a one-line
+//! reply in its format and the usage a real provider would report (the forwarded
+//! messages counted by abridge's own estimator), recording what it was sent, and
+//! answering summary requests with an offline stand-in that says so.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use crate::formats::chat;
+use crate::conversation::Item;
+use crate::formats::{Format, Request};
 use crate::strategies::structured;
 use crate::strategies::text::identifiers;
 use crate::tokens::Estimator;
@@ -24,6 +25,22 @@ use crate::tokens::Estimator;
 pub struct Seen {
     /// Each message's exact bytes.
     pub messages: Vec<String>,
+    /// What the model reads of them ([`crate::recall::readable`]), a message a line.
+    pub text: String,
+}
+
+impl Seen {
+    fn of(items: &[Item<'_>]) -> Self {
+        let mut text = String::new();
+        for item in items {
+            text.push_str(&crate::recall::readable(item));
+            text.push('\n');
+        }
+        Self {
+            messages: items.iter().map(|m| m.raw.get().to_owned()).collect(),
+            text,
+        }
+    }
 }
 
 /// The running simulated provider.
@@ -45,9 +62,12 @@ impl Simulated {
         Ok(Self { url, seen, task })
     }
 
-    /// The forwarded requests so far, in order.
-    pub fn seen(&self) -> Vec<Seen> {
-        lock(&self.seen).clone()
+    /// The last two forwarded requests (the one before the last, the last).
+    pub fn last_two(&self) -> (Option<Seen>, Option<Seen>) {
+        let seen = lock(&self.seen);
+        let n = seen.len();
+        let at = |i: Option<usize>| i.and_then(|i| seen.get(i)).cloned();
+        (at(n.checked_sub(2)), at(n.checked_sub(1)))
     }
 }
 
@@ -61,11 +81,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Whether a request is abridge's summariser asking for a summary: its system prompt.
-fn is_summary(messages: &[Value]) -> bool {
-    messages
-        .first()
-        .is_some_and(|m| m["role"] == "system" && m["content"] == structured::SYSTEM)
+/// Whether a request is abridge's summariser asking for a summary: its system prompt
+/// (chat's first message, or Messages' `system`).
+fn is_summary(request: &Value) -> bool {
+    let first = &request["messages"][0];
+    (first["role"] == "system" && first["content"] == structured::SYSTEM)
+        || request["system"] == structured::SYSTEM
 }
 
 /// The stand-in summary: the template's sections, and the identifiers the prompt names.
@@ -83,41 +104,84 @@ fn stand_in(prompt: &str) -> String {
     )
 }
 
-async fn answer(State(seen): State<Arc<Mutex<Vec<Seen>>>>, body: Bytes) -> Response {
+/// The format a request's path names.
+fn format_of(uri: &Uri) -> Format {
+    let path = uri.path();
+    if path.ends_with("/responses") {
+        Format::Responses
+    } else if path.ends_with("/messages") {
+        Format::Messages
+    } else {
+        Format::Chat
+    }
+}
+
+async fn answer(State(seen): State<Arc<Mutex<Vec<Seen>>>>, uri: Uri, body: Bytes) -> Response {
     let Ok(request) = serde_json::from_slice::<Value>(&body) else {
         return (StatusCode::BAD_REQUEST, "not JSON").into_response();
     };
+    let format = format_of(&uri);
     let model = request["model"].as_str().unwrap_or("replay").to_owned();
-    let empty = Vec::new();
-    let messages = request["messages"].as_array().unwrap_or(&empty);
-    let (content, prompt_tokens) = if is_summary(messages) {
-        let prompt = messages.last().and_then(|m| m["content"].as_str());
+    let (content, prompt_tokens) = if is_summary(&request) {
+        let last = &request["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned();
+        let prompt = last.as_ref().and_then(|m| m["content"].as_str());
         (stand_in(prompt.unwrap_or_default()), 0)
     } else {
-        let (tokens, raw) = match chat::parse(&body) {
+        let (tokens, forwarded) = match Request::parse(format, body) {
             Ok(parsed) => (
-                Estimator::for_model(&model).messages(&parsed.messages),
-                parsed
-                    .messages
-                    .iter()
-                    .map(|m| m.raw.get().to_owned())
-                    .collect(),
+                Estimator::for_model(&model).messages(parsed.items()),
+                Seen::of(parsed.items()),
             ),
-            Err(_) => (0, Vec::new()),
+            Err(_) => (0, Seen::of(&[])),
         };
-        lock(&seen).push(Seen { messages: raw });
+        // The last two are all replay compares.
+        let mut seen = lock(&seen);
+        if seen.len() == 2 {
+            seen.remove(0);
+        }
+        seen.push(forwarded);
         ("Noted; carrying on.".to_owned(), tokens)
     };
-    let reply = json!({
-        "id": "replay",
-        "object": "chat.completion",
-        "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5,
-                  "total_tokens": prompt_tokens + 5},
-    });
-    axum::Json(reply).into_response()
+    axum::Json(reply(format, &model, &content, prompt_tokens)).into_response()
+}
+
+/// A whole answer of `format` saying `content`, with its usage.
+fn reply(format: Format, model: &str, content: &str, prompt_tokens: u64) -> Value {
+    match format {
+        Format::Chat => json!({
+            "id": "replay",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5,
+                      "total_tokens": prompt_tokens + 5},
+        }),
+        Format::Responses => json!({
+            "id": "resp_replay",
+            "object": "response",
+            "status": "completed",
+            "model": model,
+            "output": [{"type": "message", "id": "msg_replay", "status": "completed",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": content, "annotations": []}]}],
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 5,
+                      "total_tokens": prompt_tokens + 5},
+        }),
+        Format::Messages => json!({
+            "id": "msg_replay",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": content}],
+            "stop_reason": "end_turn",
+            "stop_sequence": null,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 5},
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -126,11 +190,15 @@ mod tests {
 
     #[test]
     fn a_summary_request_is_told_by_the_summarisers_own_prompt() {
-        let summary = json!([{"role": "system", "content": structured::SYSTEM},
-                             {"role": "user", "content": "transcript"}]);
-        assert!(is_summary(summary.as_array().unwrap()));
-        let chat = json!([{"role": "system", "content": "You write handoff summaries, say it."},
-                          {"role": "user", "content": "hi"}]);
-        assert!(!is_summary(chat.as_array().unwrap()));
+        let summary = json!({"messages": [{"role": "system", "content": structured::SYSTEM},
+                                          {"role": "user", "content": "transcript"}]});
+        assert!(is_summary(&summary));
+        let messages = json!({"system": structured::SYSTEM,
+                              "messages": [{"role": "user", "content": "transcript"}]});
+        assert!(is_summary(&messages));
+        let chat = json!({"messages": [
+            {"role": "system", "content": "You write handoff summaries, say it."},
+            {"role": "user", "content": "hi"}]});
+        assert!(!is_summary(&chat));
     }
 }

@@ -1,11 +1,13 @@
 //! `abridge replay` as a user runs it: the binary on the shipped conversations, its
-//! table, its JSON figures and its HTML page, a JSONL input, and bad arguments.
+//! table, its JSON figures and its HTML page, a JSONL input, its help, and bad
+//! arguments and input. [`sessions`] replays the session files the real Claude Code and
+//! Codex CLI wrote in their tests.
 
 use std::process::Command;
 
 use serde_json::Value;
 
-fn replay(args: &[&str]) -> std::process::Output {
+pub(super) fn replay(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_abridge"))
         .arg("replay")
         .args(args)
@@ -124,4 +126,81 @@ fn bad_arguments_exit_2_and_say_why() {
     let out = replay(&["tests/data/conversations/missing.json"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.json"));
+}
+
+#[test]
+fn help_is_an_answer_not_an_error() {
+    for args in [&["--help"][..], &["-h"], &["--json", "--help"]] {
+        let out = replay(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        for names in [
+            "Claude Code",
+            "Codex",
+            "--strategy",
+            "--threshold",
+            "--html",
+        ] {
+            assert!(help.contains(names), "{args:?}: {help}");
+        }
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_abridge"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("abridge replay --help"));
+}
+
+#[test]
+fn a_bad_line_is_named_by_the_file_and_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("turns.jsonl");
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    std::fs::write(&file, format!("{body}\n{body}\n{{\"model\": tru\n")).unwrap();
+    let out = replay(&[file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        error.contains(&format!("{}: line 3, column ", file.display())),
+        "{error}"
+    );
+}
+
+/// Session files an agent wrote under `dir` (each `.jsonl` whose path contains `within`),
+/// copied to `target/artifacts/sessions/<kind>/` for whoever wants to see what the real
+/// client writes, and replayed: the figures, as JSON.
+pub(super) fn sessions(dir: &std::path::Path, within: &str, kind: &str) -> Value {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "jsonl")
+                && path.to_string_lossy().contains(within)
+            {
+                files.push(path);
+            }
+        }
+    }
+    assert!(!files.is_empty(), "no session file under {}", dir.display());
+    let keep = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/artifacts/sessions")
+        .join(kind);
+    std::fs::create_dir_all(&keep).unwrap();
+    for file in &files {
+        std::fs::copy(file, keep.join(file.file_name().unwrap())).unwrap();
+    }
+    let mut args = vec!["--json", "--threshold", "2000", "--strategy", "recency"];
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    args.extend(names.iter().map(String::as_str));
+    let out = replay(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -1,0 +1,297 @@
+//! What `abridge replay` reads: an input file's format, found by itself, and the
+//! requests its client sent (or would have sent) turn by turn. An input is request
+//! bodies — chat completions, Responses or Messages, JSON (one request, replayed growing
+//! one turn at a time) or JSONL (one body per turn, as sent) — or an agent's own session
+//! file, which [`sessions`] turns into the requests the agent made: a Claude Code
+//! transcript (`~/.claude/projects/*/*.jsonl`) or a Codex CLI rollout
+//! (`~/.codex/sessions/**/rollout-*.jsonl`).
+//!
+//! A growing history is kept once and each turn's body is built when it is sent, so
+//! what replay holds stays linear in the input.
+
+use serde_json::{Map, Value};
+
+use super::sessions;
+use crate::formats::Format;
+
+/// One conversation to replay.
+#[derive(Debug)]
+pub struct Input {
+    pub format: Format,
+    /// What the file was: `chat`, `responses`, `messages`, `claude-code`, `codex`.
+    pub kind: &'static str,
+    turns: Turns,
+}
+
+#[derive(Debug)]
+enum Turns {
+    /// Request bodies as sent, one per turn.
+    Bodies(Vec<Value>),
+    /// One request whose list grows: turn `k` sends `items[..cuts[k]]` as `key`.
+    Growing {
+        base: Map<String, Value>,
+        key: &'static str,
+        items: Vec<Value>,
+        cuts: Vec<usize>,
+    },
+}
+
+impl Input {
+    /// A request of `format` whose `key` list grows: a turn per cut.
+    pub(super) fn growing(
+        format: Format,
+        kind: &'static str,
+        base: Map<String, Value>,
+        items: Vec<Value>,
+        cuts: Vec<usize>,
+    ) -> Self {
+        let key = list_key(format);
+        Self {
+            format,
+            kind,
+            turns: Turns::Growing {
+                base,
+                key,
+                items,
+                cuts,
+            },
+        }
+    }
+
+    /// How many requests it replays.
+    pub fn len(&self) -> usize {
+        match &self.turns {
+            Turns::Bodies(bodies) => bodies.len(),
+            Turns::Growing { cuts, .. } => cuts.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Turn `k`'s request body.
+    pub fn body(&self, k: usize) -> Value {
+        match &self.turns {
+            Turns::Bodies(bodies) => bodies[k].clone(),
+            Turns::Growing {
+                base,
+                key,
+                items,
+                cuts,
+            } => {
+                let mut body = base.clone();
+                body.insert((*key).to_owned(), Value::from(items[..cuts[k]].to_vec()));
+                Value::Object(body)
+            }
+        }
+    }
+}
+
+/// The member holding a format's history.
+pub fn list_key(format: Format) -> &'static str {
+    match format {
+        Format::Responses => "input",
+        Format::Chat | Format::Messages => "messages",
+    }
+}
+
+/// The conversations of one file's `text` (an agent's session file can hold several:
+/// one per compaction it made itself). Errors name the line.
+pub fn read(text: &str) -> Result<Vec<Input>, String> {
+    if let Ok(whole @ Value::Object(_)) = serde_json::from_str::<Value>(text)
+        && ["request", "messages", "input"]
+            .iter()
+            .any(|k| whole.get(k).is_some())
+    {
+        let request = match whole.get("request") {
+            Some(request) => request.clone(),
+            None => whole,
+        };
+        return Ok(vec![one_request(request)?]);
+    }
+    let mut lines = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(line).map_err(|e| at_line(n + 1, &e))?;
+        lines.push((n + 1, value));
+    }
+    let Some((_, first)) = lines.first() else {
+        return Err("empty: no request in it".into());
+    };
+    if lines.iter().any(|(_, l)| sessions::is_codex(l)) {
+        return sessions::codex(&lines);
+    }
+    if lines.iter().any(|(_, l)| sessions::is_claude_code(l)) {
+        return sessions::claude_code(&lines);
+    }
+    let format = format_of(first).ok_or_else(|| {
+        "line 1: neither a request body (chat completions, Responses, Messages), a Claude \
+         Code transcript line nor a Codex rollout line"
+            .to_owned()
+    })?;
+    for (n, body) in &lines {
+        if format_of(body).is_none() {
+            return Err(format!(
+                "line {n}: not a request body like line 1 (no messages or input)"
+            ));
+        }
+    }
+    Ok(vec![Input {
+        format,
+        kind: format.name(),
+        turns: Turns::Bodies(lines.into_iter().map(|(_, v)| v).collect()),
+    }])
+}
+
+/// A JSON error at line `n` of the file, its column kept (serde's own "line 1" is the
+/// line's, not the file's).
+fn at_line(n: usize, e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    let message = message.strip_suffix(&suffix).unwrap_or(&message);
+    format!("line {n}, column {}: not JSON: {message}", e.column())
+}
+
+/// A request body's format: Responses by `input`; Messages by what only Anthropic's
+/// format has (a top-level `system`, content blocks of its own types); chat otherwise.
+fn format_of(body: &Value) -> Option<Format> {
+    if body.get("messages").is_none() {
+        return body.get("input").map(|_| Format::Responses);
+    }
+    let anthropic_block = |m: &Value| {
+        m["content"].as_array().is_some_and(|blocks| {
+            blocks.iter().any(|b| {
+                matches!(
+                    b["type"].as_str(),
+                    Some("tool_use" | "tool_result" | "thinking" | "redacted_thinking")
+                )
+            })
+        })
+    };
+    let messages = body["messages"].as_array()?;
+    let anthropic = body.get("system").is_some() || messages.iter().any(anthropic_block);
+    Some(if anthropic {
+        Format::Messages
+    } else {
+        Format::Chat
+    })
+}
+
+/// One request, replayed growing: chat a turn per user message (as before), Responses
+/// and Messages a turn per request the model answered (before each run of its output).
+fn one_request(request: Value) -> Result<Input, String> {
+    let format = format_of(&request).ok_or("the request has no messages or input")?;
+    let key = list_key(format);
+    let Value::Object(mut base) = request else {
+        return Err("the request is not a JSON object".into());
+    };
+    let items = match base.remove(key) {
+        Some(Value::Array(items)) => items,
+        _ => return Err(format!("the request's {key} is not an array")),
+    };
+    base.insert("stream".into(), Value::Bool(false));
+    let cuts = match format {
+        Format::Chat => (0..items.len())
+            .filter(|&k| items[k]["role"] == "user")
+            .map(|k| k + 1)
+            .collect(),
+        Format::Responses | Format::Messages => cuts(&items, |item| is_output(format, item)),
+    };
+    Ok(Input::growing(format, format.name(), base, items, cuts))
+}
+
+/// Whether an item is the model's (an answer, a call, reasoning) rather than the client's.
+pub(super) fn is_output(format: Format, item: &Value) -> bool {
+    match format {
+        Format::Chat | Format::Messages => item["role"] == "assistant",
+        Format::Responses => match item["type"].as_str() {
+            Some("message") | None => item["role"] == "assistant",
+            Some(kind) => matches!(
+                kind,
+                "reasoning"
+                    | "function_call"
+                    | "custom_tool_call"
+                    | "local_shell_call"
+                    | "web_search_call"
+                    | "image_generation_call"
+            ),
+        },
+    }
+}
+
+/// Where each request ends: before every run of the model's output, and at the end when
+/// the client spoke last.
+pub(super) fn cuts(items: &[Value], output: impl Fn(&Value) -> bool) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    let mut last_was_input = false;
+    for (k, item) in items.iter().enumerate() {
+        let out = output(item);
+        if out && last_was_input {
+            cuts.push(k);
+        }
+        last_was_input = !out;
+    }
+    if last_was_input {
+        cuts.push(items.len());
+    }
+    cuts
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_bad_line_is_named_by_its_line_in_the_file() {
+        let text = format!(
+            "{}\n\n{}\n{{\"model\": \n",
+            json!({"messages": [{"role": "user", "content": "a"}]}),
+            json!({"messages": [{"role": "user", "content": "b"}]}),
+        );
+        let e = read(&text).unwrap_err();
+        assert!(e.starts_with("line 4, column "), "{e}");
+        assert!(!e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn each_body_format_is_found_by_itself() {
+        let chat = json!({"model": "m", "messages": [{"role": "system", "content": "s"},
+                                                   {"role": "user", "content": "hi"}]});
+        let messages = json!({"model": "m", "max_tokens": 9, "system": "s",
+                              "messages": [{"role": "user", "content": "hi"}]});
+        let responses = json!({"model": "m", "input": "hi"});
+        for (body, format) in [
+            (chat, Format::Chat),
+            (messages, Format::Messages),
+            (responses, Format::Responses),
+        ] {
+            let inputs = read(&format!("{body}\n{body}\n")).unwrap();
+            assert_eq!((inputs[0].format, inputs[0].len()), (format, 2), "{body}");
+        }
+    }
+
+    #[test]
+    fn a_responses_request_grows_a_turn_per_answered_request() {
+        let request = json!({"model": "m", "stream": true, "input": [
+            {"type": "message", "role": "user", "content": "fix it"},
+            {"type": "reasoning", "summary": []},
+            {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            {"type": "message", "role": "assistant", "content": "done"},
+            {"type": "message", "role": "user", "content": "thanks"},
+        ]});
+        let inputs = read(&request.to_string()).unwrap();
+        let input = &inputs[0];
+        assert_eq!((input.format, input.len()), (Format::Responses, 3));
+        let sizes: Vec<usize> = (0..3)
+            .map(|k| input.body(k)["input"].as_array().unwrap().len())
+            .collect();
+        assert_eq!(sizes, [1, 4, 6]);
+        assert_eq!(input.body(0)["stream"], false);
+    }
+}

@@ -1,0 +1,228 @@
+use serde_json::{Value, json};
+
+use super::super::input::read;
+use crate::formats::Format;
+
+fn jsonl(lines: &[Value]) -> String {
+    lines.iter().map(|l| format!("{l}\n")).collect()
+}
+
+fn record(uuid: &str, parent: Option<&str>, kind: &str, message: Value) -> Value {
+    json!({"type": kind, "uuid": uuid, "parentUuid": parent, "isSidechain": false,
+           "sessionId": "s1", "timestamp": "2026-12-01T10:00:00Z", "message": message})
+}
+
+fn answer_line(uuid: &str, parent: &str, id: &str, block: Value) -> Value {
+    record(
+        uuid,
+        Some(parent),
+        "assistant",
+        json!({"id": id, "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+               "content": [block], "stop_reason": null,
+               "usage": {"input_tokens": 10, "output_tokens": 5}}),
+    )
+}
+
+#[test]
+fn a_claude_code_transcript_is_the_chain_from_its_newest_record_as_messages_requests() {
+    let lines = [
+        json!({"type": "summary", "summary": "Fixing the parser", "leafUuid": "u6"}),
+        record(
+            "u1",
+            None,
+            "user",
+            json!({"role": "user", "content": "Fix the parser."}),
+        ),
+        // One answer, written a line per block.
+        answer_line(
+            "a1",
+            "u1",
+            "msg_1",
+            json!({"type": "text", "text": "Looking."}),
+        ),
+        answer_line(
+            "a2",
+            "a1",
+            "msg_1",
+            json!({"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "cargo test"}}),
+        ),
+        record(
+            "u2",
+            Some("a2"),
+            "user",
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "1 failed"}]}),
+        ),
+        // A dead branch: an answer the user rewound.
+        answer_line(
+            "x1",
+            "u2",
+            "msg_x",
+            json!({"type": "text", "text": "abandoned"}),
+        ),
+        answer_line(
+            "a3",
+            "u2",
+            "msg_2",
+            json!({"type": "text", "text": "Fixed."}),
+        ),
+        json!({"type": "system", "subtype": "turn_duration", "uuid": "s1", "parentUuid": "a3", "durationMs": 5}),
+        record(
+            "u3",
+            Some("s1"),
+            "user",
+            json!({"role": "user", "content": "Thanks; now the docs."}),
+        ),
+        // An API error Claude Code wrote itself.
+        json!({"type": "assistant", "uuid": "e1", "parentUuid": "u3", "isApiErrorMessage": true,
+               "message": {"role": "assistant", "model": "<synthetic>", "content": [{"type": "text", "text": "API Error"}]}}),
+    ];
+    let inputs = read(&jsonl(&lines)).unwrap();
+    assert_eq!(inputs.len(), 1);
+    let input = &inputs[0];
+    assert_eq!(
+        (input.format, input.kind),
+        (Format::Messages, "claude-code")
+    );
+    // A request before each answer, and the last (unanswered) one.
+    assert_eq!(input.len(), 3);
+    let last = input.body(2);
+    assert_eq!(last["model"], "claude-sonnet-4-5");
+    assert_eq!(last["stream"], false);
+    let messages = last["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant", "user"]);
+    assert_eq!(
+        messages[1]["content"].as_array().unwrap().len(),
+        2,
+        "text and tool_use"
+    );
+    let text = last.to_string();
+    assert!(!text.contains("abandoned"), "the dead branch is left out");
+    assert!(!text.contains("API Error"));
+    assert_eq!(input.body(1)["messages"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn claude_codes_own_compaction_starts_a_conversation_of_its_own() {
+    let lines = [
+        record(
+            "u1",
+            None,
+            "user",
+            json!({"role": "user", "content": "Start."}),
+        ),
+        answer_line(
+            "a1",
+            "u1",
+            "msg_1",
+            json!({"type": "text", "text": "Started."}),
+        ),
+        json!({"type": "system", "subtype": "compact_boundary", "uuid": "c1", "parentUuid": null,
+               "logicalParentUuid": "a1", "content": "Conversation compacted",
+               "compactMetadata": {"trigger": "auto", "preTokens": 2048}}),
+        json!({"type": "user", "uuid": "u2", "parentUuid": "c1", "isCompactSummary": true,
+               "message": {"role": "user", "content": "This session is being continued…"}}),
+        answer_line(
+            "a2",
+            "u2",
+            "msg_2",
+            json!({"type": "text", "text": "Continuing."}),
+        ),
+        record(
+            "u3",
+            Some("a2"),
+            "user",
+            json!({"role": "user", "content": "Go on."}),
+        ),
+    ];
+    let inputs = read(&jsonl(&lines)).unwrap();
+    assert_eq!(inputs.len(), 2);
+    assert_eq!(inputs[0].len(), 1);
+    assert_eq!(inputs[1].len(), 2);
+    let after = inputs[1].body(1).to_string();
+    assert!(after.contains("being continued") && !after.contains("Start."));
+}
+
+fn codex_line(kind: &str, payload: Value) -> Value {
+    json!({"timestamp": "2026-12-01T10:00:00Z", "type": kind, "payload": payload})
+}
+
+#[test]
+fn a_codex_rollout_is_its_response_items_as_responses_requests() {
+    let lines = [
+        codex_line(
+            "session_meta",
+            json!({"id": "r1", "cli_version": "0.63.0", "base_instructions": {"text": "You are Codex."}}),
+        ),
+        codex_line(
+            "response_item",
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix it."}]}),
+        ),
+        codex_line(
+            "event_msg",
+            json!({"type": "user_message", "message": "Fix it."}),
+        ),
+        codex_line("turn_context", json!({"model": "gpt-5.1-codex"})),
+        codex_line(
+            "response_item",
+            json!({"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}),
+        ),
+        codex_line(
+            "response_item",
+            json!({"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c1"}),
+        ),
+        codex_line(
+            "response_item",
+            json!({"type": "function_call_output", "call_id": "c1", "output": "ok"}),
+        ),
+        codex_line(
+            "response_item",
+            json!({"type": "ghost_snapshot", "ghost_commit": {}}),
+        ),
+        codex_line(
+            "response_item",
+            json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]}),
+        ),
+        codex_line(
+            "compacted",
+            json!({"message": "", "replacement_history": [
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Summary: fixed."}]}]}),
+        ),
+        codex_line(
+            "response_item",
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Next."}]}),
+        ),
+    ];
+    let inputs = read(&jsonl(&lines)).unwrap();
+    assert_eq!(inputs.len(), 2);
+    let (before, after) = (&inputs[0], &inputs[1]);
+    assert_eq!((before.format, before.kind), (Format::Responses, "codex"));
+    assert_eq!(before.len(), 2, "before the reasoning, before the answer");
+    let body = before.body(1);
+    assert_eq!(body["model"], "gpt-5.1-codex");
+    assert_eq!(body["instructions"], "You are Codex.");
+    assert_eq!(body["input"].as_array().unwrap().len(), 4);
+    assert!(
+        !body.to_string().contains("ghost"),
+        "only what Codex sends the model"
+    );
+    assert_eq!(after.len(), 1);
+    assert_eq!(after.body(0)["input"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn an_older_codex_rollout_without_the_envelope_is_read_too() {
+    let lines = [
+        json!({"id": "r0", "timestamp": "2025-08-18T01:16:13.522Z", "instructions": null, "git": {}}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}),
+        json!({"record_type": "state"}),
+        json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello"}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Bye"}]}),
+    ];
+    let inputs = read(&jsonl(&lines)).unwrap();
+    assert_eq!(inputs.len(), 1);
+    assert_eq!(inputs[0].len(), 2);
+}
