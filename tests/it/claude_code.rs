@@ -3,7 +3,8 @@
 //! front of the fake provider (Anthropic's rules, strict alternation): `claude -p` and
 //! `claude -p --continue` carry one session over several turns, its conversation is
 //! compacted, and every turn still completes; a fact stated in the second turn, condensed
-//! since, comes back through a streamed recall. `#[ignore]`d for a bare `cargo test`.
+//! since, comes back through a streamed recall; the transcript it wrote replays through
+//! `abridge replay`. `#[ignore]`d for a bare `cargo test`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -113,4 +114,11 @@ async fn claude_code_sessions_are_compacted_and_carry_on() {
     assert_eq!(stats.responses_4xx + stats.responses_5xx, 0, "{stats:?}");
     assert!(stats.compactions_total() > 0, "compacted: {stats:?}");
     assert!(stats.checkpoints_applied > 0, "{stats:?}");
+
+    // What Claude Code wrote of the session replays: a request per answer it got.
+    let figures = crate::replay::sessions(&home.path().join(".claude/projects"), "", "claude-code");
+    let recency = &figures["strategies"]["recency"];
+    assert!(recency["turns"].as_u64().unwrap() >= 9, "{figures}");
+    assert_eq!(recency["all_succeeded"], true, "{figures}");
+    assert!(recency["compactions"].as_u64().unwrap() >= 1, "{figures}");
 }

@@ -3,8 +3,8 @@
 //! (`wire_api = "responses"`) in front of the fake provider: `codex exec` and
 //! `codex exec resume --last` carry one session over several turns, its conversation
 //! is compacted, and every turn still completes; a fact stated in the second turn,
-//! condensed since, comes back through a streamed recall. `#[ignore]`d for a bare
-//! `cargo test`.
+//! condensed since, comes back through a streamed recall; the rollout it wrote replays
+//! through `abridge replay`. `#[ignore]`d for a bare `cargo test`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -148,4 +148,11 @@ async fn codex_cli_sessions_are_compacted_and_carry_on() {
         stats.usage_reports, stats.responses_api_requests,
         "usage read from every stream"
     );
+
+    // What Codex wrote of the session replays: a request per answer it got.
+    let figures = crate::replay::sessions(&home.path().join("sessions"), "rollout-", "codex");
+    let recency = &figures["strategies"]["recency"];
+    assert!(recency["turns"].as_u64().unwrap() >= 9, "{figures}");
+    assert_eq!(recency["all_succeeded"], true, "{figures}");
+    assert!(recency["compactions"].as_u64().unwrap() >= 1, "{figures}");
 }
