@@ -74,6 +74,22 @@ async fn compacted_chat_of(proxy: &Proxy, tenant: &str, notes: &str) -> Vec<Valu
     panic!("never compacted");
 }
 
+/// `/admin/conversations/{id}` once it counts `recalls` (recorded after the answer is
+/// sent), or as it is after 5 s.
+pub(super) async fn recalls_shown(proxy: &Proxy, id: &str, recalls: u64) -> Value {
+    let mut shown = Value::Null;
+    for _ in 0..50 {
+        shown = proxy
+            .admin_json(&format!("/admin/conversations/{id}"), ADMIN_TOKEN)
+            .await;
+        if shown["state"]["recalls"] == recalls {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    shown
+}
+
 /// The bodies the provider received after its first `before` requests.
 pub(super) fn rounds_since(provider: &FakeProvider, before: usize) -> Vec<Value> {
     provider.requests()[before..]
@@ -168,16 +184,7 @@ async fn an_elided_fact_comes_back_through_a_recall_the_client_never_sees() {
         .to_str()
         .unwrap()
         .to_owned();
-    let mut shown = Value::Null;
-    for _ in 0..50 {
-        shown = proxy
-            .admin_json(&format!("/admin/conversations/{id}"), ADMIN_TOKEN)
-            .await;
-        if shown["state"]["recalls"] == 1 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let shown = recalls_shown(&proxy, &id, 1).await;
     assert_eq!(shown["state"]["recalls"], 1, "{shown}");
 
     // The next turn is forwarded with the same tool bytes: the prompt cache holds.

@@ -8,8 +8,8 @@ use crate::common::claude::from_stream;
 use crate::common::client;
 use crate::common::responses::terminal_response;
 use crate::recall::{
-    ADMIN_TOKEN, FACT, QUESTION, Wire, compacted_chat, post, rounds_since, setup, setup_of,
-    setup_with,
+    ADMIN_TOKEN, FACT, QUESTION, Wire, compacted_chat, post, recalls_shown, rounds_since, setup,
+    setup_of, setup_with,
 };
 
 /// The `data:` payloads of a stream, in order.
@@ -109,16 +109,7 @@ async fn a_streamed_chat_recalls_within_one_stream() {
         .to_str()
         .unwrap()
         .to_owned();
-    let mut shown = Value::Null;
-    for _ in 0..50 {
-        shown = proxy
-            .admin_json(&format!("/admin/conversations/{id}"), ADMIN_TOKEN)
-            .await;
-        if shown["state"]["recalls"] == 1 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let shown = recalls_shown(&proxy, &id, 1).await;
     assert_eq!(shown["state"]["recalls"], 1, "{shown}");
 
     // A client that did not ask for usage gets none (abridge asked on its behalf).
@@ -322,15 +313,6 @@ async fn a_restarted_abridge_on_redis_recalls_through_the_checkpoint_it_kept() {
     let (_, text, _) = chat_stream(&sse);
     assert!(text.contains("port 6543"), "{sse}");
     assert!(!sse.contains("abridge_recall"), "{sse}");
-    let mut shown = Value::Null;
-    for _ in 0..50 {
-        shown = second
-            .admin_json(&format!("/admin/conversations/{id}"), ADMIN_TOKEN)
-            .await;
-        if shown["state"]["recalls"] == 1 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let shown = recalls_shown(&second, &id, 1).await;
     assert_eq!(shown["state"]["recalls"], 1, "counted in Redis: {shown}");
 }
