@@ -107,7 +107,10 @@ pub fn decide<'c>(
         head_tokens: prediction.head,
         appended: prediction.appended,
         growth,
-        ratio: 1.0,
+        // Until a compaction needs the exact one: the ratio learned from the reports
+        // (what a forwarded request's saving is scaled by to be counted as the
+        // provider counts).
+        ratio: usage.map_or(1.0, |u| f64::from(u.ratio_permille.max(1)) / 1000.0),
         usage,
         active,
         deepest: matching.first().copied(),

@@ -137,9 +137,12 @@ impl Compactor {
         let dry = reason == Reason::Preview;
         match decided.action {
             Action::Forward if observe => {}
-            Action::Forward => {
-                self.use_checkpoint(&mut decision, decided.active, decided.predicted, dry)
-            }
+            Action::Forward => self.use_checkpoint(
+                &mut decision,
+                decided.active,
+                (decided.predicted, decided.ratio),
+                dry,
+            ),
             Action::Apply {
                 checkpoint,
                 estimate,
@@ -147,12 +150,22 @@ impl Compactor {
             Action::Apply {
                 checkpoint,
                 estimate,
-            } => self.use_checkpoint(&mut decision, Some(checkpoint), estimate, dry),
+            } => self.use_checkpoint(
+                &mut decision,
+                Some(checkpoint),
+                (estimate, decided.ratio),
+                dry,
+            ),
             Action::Compact { trigger, .. }
                 if !dry && self.defers(turn, &decided, trigger, reason, decision.strategy) =>
             {
                 self.stats.summary_deferred();
-                self.use_checkpoint(&mut decision, decided.active, decided.predicted, false);
+                self.use_checkpoint(
+                    &mut decision,
+                    decided.active,
+                    (decided.predicted, decided.ratio),
+                    false,
+                );
                 decision.report.add_note(format!(
                     "{}: the summary is built in the background once it refills; forwarded with the checkpoint in force",
                     tenants::Refusal::RateLimited.reason()
@@ -276,9 +289,12 @@ impl Compactor {
                 if observe {
                     self.observe(decision, &checkpoint, estimate, dry);
                 } else {
-                    self.use_checkpoint(decision, Some(&checkpoint), estimate, dry);
-                    decision.report.tokens_before =
-                        Some(decided.predicted.max(checkpoint.tokens_before));
+                    self.use_checkpoint(decision, Some(&checkpoint), (estimate, ratio), dry);
+                    decision.report.tokens_before = Some(
+                        decided
+                            .predicted
+                            .max(scaled(checkpoint.tokens_before, ratio)),
+                    );
                     if let Some(note) = plan_note {
                         decision.report.add_note(note);
                     }
@@ -298,7 +314,7 @@ impl Compactor {
                 if !dry {
                     self.stats.anti_thrash(case);
                 }
-                self.use_checkpoint(decision, active, decided.predicted, dry);
+                self.use_checkpoint(decision, active, (decided.predicted, ratio), dry);
                 decision.report.add_note(format!(
                     "not compacted: the leading system messages and the final turn alone are about {} tokens, over the threshold of {threshold} ({}); forwarded as it was",
                     scaled(estimate, ratio),
@@ -306,24 +322,26 @@ impl Compactor {
                 ));
             }
             Err(cannot) => {
-                self.use_checkpoint(decision, active, decided.predicted, dry);
+                self.use_checkpoint(decision, active, (decided.predicted, ratio), dry);
                 decision.report.add_note(format!("not compacted: {cannot}"));
             }
         }
     }
 
+    /// `estimate`: the forwarded request's, in the provider's units (`ratio`: the
+    /// provider's count over abridge's estimate, which a checkpoint's own figures are in).
     fn use_checkpoint(
         &self,
         decision: &mut Decision,
         checkpoint: Option<&Checkpoint>,
-        estimate: u64,
+        (estimate, ratio): (u64, f64),
         dry: bool,
     ) {
         decision.estimate = estimate;
         let Some(c) = checkpoint else {
             return;
         };
-        let saved = c.tokens_before.saturating_sub(c.tokens_after);
+        let saved = scaled(c.tokens_before.saturating_sub(c.tokens_after), ratio);
         let report = &mut decision.report;
         report.compacted = true;
         report.strategy = Some(c.strategy);
