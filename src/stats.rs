@@ -15,6 +15,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
+#[macro_use]
+mod table;
+
 use crate::outcome::{Trigger, Uncompactable};
 use crate::relay::{End, Outcome};
 use crate::strategies::Strategy;
@@ -157,89 +160,6 @@ struct PhaseLabel {
     phase: Phase,
 }
 
-/// The metric table: every metric declared once, in the order of `/metrics` and of the
-/// `/admin/stats` JSON. It generates [`Stats`] (one field per metric), its `Default`,
-/// [`Stats::register`], [`Snapshot`], [`Stats::snapshot`] and the plain counters' methods.
-///
-/// A plain counter is one entry — the snapshot field's doc, then
-/// `field: "metric_name", "Help text" => fn record;` — and becomes a `Counter` field,
-/// the metric `abridge_<metric_name>`, the snapshot field `field` with its value and, when
-/// named, the method `record(&self)` that counts one (without it, a hand-written method
-/// below adds to it). A hand-built metric (labels, a gauge, a histogram) gives its type
-/// and constructor, then the snapshot fields it feeds, each read by a closure over
-/// `&Stats`: `field: Type = constructor, "metric_name", "Help text" => { name: u64 = |s| .. };`.
-macro_rules! metrics {
-    // A plain counter, rewritten into the hand-built form.
-    (@munch [$($done:tt)*]
-        $(#[$doc:meta])* $field:ident: $metric:literal, $help:literal $(=> fn $inc:ident)?;
-        $($rest:tt)*
-    ) => {
-        metrics!(@munch [$($done)*
-            [$field: Counter = Counter::default(), $metric, $help, [$($inc)?] => {
-                $(#[$doc])* $field: u64 = |s: &Stats| s.$field.get()
-            }]
-        ] $($rest)*);
-    };
-    (@munch [$($done:tt)*]
-        $field:ident: $ty:ty = $init:expr, $metric:literal, $help:literal => { $($snap:tt)* };
-        $($rest:tt)*
-    ) => {
-        metrics!(@munch [$($done)*
-            [$field: $ty = $init, $metric, $help, [] => { $($snap)* }]
-        ] $($rest)*);
-    };
-    (@munch [$(
-        [$field:ident: $ty:ty = $init:expr, $metric:literal, $help:literal, [$($inc:ident)?] => {
-            $($(#[$doc:meta])* $snap:ident: $sty:ty = $read:expr),* $(,)?
-        }]
-    )*]) => {
-        /// The metrics. Cloning shares them (every handle is an `Arc` inside).
-        #[derive(Debug, Clone)]
-        pub struct Stats {
-            $($field: $ty,)*
-        }
-
-        impl Default for Stats {
-            fn default() -> Self {
-                Self {
-                    $($field: $init,)*
-                }
-            }
-        }
-
-        /// A point-in-time copy of the counters, for `/admin/stats` and the tests.
-        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-        pub struct Snapshot {
-            $($($(#[$doc])* pub $snap: $sty,)*)*
-        }
-
-        impl Stats {
-            /// Registers every metric under the `abridge` prefix.
-            pub fn register(&self, registry: &mut Registry) {
-                let r = registry.sub_registry_with_prefix("abridge");
-                $(r.register($metric, $help, self.$field.clone());)*
-            }
-
-            /// The figures as numbers. Reads only series that exist (`get`, not
-            /// `get_or_create`), so asking for a snapshot adds no zero series to `/metrics`.
-            pub fn snapshot(&self) -> Snapshot {
-                Snapshot {
-                    $($($snap: read(self, $read),)*)*
-                }
-            }
-
-            $($(
-                pub fn $inc(&self) {
-                    self.$field.inc();
-                }
-            )?)*
-        }
-    };
-    ($($entries:tt)*) => {
-        metrics!(@munch [] $($entries)*);
-    };
-}
-
 metrics! {
     requests: Family<RequestLabels, Counter> = Family::default(),
         "requests", "Requests received on /v1, by route and response status class" => {
@@ -309,6 +229,20 @@ metrics! {
     /// `cached_tokens`, Anthropic's `cache_read_input_tokens`).
     cached_tokens_reported: "cached_tokens_reported",
         "Prompt tokens the provider reported as served from its prompt cache";
+    /// Prompt tokens the provider reported as written to its prompt cache (Anthropic's
+    /// `cache_creation_input_tokens`).
+    cache_write_tokens_reported: "cache_write_tokens_reported",
+        "Prompt tokens the provider reported as written to its prompt cache";
+    /// Prompt tokens the clients' requests held, counted as the provider counts: its own
+    /// count for a request forwarded as sent; for a compacted one, abridge's estimate of
+    /// the request as sent scaled by the provider's count over abridge's estimate of what
+    /// was forwarded. Requests whose usage was read.
+    client_prompt_tokens: "client_prompt_tokens",
+        "Prompt tokens the clients' requests held, counted as the provider counts (requests whose usage was read)";
+    /// `client_prompt_tokens` less what the provider reported for those requests: each
+    /// request's saving counted once.
+    tokens_saved: "tokens_saved",
+        "Prompt tokens compaction kept from the provider, counted as the provider counts, each request once";
     /// Responses whose encoding abridge could not decode to read usage.
     usage_unreadable: "usage_unreadable", "Responses in an encoding abridge cannot decode";
     /// Usage-only SSE events removed because the client had not asked for them.
@@ -339,10 +273,17 @@ metrics! {
     checkpoints_applied: "checkpoints_applied", "Requests forwarded with a checkpoint applied"
         => fn checkpoint_applied;
     summary_calls: "summary_calls", "Summariser calls" => fn summary_call;
+    /// The summariser's spend: input and output tokens its provider reported.
+    summary_input_tokens: "summary_input_tokens", "Input tokens of summary calls, as their provider reported";
+    summary_output_tokens: "summary_output_tokens", "Output tokens of summary calls, as their provider reported";
     /// `abridge_recall` calls abridge answered, and the tokens (abridge's estimate) of
     /// what they returned to the model.
     recalls: "recalls", "abridge_recall calls abridge answered";
     recall_tokens: "recall_tokens", "Estimated tokens abridge_recall answers returned to the model";
+    /// Recall's spend: the input and output tokens of the follow-up requests recalls
+    /// made, as the provider reported (the client's usage includes them).
+    recall_input_tokens: "recall_input_tokens", "Input tokens of recall follow-up requests, as the provider reported";
+    recall_output_tokens: "recall_output_tokens", "Output tokens of recall follow-up requests, as the provider reported";
     /// Client requests answered after recall rounds that could not be completed (a
     /// follow-up the provider refused): answered without recall.
     recall_failures: "recall_failures",
@@ -425,6 +366,26 @@ impl Snapshot {
     }
 }
 
+/// abridge's estimates of a compacted request's prompt: as the client sent it, and as
+/// forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Estimates {
+    pub client: u64,
+    pub forwarded: u64,
+}
+
+impl Estimates {
+    /// The client's request counted as the provider counted the forwarded one
+    /// (`reported`): the estimate scaled by the provider's count over abridge's.
+    pub fn calibrated(self, reported: u64) -> u64 {
+        if self.forwarded == 0 {
+            return reported.max(self.client);
+        }
+        let scaled = u128::from(self.client) * u128::from(reported) / u128::from(self.forwarded);
+        u64::try_from(scaled).unwrap_or(u64::MAX).max(reported)
+    }
+}
+
 /// Decrements a gauge when dropped: an in-flight request or stream ending, however it
 /// ends.
 #[derive(Debug)]
@@ -489,8 +450,20 @@ impl Stats {
     }
 
     /// A compacted request was forwarded: the estimate of the tokens it did not send.
-    pub fn tokens_saved(&self, tokens: u64) {
+    pub fn estimated_saving(&self, tokens: u64) {
         self.tokens_saved_estimated.inc_by(tokens);
+    }
+
+    /// A summary call's answer reported `input` and `output` tokens.
+    pub fn summary_spent(&self, (input, output): (u64, u64)) {
+        self.summary_input_tokens.inc_by(input);
+        self.summary_output_tokens.inc_by(output);
+    }
+
+    /// A recall follow-up request's answer reported `input` and `output` tokens.
+    pub fn recall_spent(&self, (input, output): (u64, u64)) {
+        self.recall_input_tokens.inc_by(input);
+        self.recall_output_tokens.inc_by(output);
     }
 
     /// A recall call was answered with about `tokens` tokens.
@@ -513,17 +486,27 @@ impl Stats {
         self.anti_thrash.get_or_create(&CaseLabel { case }).inc();
     }
 
-    /// Records how a relayed response ended; `compacted`: a checkpoint was applied.
-    pub fn outcome(&self, outcome: &Outcome, compacted: bool) {
+    /// Records how a relayed response ended; `compacted`: abridge's estimates of the
+    /// request as the client sent it and as forwarded, when a checkpoint was applied.
+    pub fn outcome(&self, outcome: &Outcome, compacted: Option<Estimates>) {
         if let Some(usage) = outcome.usage {
             self.usage_reports.inc();
             self.prompt_tokens
-                .get_or_create(&CompactedLabel { compacted })
+                .get_or_create(&CompactedLabel {
+                    compacted: compacted.is_some(),
+                })
                 .inc_by(usage.prompt_tokens);
             self.completion_tokens_reported
                 .inc_by(usage.completion_tokens.unwrap_or(0));
             self.cached_tokens_reported
                 .inc_by(usage.cached_tokens.unwrap_or(0));
+            self.cache_write_tokens_reported
+                .inc_by(usage.cache_write_tokens.unwrap_or(0));
+            let client =
+                compacted.map_or(usage.prompt_tokens, |e| e.calibrated(usage.prompt_tokens));
+            self.client_prompt_tokens.inc_by(client);
+            self.tokens_saved
+                .inc_by(client.saturating_sub(usage.prompt_tokens));
         }
         if outcome.usage_unreadable {
             self.usage_unreadable.inc();

@@ -295,6 +295,9 @@ impl Compactor {
         {
             self.tenants.refused(payer);
         }
+        if let Ok(spent) = result.as_ref().map(|a| a.spent) {
+            self.stats.summary_spent(spent.unwrap_or_default());
+        }
         if let Err(failure) = &result {
             self.stats.summary_failure();
             tracing::warn!(conversation = ?turn.conversation, error = %failure, "summary failed; recency used");

@@ -86,11 +86,15 @@ impl Wire {
     }
 
     /// The summary in a successful answer (`None`: not an answer of this API).
+    /// With what the call cost, as the provider reported it.
     pub(super) fn answer(self, body: &[u8]) -> Option<Answer> {
-        match self {
+        let mut answer = match self {
             Wire::Chat => chat_answer(body),
             Wire::Messages => messages_answer(body),
-        }
+        }?;
+        answer.spent = crate::relay::usage::from_json(body)
+            .map(|u| (u.prompt_tokens, u.completion_tokens.unwrap_or(0)));
+        Some(answer)
     }
 }
 
@@ -115,6 +119,7 @@ fn chat_answer(body: &[u8]) -> Option<Answer> {
     Some(Answer {
         text: choice.message.content.unwrap_or_default(),
         cut: choice.finish_reason.as_deref() == Some("length"),
+        spent: None,
     })
 }
 
@@ -143,6 +148,7 @@ fn messages_answer(body: &[u8]) -> Option<Answer> {
     Some(Answer {
         text: text.concat(),
         cut: message.stop_reason.as_deref() == Some("max_tokens"),
+        spent: None,
     })
 }
 

@@ -32,7 +32,7 @@ use crate::identity::Fingerprint;
 use crate::ingress;
 use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::state::AppState;
-use crate::stats::{InFlight, Route};
+use crate::stats::{Estimates, InFlight, Route};
 
 /// Largest provider error body read to see whether it says "context length exceeded".
 const MAX_ERROR_BODY: usize = 1024 * 1024;
@@ -134,7 +134,7 @@ async fn passthrough_stages(
     let recorder = state.clone();
     let inflight = exchange.inflight.take();
     let on_done: OnDone = Box::new(move |outcome: Outcome| {
-        recorder.stats().outcome(&outcome, false);
+        recorder.stats().outcome(&outcome, None);
         drop(inflight);
     });
     Ok(relay::respond(
@@ -282,13 +282,20 @@ fn respond(
     exchange: &mut Exchange,
 ) -> Response {
     let stream = upstream.streams().then(|| state.stats().stream_started());
-    if report.compacted
-        && let (Some(before), Some(after)) = (report.tokens_before, report.tokens_after)
-    {
-        state.stats().tokens_saved(before.saturating_sub(after));
-    }
+    let compacted = match (report.compacted, report.tokens_before, report.tokens_after) {
+        (true, Some(client), Some(forwarded)) => {
+            state
+                .stats()
+                .estimated_saving(client.saturating_sub(forwarded));
+            Some(Estimates { client, forwarded })
+        }
+        (true, ..) => Some(Estimates {
+            client: 0,
+            forwarded: 0,
+        }),
+        (false, ..) => None,
+    };
     let recorder = state.clone();
-    let compacted = report.compacted;
     let inflight = exchange.inflight.take();
     let held = exchange.held.take();
     let recalled = report
@@ -352,7 +359,12 @@ fn relayed(state: &AppState, upstream: Upstream, watch: Watch, on_done: OnDone) 
 
 /// record: the outcome in the stats; the usage the provider reported to the compactor
 /// (store, anti-thrash, background build).
-fn record(state: &AppState, outcome: &Outcome, followup: Option<Followup>, compacted: bool) {
+fn record(
+    state: &AppState,
+    outcome: &Outcome,
+    followup: Option<Followup>,
+    compacted: Option<Estimates>,
+) {
     state.stats().outcome(outcome, compacted);
     let Some(usage) = outcome.usage else {
         return;

@@ -255,6 +255,11 @@ impl Rounds<'_> {
             }
             answer = wire::Answer::read(self.format, &body)
                 .ok_or("the provider's answer to the follow-up is not JSON")?;
+            if let Some(more) = answer.value.get("usage") {
+                self.state
+                    .stats()
+                    .recall_spent(crate::relay::usage::spent(more));
+            }
             match (&mut usage, answer.value.get("usage")) {
                 (Some(total), Some(more)) => wire::add_usage(total, more),
                 (None, Some(more)) => usage = Some(more.clone()),

@@ -100,6 +100,13 @@ impl Streamed {
             if !relay_round(&mut body, &mut round, &tx).await {
                 break;
             }
+            if followups > 0
+                && let Some(usage) = round.usage()
+            {
+                self.state
+                    .stats()
+                    .recall_spent(crate::relay::usage::spent(usage));
+            }
             let Some(answer) = round.recalled(followups < max_rounds) else {
                 let _ = send(&tx, round.flush()).await;
                 break;

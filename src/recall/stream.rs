@@ -216,6 +216,11 @@ impl Round {
         out
     }
 
+    /// The round's own usage, as the provider reported it (once the stream ended).
+    pub fn usage(&self) -> Option<&Value> {
+        self.usage.as_ref()
+    }
+
     /// What the next round carries, this one dropped where it was held.
     pub fn into_carry(self) -> Carry {
         let mut carry = self.carry;

@@ -20,6 +20,9 @@ pub struct Usage {
     pub completion_tokens: Option<u64>,
     /// Input tokens served from the provider's prompt cache, when it says.
     pub cached_tokens: Option<u64>,
+    /// Input tokens written to the provider's prompt cache (Anthropic's
+    /// `cache_creation_input_tokens`; OpenAI's cache writes are not reported).
+    pub cache_write_tokens: Option<u64>,
 }
 
 /// The `usage` object as providers send it.
@@ -60,6 +63,7 @@ impl RawUsage {
                     .saturating_add(read),
                 completion_tokens,
                 cached_tokens: self.cache_read_input_tokens,
+                cache_write_tokens: self.cache_creation_input_tokens,
             });
         }
         let prompt_tokens = self.prompt_tokens.or(self.input_tokens)?;
@@ -70,8 +74,21 @@ impl RawUsage {
                 .prompt_tokens_details
                 .or(self.input_tokens_details)
                 .and_then(|d| d.cached_tokens),
+            cache_write_tokens: self.cache_creation_input_tokens,
         })
     }
+}
+
+/// A `usage` object already parsed (`None` when it names no input token count).
+pub fn of_value(usage: &serde_json::Value) -> Option<Usage> {
+    RawUsage::deserialize(usage).ok()?.normalise()
+}
+
+/// The input and output tokens of a `usage` object (0 for what it does not say).
+pub fn spent(usage: &serde_json::Value) -> (u64, u64) {
+    of_value(usage).map_or((0, 0), |u| {
+        (u.prompt_tokens, u.completion_tokens.unwrap_or(0))
+    })
 }
 
 /// A response body or stream event, of which only `usage` (and whether `choices` is
@@ -158,7 +175,8 @@ mod tests {
             Usage {
                 prompt_tokens: 12,
                 completion_tokens: Some(3),
-                cached_tokens: Some(8)
+                cached_tokens: Some(8),
+                cache_write_tokens: None,
             }
         );
         let b = from_json(br#"{"usage":{"input_tokens":7,"output_tokens":2}}"#).unwrap();

@@ -60,6 +60,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         prompt_tokens: 1,
         completion_tokens: None,
         cached_tokens: None,
+        cache_write_tokens: None,
     };
     let outcome = Outcome {
         usage: Some(usage),
@@ -67,7 +68,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         usage_unreadable: false,
         stripped_events: 0,
     };
-    stats.outcome(&outcome, false);
+    stats.outcome(&outcome, None);
     let mut registry = Registry::default();
     stats.register(&mut registry);
     let mut text = String::new();
@@ -81,9 +82,10 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         requests inflight_requests inflight_streams added_latency_seconds unparseable_bodies \
         identified_requests store_unavailable_requests usage_requested usage_option_refused \
         usage_not_asked usage_reports prompt_tokens_reported completion_tokens_reported cached_tokens_reported \
-        usage_unreadable stripped_events upstream_errors client_gone idle_timeouts \
+        cache_write_tokens_reported client_prompt_tokens tokens_saved usage_unreadable stripped_events upstream_errors client_gone idle_timeouts \
         compactions compaction_tokens_estimated tokens_saved_estimated checkpoints_applied \
-        summary_calls recalls recall_tokens recall_failures summary_failures summary_refused summary_deferred \
+        summary_calls summary_input_tokens summary_output_tokens recalls recall_tokens recall_input_tokens \
+        recall_output_tokens recall_failures summary_failures summary_refused summary_deferred \
         summary_gate_score summary_repairs \
         fallbacks retries context_overflows context_overflows_by_model anti_thrash observed waited_for_peer background_dropped";
     assert_eq!(names, expected.split(' ').collect::<Vec<_>>(), "{text}");
@@ -111,10 +113,12 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         requests chat_requests responses_api_requests messages_requests responses_2xx responses_4xx responses_5xx inflight_requests \
         inflight_streams unparseable_bodies identified store_unavailable usage_requested \
         usage_option_refused usage_not_asked usage_reports prompt_tokens_reported \
-        prompt_tokens_reported_compacted completion_tokens_reported cached_tokens_reported usage_unreadable \
+        prompt_tokens_reported_compacted completion_tokens_reported cached_tokens_reported \
+        cache_write_tokens_reported client_prompt_tokens tokens_saved usage_unreadable \
         stripped_events upstream_errors client_gone idle_timeouts compactions \
         estimated_tokens_before estimated_tokens_after tokens_saved_estimated \
-        checkpoints_applied summary_calls recalls recall_tokens recall_failures summary_failures \
+        checkpoints_applied summary_calls summary_input_tokens summary_output_tokens recalls recall_tokens \
+        recall_input_tokens recall_output_tokens recall_failures summary_failures \
         summary_refused summary_deferred summary_repairs \
         fallbacks retries context_overflows anti_thrash observed waited_for_peer background_dropped";
     let mut expected: Vec<&str> = expected.split(' ').collect();
@@ -122,4 +126,25 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
     fields.sort_unstable();
     expected.sort_unstable();
     assert_eq!(fields, expected);
+}
+
+#[test]
+fn a_compacted_requests_tokens_are_counted_as_the_provider_counted_the_forwarded_one() {
+    let e = super::Estimates {
+        client: 3000,
+        forwarded: 1000,
+    };
+    // The provider counted 30 % more than abridge estimated: the request as sent too.
+    assert_eq!(e.calibrated(1300), 3900);
+    // Never less than what the provider was sent.
+    let odd = super::Estimates {
+        client: 500,
+        forwarded: 1000,
+    };
+    assert_eq!(odd.calibrated(1300), 1300);
+    let unknown = super::Estimates {
+        client: 0,
+        forwarded: 0,
+    };
+    assert_eq!(unknown.calibrated(1300), 1300);
 }

@@ -311,12 +311,19 @@ pub struct Previous<'x> {
 pub struct Answer {
     pub text: String,
     pub cut: bool,
+    /// The input and output tokens its provider reported for the call (`None`: it did
+    /// not say).
+    pub spent: Option<(u64, u64)>,
 }
 
 impl From<String> for Answer {
     /// A complete answer.
     fn from(text: String) -> Self {
-        Self { text, cut: false }
+        Self {
+            text,
+            cut: false,
+            spent: None,
+        }
     }
 }
 

@@ -39,6 +39,7 @@ mod redis_tls;
 mod replay;
 mod request_ids;
 mod responses;
+mod savings;
 mod scale;
 mod sdk;
 mod secrets;

@@ -178,7 +178,11 @@ async fn an_elided_fact_comes_back_through_a_recall_the_client_never_sees() {
         body["usage"]["prompt_tokens"].as_u64().unwrap(),
         prompt(&rounds[0]) + prompt(&rounds[1])
     );
-    assert_eq!(proxy.stats().recalls, 1);
+    let stats = proxy.stats();
+    assert_eq!(stats.recalls, 1);
+    // What the recall cost: the follow-up's tokens, as the provider reported them.
+    assert_eq!(stats.recall_input_tokens, prompt(&rounds[1]));
+    assert!(stats.recall_output_tokens > 0, "{stats:?}");
     // Counted for the conversation, in the admin API (recorded once the body is sent).
     let id = headers["x-abridge-conversation"]
         .to_str()

@@ -105,6 +105,7 @@ async fn a_streamed_chat_recalls_within_one_stream() {
         prompt(&rounds[0]) + prompt(&rounds[1])
     );
     assert_eq!(proxy.stats().recalls, 1);
+    assert_eq!(proxy.stats().recall_input_tokens, prompt(&rounds[1]));
     let id = headers["x-abridge-conversation"]
         .to_str()
         .unwrap()

@@ -367,7 +367,13 @@ fn twenty_free_rewrites_stay_bounded_and_keep_the_first_summarys_identifiers() {
         let cap = r.max_tokens as usize * 4;
         let cut = text.chars().count() > cap;
         let text: String = text.chars().take(cap).collect();
-        async move { Ok(Answer { text, cut }) }
+        async move {
+            Ok(Answer {
+                text,
+                cut,
+                spent: None,
+            })
+        }
     };
     let mut previous: Option<Plan> = None;
     let mut first_ids: Vec<String> = Vec::new();
