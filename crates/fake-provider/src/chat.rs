@@ -5,6 +5,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{Value, json};
 
+use crate::prompt_cache::{AutoCache, Cuts, prompt_start};
 use crate::transport::{Answer, frame};
 use crate::{Behavior, SummaryMode, error};
 
@@ -126,7 +127,7 @@ fn reasoning_refusal(request: &Value) -> Option<Answer> {
 }
 
 /// The answer to a chat-completions body under behaviour `b`.
-pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
+pub(crate) fn answer(b: &Behavior, cache: &AutoCache, body: &Bytes) -> Answer {
     let request: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
@@ -239,8 +240,17 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
         "chatcmpl-fake-{:016x}",
         fnv(request["messages"].to_string().as_bytes())
     );
+    let cached = match b.reported_prompt_tokens {
+        Some(_) => 0,
+        None => {
+            let own = |m: &Value| count_tokens(std::slice::from_ref(m)) - 3;
+            let start = prompt_start(&request);
+            let cuts = Cuts::of((3, &start), messages.iter().map(|m| (own(m), m)));
+            cache.cached(&cuts, b.token_scale)
+        }
+    };
     let usage = usage(
-        b.reported_prompt_tokens.unwrap_or(prompt_tokens),
+        (b.reported_prompt_tokens.unwrap_or(prompt_tokens), cached),
         reply.completion_tokens(),
         b.input_tokens_naming,
     );
@@ -376,13 +386,13 @@ pub(crate) fn reply_text(asked: &str, words: usize, max_tokens: Option<u64>) -> 
     (out.join(" "), truncated)
 }
 
-fn usage(prompt: u64, completion: u64, input_naming: bool) -> Value {
+fn usage((prompt, cached): (u64, u64), completion: u64, input_naming: bool) -> Value {
     if input_naming {
         json!({"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt.saturating_add(completion)})
     } else {
         json!({
             "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion),
-            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
             "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
                 "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
         })
@@ -552,7 +562,7 @@ mod tests {
                 text: "a b".into(),
                 finish: "stop",
             },
-            usage: usage(5, 2, false),
+            usage: usage((5, 0), 2, false),
             include_usage: false,
         };
         let plain = chunks.payloads();

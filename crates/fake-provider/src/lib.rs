@@ -263,6 +263,26 @@ impl Behavior {
     }
 }
 
+/// The usage the fake reported for a request it answered with a 200: what a provider's
+/// bill is made of.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub path: String,
+    /// The request it answered.
+    pub body: Bytes,
+    /// The `usage` object as the answer carried it (a stream's final one: chat's usage
+    /// chunk, Responses' `response.completed`, Messages' `message_start` usage updated
+    /// by its last `message_delta`).
+    pub usage: serde_json::Value,
+}
+
+impl Report {
+    /// The request it answered, as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
 /// One request as the fake received it.
 #[derive(Debug, Clone)]
 pub struct Recorded {
@@ -284,6 +304,8 @@ impl Recorded {
 pub struct Shared {
     behavior: Mutex<Behavior>,
     requests: Mutex<Vec<Recorded>>,
+    /// The usage each answered request was reported, in the order of the answers.
+    reports: Mutex<Vec<Report>>,
     /// A proxy's questions about the server (a `user-agent` of `abridge/…` asking a
     /// window endpoint: `/props`, `…/models`, `/api/show`), kept apart from the requests.
     asks: Mutex<Vec<Recorded>>,
@@ -299,6 +321,8 @@ pub struct Shared {
     answers: Mutex<VecDeque<(Bytes, Arc<Answer>)>>,
     /// Messages API: the prompt prefixes cached so far.
     prompt_cache: prompt_cache::PromptCache,
+    /// Chat completions and Responses: the prompt prefixes cached so far.
+    auto_cache: prompt_cache::AutoCache,
 }
 
 /// Distinct chat bodies whose answers bench mode keeps.
@@ -334,18 +358,33 @@ impl Shared {
     fn answer(&self, behavior: &Behavior, headers: &HeaderMap, body: &Bytes) -> Arc<Answer> {
         let cacheable = self.bench && !headers.keys().any(|k| k.as_str().starts_with("x-fake-"));
         if !cacheable {
-            return Arc::new(chat::answer(behavior, body));
+            return Arc::new(chat::answer(behavior, &self.auto_cache, body));
         }
         if let Some((_, answer)) = lock(&self.answers).iter().find(|(b, _)| b == body) {
             return answer.clone();
         }
-        let answer = Arc::new(chat::answer(behavior, body));
+        let answer = Arc::new(chat::answer(behavior, &self.auto_cache, body));
         let mut answers = lock(&self.answers);
         if answers.len() == CACHED_ANSWERS {
             answers.pop_front();
         }
         answers.push_back((body.clone(), answer.clone()));
         answer
+    }
+
+    /// Keeps the usage an answer reports, beside the request it answers (not in bench
+    /// mode).
+    fn reported(&self, path: &str, body: &Bytes, answer: &Answer) {
+        if self.bench {
+            return;
+        }
+        if let Some(usage) = transport::usage_of(answer) {
+            lock(&self.reports).push(Report {
+                path: path.to_owned(),
+                body: body.clone(),
+                usage,
+            });
+        }
     }
 
     fn record(&self, r: Recorded) {
@@ -446,6 +485,11 @@ impl FakeProvider {
 
     pub fn requests(&self) -> Vec<Recorded> {
         lock(&self.shared.requests).clone()
+    }
+
+    /// The usage the fake reported, a request at a time, in the order it answered.
+    pub fn reports(&self) -> Vec<Report> {
+        lock(&self.shared.reports).clone()
     }
 
     /// What a proxy asked about the server (see [`Shared`]'s `asks`).
@@ -611,9 +655,12 @@ fn route(
         }
     } else if post && path.ends_with("/chat/completions") {
         let answer = shared.answer(behavior, &parts.headers, body);
+        shared.reported(path, body, &answer);
         transport::send(behavior, &answer, completion)
     } else if post && path.ends_with("/responses") {
-        transport::send(behavior, &responses::answer(behavior, body), completion)
+        let answer = responses::answer(behavior, &shared.auto_cache, body);
+        shared.reported(path, body, &answer);
+        transport::send(behavior, &answer, completion)
     } else if post && anthropic {
         let count_only = path.ends_with("/count_tokens");
         let answer = messages::answer(
@@ -624,6 +671,7 @@ fn route(
             &request_id,
             count_only,
         );
+        shared.reported(path, body, &answer);
         transport::send(behavior, &answer, completion)
     } else if let Some(value) = behavior
         .context_window

@@ -21,6 +21,14 @@
 //! (`cache_creation_input_tokens`); the rest is `input_tokens`; the three add up to the
 //! prompt's count. There is no minimum cacheable length and no expiry, and neither the
 //! tools nor the model are part of a prefix.
+//!
+//! Chat completions and Responses get OpenAI's automatic caching instead ([`AutoCache`]):
+//! no breakpoints; the prompt is cut after each message or item (the model and the tools
+//! start it; Responses' `instructions` is a cut of its own), and each cut of every
+//! accepted request is remembered (the latest [`AUTO_REMEMBERED`]). A request's
+//! `cached_tokens` is the token count of its longest remembered cut, when that is at
+//! least 1,024, rounded down to a multiple of 128 (times `token_scale`, rounded up,
+//! before the rounding down).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
@@ -217,9 +225,96 @@ impl PromptCache {
     }
 }
 
+/// How many prefixes OpenAI-style caching remembers.
+pub const AUTO_REMEMBERED: usize = 65_536;
+
+/// A chat or Responses prompt cut after each item: the token count and the prefix hash
+/// of each cut, in order.
+pub(crate) struct Cuts(Vec<(u64, u64)>);
+
+impl Cuts {
+    /// `start`: the tokens and the canonical text (model, tools) before the first item;
+    /// then each item with its own tokens.
+    pub(crate) fn of<'v>(
+        (mut tokens, start): (u64, &str),
+        items: impl Iterator<Item = (u64, &'v Value)>,
+    ) -> Self {
+        let mut hash = fnv_extend(fnv(b""), start.as_bytes());
+        let mut cuts = Vec::new();
+        for (own, item) in items {
+            tokens += own;
+            let mut canonical = String::new();
+            write_canonical(item, None, &mut canonical);
+            hash = fnv_extend(hash, canonical.as_bytes());
+            cuts.push((tokens, hash));
+        }
+        Self(cuts)
+    }
+}
+
+/// The canonical text of the model and tools that start a chat or Responses prompt.
+pub(crate) fn prompt_start(request: &Value) -> String {
+    let mut start = String::new();
+    write_canonical(&request["model"], None, &mut start);
+    write_canonical(&request["tools"], None, &mut start);
+    start
+}
+
+/// OpenAI's automatic prompt caching (see the module doc).
+#[derive(Default)]
+pub(crate) struct AutoCache {
+    seen: Mutex<(HashSet<u64>, VecDeque<u64>)>,
+}
+
+impl AutoCache {
+    /// The tokens (times `scale`) the cache serves of a prompt cut as `cuts`; then its
+    /// cuts are remembered.
+    pub(crate) fn cached(&self, cuts: &Cuts, scale: f64) -> u64 {
+        let mut guard = lock(&self.seen);
+        let (set, order) = &mut *guard;
+        let hit = cuts
+            .0
+            .iter()
+            .rev()
+            .find(|(_, hash)| set.contains(hash))
+            .map_or(0, |(tokens, _)| (*tokens as f64 * scale).ceil() as u64);
+        for (_, hash) in &cuts.0 {
+            if set.insert(*hash) {
+                order.push_back(*hash);
+                if order.len() > AUTO_REMEMBERED
+                    && let Some(old) = order.pop_front()
+                {
+                    set.remove(&old);
+                }
+            }
+        }
+        if hit < 1024 { 0 } else { hit / 128 * 128 }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn openai_caching_serves_the_longest_prefix_seen_in_128_token_steps() {
+        let cache = AutoCache::default();
+        let long = |c: char| json!({"role": "user", "content": c.to_string().repeat(4000)});
+        let items = [
+            long('a'),
+            json!({"role": "assistant", "content": "ok"}),
+            long('b'),
+        ];
+        let cuts = |n: usize| Cuts::of((3, "m"), items[..n].iter().map(|i| (1004, i)));
+        assert_eq!(cache.cached(&cuts(1), 1.0), 0, "nothing seen yet");
+        // The first item (1,007 tokens) is remembered but under 1,024 tokens.
+        assert_eq!(cache.cached(&cuts(2), 1.0), 0);
+        // Two items seen: 2,011 tokens, served as 1,920.
+        assert_eq!(cache.cached(&cuts(3), 1.0), 1920);
+        // Another start (other tools) shares nothing.
+        let other = Cuts::of((3, "n"), items.iter().map(|i| (1004, i)));
+        assert_eq!(cache.cached(&other, 1.0), 0);
+    }
 
     fn request(messages: Value) -> Value {
         json!({"system": [{"type": "text", "text": "s".repeat(40), "cache_control": {"type": "ephemeral"}}],

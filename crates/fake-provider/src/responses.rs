@@ -48,6 +48,7 @@ use serde_json::{Value, json};
 
 use crate::Behavior;
 use crate::chat::{CREATED, fnv, reply_text, text_of, text_of_content};
+use crate::prompt_cache::{AutoCache, Cuts, prompt_start};
 use crate::transport::{Answer, event_json, typed};
 
 const ROLES: [&str; 4] = ["user", "assistant", "system", "developer"];
@@ -65,6 +66,31 @@ pub fn count_tokens(request: &Value) -> u64 {
         _ => 0,
     };
     3 + instructions + input
+}
+
+/// The request's prompt cut after its instructions and each input item (see
+/// [`crate::prompt_cache`]).
+fn cuts(request: &Value) -> Cuts {
+    let tokens = |s: &str| (s.len() as u64).div_ceil(4);
+    let instructions = request["instructions"]
+        .as_str()
+        .map(|s| (4 + tokens(s), &request["instructions"]));
+    let single;
+    let items: &[Value] = match &request["input"] {
+        Value::String(s) => {
+            single = [json!({"role": "user", "content": s})];
+            &single
+        }
+        Value::Array(items) => items,
+        _ => &[],
+    };
+    let start = prompt_start(request);
+    Cuts::of(
+        (3, &start),
+        instructions
+            .into_iter()
+            .chain(items.iter().map(|i| (item_tokens(i), i))),
+    )
 }
 
 fn item_tokens(item: &Value) -> u64 {
@@ -100,7 +126,7 @@ fn invalid(message: &str, param: Option<&str>, code: Option<&str>) -> Answer {
 }
 
 /// The answer to a Responses body under behaviour `b`.
-pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
+pub(crate) fn answer(b: &Behavior, cache: &AutoCache, body: &Bytes) -> Answer {
     let request: Value = match serde_json::from_slice(body) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
@@ -129,10 +155,14 @@ pub(crate) fn answer(b: &Behavior, body: &Bytes) -> Answer {
             Some("context_length_exceeded"),
         );
     }
+    let cached = match b.reported_prompt_tokens {
+        Some(_) => 0,
+        None => cache.cached(&cuts(&request), b.token_scale),
+    };
     let reply = Reply::to(
         b,
         &request,
-        b.reported_prompt_tokens.unwrap_or(prompt_tokens),
+        (b.reported_prompt_tokens.unwrap_or(prompt_tokens), cached),
     );
     if request["stream"] == Value::Bool(true) {
         Answer::Events(reply.events(b.multiline_data))
@@ -240,7 +270,9 @@ struct Reply<'a> {
     id: String,
     reasoning: Option<Reasoning>,
     content: Content,
+    /// Input tokens, and of which the prompt cache served.
     input_tokens: u64,
+    cached_tokens: u64,
 }
 
 struct Reasoning {
@@ -264,7 +296,7 @@ enum Content {
 }
 
 impl<'a> Reply<'a> {
-    fn to(b: &Behavior, request: &'a Value, input_tokens: u64) -> Self {
+    fn to(b: &Behavior, request: &'a Value, (input_tokens, cached_tokens): (u64, u64)) -> Self {
         let single;
         let items: &[Value] = match &request["input"] {
             Value::String(s) => {
@@ -350,6 +382,7 @@ impl<'a> Reply<'a> {
             reasoning,
             content,
             input_tokens,
+            cached_tokens,
         }
     }
 
@@ -375,7 +408,7 @@ impl<'a> Reply<'a> {
                 } => ((name.len() + arguments.len()) as u64).div_ceil(4),
             };
         json!({
-            "input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": self.cached_tokens},
             "output_tokens": output, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": self.input_tokens.saturating_add(output),
         })

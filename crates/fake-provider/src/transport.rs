@@ -53,6 +53,48 @@ pub(crate) enum Answer {
     Events(Vec<Bytes>),
 }
 
+/// The `usage` an answer reports to the client: a 200 body's, or a stream's last (its
+/// Messages `message_start` usage updated by each `message_delta`'s); `None` for an
+/// error or an answer without one.
+pub(crate) fn usage_of(answer: &Answer) -> Option<Value> {
+    let events = match answer {
+        Answer::Whole(status, body) if status.is_success() => {
+            let v: Value = serde_json::from_slice(body).ok()?;
+            return v.get("usage").filter(|u| u.is_object()).cloned();
+        }
+        Answer::Whole(..) => return None,
+        Answer::Events(events) => events,
+    };
+    let mut usage: Option<Value> = None;
+    for event in events {
+        let text = String::from_utf8_lossy(event);
+        let data: String = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim_start)
+            .collect::<Vec<_>>()
+            .join("\n");
+        let Ok(v) = serde_json::from_str::<Value>(&data) else {
+            continue;
+        };
+        let found = [&v["message"]["usage"], &v["response"]["usage"], &v["usage"]]
+            .into_iter()
+            .find(|u| u.is_object());
+        match (found, &mut usage) {
+            (Some(delta), Some(Value::Object(total))) if v["type"] == "message_delta" => {
+                for (k, n) in delta.as_object().into_iter().flatten() {
+                    if !n.is_null() {
+                        total.insert(k.clone(), n.clone());
+                    }
+                }
+            }
+            (Some(found), _) => usage = Some(found.clone()),
+            (None, _) => {}
+        }
+    }
+    usage
+}
+
 /// Sends an answer: a JSON body (gzipped when told), or its events one write each.
 pub(crate) fn send(b: &Behavior, answer: &Answer, completion: Completion) -> Response {
     match answer {

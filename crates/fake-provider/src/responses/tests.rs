@@ -3,7 +3,7 @@
 use super::*;
 
 fn whole(b: &Behavior, body: &Value) -> (StatusCode, Value) {
-    match answer(b, &Bytes::from(body.to_string())) {
+    match answer(b, &AutoCache::default(), &Bytes::from(body.to_string())) {
         Answer::Whole(status, bytes) => (status, serde_json::from_slice(&bytes).unwrap()),
         Answer::Events(_) => panic!("a stream"),
     }
@@ -37,7 +37,8 @@ fn body(input: Value) -> Value {
 
 /// The events of a stream, parsed back: (the `event:` name, the data).
 fn events(b: &Behavior, body: &Value) -> Vec<(String, Value)> {
-    let Answer::Events(events) = answer(b, &Bytes::from(body.to_string())) else {
+    let Answer::Events(events) = answer(b, &AutoCache::default(), &Bytes::from(body.to_string()))
+    else {
         panic!("not a stream");
     };
     events
