@@ -46,6 +46,9 @@
 //!   the credentials a tenant is known by.
 //! - [`ingress`]   — request bodies within bounds: size, deadline, bytes held at once.
 //! - [`stats`], [`outcome`] — the metrics (prometheus-client) and what they count.
+//! - [`accounting`] — what one exchange saved and cost, in tokens and in money, added up
+//!   per conversation (store) and in total (stats).
+//! - [`prices`]    — what tokens cost per model: a built-in table and `[prices]`.
 //! - [`tenants`]   — what abridge knows of a credential: accepted by the provider yet,
 //!   and its summary budget.
 //! - [`models`]    — context windows of known models (for ratio thresholds).
@@ -82,6 +85,7 @@
 //! fail in abridge's own machinery fails the user's request: a body abridge does not
 //! understand is forwarded untouched.
 
+pub mod accounting;
 pub mod admin;
 pub mod ask;
 pub mod azure;
@@ -99,6 +103,7 @@ pub mod models;
 pub mod offload;
 pub mod outcome;
 pub mod prepare;
+pub mod prices;
 pub mod proxy;
 pub mod recall;
 pub mod relay;

@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::identity::IdentityKey;
 use crate::ingress::BodyBudget;
 use crate::offload::Offload;
+use crate::prices::Prices;
 use crate::stats::Stats;
 use crate::store::{Store, StoreError};
 use crate::tenants::Tenants;
@@ -29,6 +30,8 @@ struct Inner {
     identity: Identity,
     compactor: Arc<Compactor>,
     stats: Arc<Stats>,
+    /// What tokens cost, per model.
+    prices: Arc<Prices>,
     cpu: Offload,
     tenants: Arc<Tenants>,
     /// Bytes of request bodies held at once (`limits.max_inflight_body_bytes`).
@@ -48,6 +51,8 @@ pub enum StartError {
     Store(#[from] StoreError),
     #[error("no randomness for the identity secret: {0}")]
     Random(#[from] getrandom::Error),
+    #[error("prices: {0}")]
+    Prices(String),
 }
 
 impl AppState {
@@ -55,6 +60,7 @@ impl AppState {
         let upstream = Upstream::new(&config)?;
         let store = Store::from_config(&config.store)?;
         let stats = Arc::new(Stats::default());
+        let prices = Arc::new(Prices::new(&config.prices).map_err(StartError::Prices)?);
         let summariser = Summariser::new(&config.summary, &upstream);
         let cpu = Offload::new(config.compaction.cpu_concurrency);
         let body_budget = BodyBudget::new(config.limits.max_inflight_body_bytes);
@@ -69,7 +75,7 @@ impl AppState {
             &config,
             summariser,
             store.clone(),
-            stats.clone(),
+            (stats.clone(), prices.clone()),
             cpu.clone(),
             tenants.clone(),
         ));
@@ -88,6 +94,7 @@ impl AppState {
                 identity,
                 compactor,
                 stats,
+                prices,
                 cpu,
                 tenants,
                 body_budget,
@@ -155,6 +162,11 @@ impl AppState {
 
     pub fn stats(&self) -> &Stats {
         &self.inner.stats
+    }
+
+    /// What tokens cost, per model (the built-in table and `[prices]`).
+    pub fn prices(&self) -> &Prices {
+        &self.inner.prices
     }
 
     /// What abridge knows of each tenant (accepted by the provider, summary budget).

@@ -18,6 +18,7 @@ use serde::Serialize;
 #[macro_use]
 mod table;
 
+use crate::accounting::Tally;
 use crate::outcome::{Trigger, Uncompactable};
 use crate::relay::{End, Outcome};
 use crate::strategies::Strategy;
@@ -243,6 +244,22 @@ metrics! {
     /// request's saving counted once.
     tokens_saved: "tokens_saved",
         "Prompt tokens compaction kept from the provider, counted as the provider counts, each request once";
+    /// Money, in millionths of a US dollar at the price table: the requests as the
+    /// clients sent them, with the prompt cache they would have hit (estimated for a
+    /// compacted request from the client's previous one); as forwarded, as the provider
+    /// reported them; the summaries; the recall follow-ups. Net saved is the first less
+    /// the other three ([`Snapshot::net_saved_micros`]).
+    cost_direct: "cost_direct_usd_micros",
+        "Millionths of a dollar the requests would have cost sent as the clients sent them";
+    cost_forwarded: "cost_forwarded_usd_micros",
+        "Millionths of a dollar the forwarded requests cost, as the provider reported their tokens";
+    cost_summaries: "cost_summaries_usd_micros",
+        "Millionths of a dollar the summary calls cost, as their provider reported their tokens";
+    cost_recalls: "cost_recalls_usd_micros",
+        "Millionths of a dollar the recall follow-up requests cost, as the provider reported their tokens";
+    /// Exchanges of a model the price table does not know: counted in tokens only.
+    unpriced: "unpriced_exchanges",
+        "Requests and summary calls of a model without a price (in the token figures, not the money)";
     /// Responses whose encoding abridge could not decode to read usage.
     usage_unreadable: "usage_unreadable", "Responses in an encoding abridge cannot decode";
     /// Usage-only SSE events removed because the client had not asked for them.
@@ -364,25 +381,13 @@ impl Snapshot {
     pub fn compactions_total(&self) -> u64 {
         self.compactions.iter().flatten().sum()
     }
-}
 
-/// abridge's estimates of a compacted request's prompt: as the client sent it, and as
-/// forwarded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Estimates {
-    pub client: u64,
-    pub forwarded: u64,
-}
-
-impl Estimates {
-    /// The client's request counted as the provider counted the forwarded one
-    /// (`reported`): the estimate scaled by the provider's count over abridge's.
-    pub fn calibrated(self, reported: u64) -> u64 {
-        if self.forwarded == 0 {
-            return reported.max(self.client);
-        }
-        let scaled = u128::from(self.client) * u128::from(reported) / u128::from(self.forwarded);
-        u64::try_from(scaled).unwrap_or(u64::MAX).max(reported)
+    /// Millionths of a dollar saved, net of what the forwarded requests, the summaries
+    /// and the recalls cost (negative: compaction cost more than it saved).
+    pub fn net_saved_micros(&self) -> i64 {
+        let spent = self.cost_forwarded + self.cost_summaries + self.cost_recalls;
+        i64::try_from(self.cost_direct).unwrap_or(i64::MAX)
+            - i64::try_from(spent).unwrap_or(i64::MAX)
     }
 }
 
@@ -454,16 +459,28 @@ impl Stats {
         self.tokens_saved_estimated.inc_by(tokens);
     }
 
-    /// A summary call's answer reported `input` and `output` tokens.
-    pub fn summary_spent(&self, (input, output): (u64, u64)) {
-        self.summary_input_tokens.inc_by(input);
-        self.summary_output_tokens.inc_by(output);
-    }
-
-    /// A recall follow-up request's answer reported `input` and `output` tokens.
-    pub fn recall_spent(&self, (input, output): (u64, u64)) {
-        self.recall_input_tokens.inc_by(input);
-        self.recall_output_tokens.inc_by(output);
+    /// What an exchange saved and cost (a forwarded request's usage, a summary call, a
+    /// recall round), added to the totals.
+    pub fn tally(&self, t: &Tally) {
+        for (counter, value) in [
+            (&self.client_prompt_tokens, t.client_tokens),
+            (&self.tokens_saved, t.tokens_saved()),
+            (&self.cached_tokens_reported, t.cached_tokens),
+            (&self.cache_write_tokens_reported, t.cache_write_tokens),
+            (&self.summary_input_tokens, t.summary_input_tokens),
+            (&self.summary_output_tokens, t.summary_output_tokens),
+            (&self.recall_input_tokens, t.recall_input_tokens),
+            (&self.recall_output_tokens, t.recall_output_tokens),
+            (&self.cost_direct, t.direct_micros),
+            (&self.cost_forwarded, t.forwarded_micros),
+            (&self.cost_summaries, t.summary_micros),
+            (&self.cost_recalls, t.recall_micros),
+            (&self.unpriced, t.unpriced),
+        ] {
+            if value > 0 {
+                counter.inc_by(value);
+            }
+        }
     }
 
     /// A recall call was answered with about `tokens` tokens.
@@ -486,27 +503,16 @@ impl Stats {
         self.anti_thrash.get_or_create(&CaseLabel { case }).inc();
     }
 
-    /// Records how a relayed response ended; `compacted`: abridge's estimates of the
-    /// request as the client sent it and as forwarded, when a checkpoint was applied.
-    pub fn outcome(&self, outcome: &Outcome, compacted: Option<Estimates>) {
+    /// Records how a relayed response ended; `compacted`: whether a checkpoint was
+    /// applied. (What its usage saved and cost is [`Stats::tally`]'s.)
+    pub fn outcome(&self, outcome: &Outcome, compacted: bool) {
         if let Some(usage) = outcome.usage {
             self.usage_reports.inc();
             self.prompt_tokens
-                .get_or_create(&CompactedLabel {
-                    compacted: compacted.is_some(),
-                })
+                .get_or_create(&CompactedLabel { compacted })
                 .inc_by(usage.prompt_tokens);
             self.completion_tokens_reported
                 .inc_by(usage.completion_tokens.unwrap_or(0));
-            self.cached_tokens_reported
-                .inc_by(usage.cached_tokens.unwrap_or(0));
-            self.cache_write_tokens_reported
-                .inc_by(usage.cache_write_tokens.unwrap_or(0));
-            let client =
-                compacted.map_or(usage.prompt_tokens, |e| e.calibrated(usage.prompt_tokens));
-            self.client_prompt_tokens.inc_by(client);
-            self.tokens_saved
-                .inc_by(client.saturating_sub(usage.prompt_tokens));
         }
         if outcome.usage_unreadable {
             self.usage_unreadable.inc();

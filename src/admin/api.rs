@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 
 use super::admin_error;
 use crate::AppState;
+use crate::accounting::Tally;
 use crate::identity::Fingerprint;
+use crate::stats::Snapshot;
 use crate::store::{Checkpoint, Piece, now_ms};
 
 /// Conversations used within this window count as active.
@@ -19,6 +21,7 @@ const ACTIVE_WINDOW_MS: u64 = 3600 * 1000;
 
 pub(super) async fn stats(State(state): State<AppState>) -> Response {
     let store = state.store();
+    let counters = state.stats().snapshot();
     let active = store
         .active_since(now_ms().saturating_sub(ACTIVE_WINDOW_MS))
         .await
@@ -33,7 +36,8 @@ pub(super) async fn stats(State(state): State<AppState>) -> Response {
         },
         "active_conversations": active,
         "background_pending": state.compactor().pending_jobs(),
-        "counters": state.stats().snapshot(),
+        "savings": savings(&totals(&counters)),
+        "counters": counters,
         "compaction": {
             "mode": state.config().compaction.mode,
             "strategy": state.config().compaction.strategy,
@@ -45,6 +49,57 @@ pub(super) async fn stats(State(state): State<AppState>) -> Response {
         "learned_windows": state.compactor().learned_windows(),
     });
     axum::Json(body).into_response()
+}
+
+/// The totals as one tally (the counters the stats keep of every exchange).
+fn totals(s: &Snapshot) -> Tally {
+    Tally {
+        requests: s.usage_reports,
+        client_tokens: s.client_prompt_tokens,
+        forwarded_tokens: s.prompt_tokens_reported,
+        cached_tokens: s.cached_tokens_reported,
+        cache_write_tokens: s.cache_write_tokens_reported,
+        output_tokens: s.completion_tokens_reported,
+        summary_calls: s.summary_calls,
+        summary_input_tokens: s.summary_input_tokens,
+        summary_output_tokens: s.summary_output_tokens,
+        recalls: s.recalls,
+        recall_input_tokens: s.recall_input_tokens,
+        recall_output_tokens: s.recall_output_tokens,
+        direct_micros: s.cost_direct,
+        forwarded_micros: s.cost_forwarded,
+        summary_micros: s.cost_summaries,
+        recall_micros: s.cost_recalls,
+        unpriced: s.unpriced,
+    }
+}
+
+/// What compaction saved and what it cost, as `/admin/stats` and a conversation show it:
+/// tokens as the provider counted them, dollars at the price table.
+fn savings(t: &Tally) -> Value {
+    let usd = |micros: u64| micros as f64 / 1e6;
+    json!({
+        "requests": t.requests,
+        "client_tokens": t.client_tokens,
+        "forwarded_tokens": t.forwarded_tokens,
+        "tokens_saved": t.tokens_saved(),
+        "cached_tokens": t.cached_tokens,
+        "cache_write_tokens": t.cache_write_tokens,
+        "output_tokens": t.output_tokens,
+        "summaries": {"calls": t.summary_calls, "input_tokens": t.summary_input_tokens,
+            "output_tokens": t.summary_output_tokens, "usd": usd(t.summary_micros)},
+        "recalls": {"calls": t.recalls, "input_tokens": t.recall_input_tokens,
+            "output_tokens": t.recall_output_tokens, "usd": usd(t.recall_micros)},
+        "usd": {
+            "direct": usd(t.direct_micros),
+            "forwarded": usd(t.forwarded_micros),
+            "summaries": usd(t.summary_micros),
+            "recalls": usd(t.recall_micros),
+            "net_saved": t.net_micros() as f64 / 1e6,
+        },
+        "unpriced": t.unpriced,
+        "prices_as_of": crate::prices::BUILT_IN_AS_OF,
+    })
 }
 
 pub(super) async fn compactions(State(state): State<AppState>) -> Response {
@@ -77,6 +132,7 @@ pub(super) async fn conversations(
     let mut items = Vec::with_capacity(recent.len());
     for r in recent {
         let loaded = store.load(&r.conversation).await.ok();
+        let account = store.account(&r.conversation).await.ok();
         let state = loaded.as_ref().and_then(|l| l.state.as_ref());
         // The latest report among its histories.
         let latest = loaded.as_ref().and_then(|l| l.usage.first());
@@ -87,8 +143,13 @@ pub(super) async fn conversations(
             "messages": latest.map(|u| u.messages),
             "histories": loaded.as_ref().map(|l| l.usage.len()),
             "compactions": state.map(|s| s.compactions),
-            "recalls": state.map(|s| s.recalls),
+            "recalls": account.as_ref().map(|a| a.tally.recalls),
             "checkpoints": loaded.as_ref().map(|l| l.checkpoints.len()),
+            "format": account.as_ref().and_then(|a| a.format.clone()),
+            "tokens_saved": account.as_ref().map(|a| a.tally.tokens_saved()),
+            "net_saved_usd": account.as_ref()
+                .filter(|a| a.tally.requests > a.tally.unpriced)
+                .map(|a| a.tally.net_micros() as f64 / 1e6),
         }));
     }
     axum::Json(json!({"offset": page.offset, "limit": limit, "conversations": items}))
@@ -152,14 +213,23 @@ pub(super) async fn conversation(
     let Some(s) = &loaded.state else {
         return no_such_conversation();
     };
+    let account = match state.store().account(&id).await {
+        Ok(account) => account,
+        Err(e) => return store_error(&e),
+    };
     let body = json!({
         "id": id,
+        "format": account.format,
         "state": {
             "scheduled": s.scheduled,
             "compactions": s.compactions,
-            "recalls": s.recalls,
+            "recalls": account.tally.recalls,
             "last_seen_ms": s.last_seen_ms,
         },
+        "savings": savings(&account.tally),
+        // Its latest requests, oldest first: the prompt as the client sent it and as
+        // forwarded (the provider's count), and the checkpoint in force.
+        "series": account.series,
         // Each history's last report, newest first.
         "usage": loaded.usage.iter().map(|u| json!({
             "prefix": u.prefix,

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use crate::accounting::Entry;
 use crate::controls::Controls;
 use crate::identity::Fingerprint;
 use crate::outcome::Trigger;
@@ -57,9 +58,10 @@ impl Background {
 
 impl Compactor {
     /// record: the usage the provider reported goes to the store (in the background:
-    /// the client has its bytes already), for this exact history; near the threshold the
-    /// next checkpoint is queued for a background build.
-    pub fn record(self: &Arc<Self>, followup: Followup, reported: u64) {
+    /// the client has its bytes already), for this exact history, with what the request
+    /// adds to the conversation's account; near the threshold the next checkpoint is
+    /// queued for a background build.
+    pub fn record(self: &Arc<Self>, followup: Followup, reported: u64, entry: Entry) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -77,6 +79,7 @@ impl Compactor {
                 followup.appended,
                 reported,
             ),
+            client_tokens: entry.tally.client_tokens,
             at_ms: now_ms(),
         };
         let touch_index = now_ms().saturating_sub(followup.last_seen_ms) >= INDEX_REFRESH_MS;
@@ -85,7 +88,7 @@ impl Compactor {
             // Failures are counted and logged by the store.
             let _ = me
                 .store
-                .record_usage(&conversation, usage, replaces, touch_index)
+                .record_usage(&conversation, (usage, &entry), replaces, touch_index)
                 .await;
         });
         // Prepare the next checkpoint once over the soft threshold, or when the next

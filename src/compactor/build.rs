@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::accounting;
 use crate::headers::Provider;
 use crate::identity::Fingerprint;
 use crate::outcome::Trigger;
@@ -99,7 +100,7 @@ impl Drop for HeldLock {
 /// What waiting for another request's (or replica's) summary came to.
 enum Peer {
     /// Its checkpoint is stored.
-    Built(Checkpoint),
+    Built(Box<Checkpoint>),
     /// Its lock is gone and no checkpoint came: it died or gave up.
     Gone,
     /// It did not finish in time (or the store stopped answering).
@@ -159,7 +160,7 @@ impl Compactor {
                     .wait_for_peer(turn, conversation, attempt.previous)
                     .await
                 {
-                    Peer::Built(found) => return Ok((found, None)),
+                    Peer::Built(found) => return Ok((*found, None)),
                     Peer::Gone => continue,
                     Peer::Slow => break,
                 },
@@ -296,7 +297,14 @@ impl Compactor {
             self.tenants.refused(payer);
         }
         if let Ok(spent) = result.as_ref().map(|a| a.spent) {
-            self.stats.summary_spent(spent.unwrap_or_default());
+            let model = self.summariser.model_for(turn.model);
+            let tally = accounting::summary(spent.unwrap_or_default(), self.prices.of(model));
+            self.stats.tally(&tally);
+            if let Some(conversation) = turn.conversation {
+                let store = self.store.clone();
+                // Off the summary's path; failures are counted and logged by the store.
+                tokio::spawn(async move { store.add_tally(&conversation, &tally).await });
+            }
         }
         if let Err(failure) = &result {
             self.stats.summary_failure();
@@ -397,7 +405,7 @@ impl Compactor {
                 .cloned();
             if let Some(found) = found {
                 self.stats.waited_for_peer();
-                return Peer::Built(found);
+                return Peer::Built(Box::new(found));
             }
             if matches!(self.store.lock_held(&conversation).await, Ok(false)) {
                 return Peer::Gone;
@@ -452,6 +460,7 @@ fn checkpoint_of(plan: &Plan, prefixes: &[Fingerprint]) -> Result<Checkpoint, Ca
             .map(|f| format!("{} fell back to recency: {f}", plan.requested)),
         tokens_before: plan.tokens_before,
         tokens_after: plan.tokens_after,
+        tokens_sent: plan.tokens_sent,
         created_ms: now_ms(),
         gate: plan.verdict.clone(),
     })

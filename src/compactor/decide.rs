@@ -418,6 +418,7 @@ mod tests {
             head_tokens: 0,
             growth,
             ratio_permille: 1000,
+            client_tokens: 0,
             at_ms: 0,
         };
         assert_eq!(growth(None, 5_000, 1), 0);

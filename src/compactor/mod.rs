@@ -36,6 +36,7 @@ use crate::controls::{Compact, Report};
 use crate::offload::Offload;
 use crate::outcome::Trigger;
 use crate::outcome::Uncompactable;
+use crate::prices::Prices;
 use crate::stats::Stats;
 use crate::store::{Checkpoint, Piece, Store};
 use crate::strategies::{CannotCompact, Settings, Strategy};
@@ -58,6 +59,8 @@ pub struct Compactor {
     summary_timeout: Duration,
     store: Store,
     stats: Arc<Stats>,
+    /// What a summary call costs, per model.
+    prices: Arc<Prices>,
     /// Where estimates and strategies run (off the async workers for large requests).
     cpu: Offload,
     /// Which tenants may have summaries now.
@@ -76,11 +79,12 @@ impl Compactor {
         config: &Config,
         summariser: Summariser,
         store: Store,
-        stats: Arc<Stats>,
+        (stats, prices): (Arc<Stats>, Arc<Prices>),
         cpu: Offload,
         tenants: Arc<Tenants>,
     ) -> Self {
         Self {
+            prices,
             cpu,
             tenants,
             max_checkpoints: config.store.max_checkpoints.max(1),
@@ -132,6 +136,8 @@ impl Compactor {
         decision.previous = decided
             .usage
             .map(|u| (u.tokens, u.ratio_permille, u.applied));
+        decision.previous_at_ms = decided.usage.map(|u| u.at_ms);
+        decision.previous_client_tokens = decided.usage.map_or(0, |u| u.client_tokens);
         let observe = self.config.mode == CompactionMode::Observe;
         decision.active = !observe;
         let dry = reason == Reason::Preview;
@@ -244,6 +250,8 @@ impl Compactor {
             head_tokens: 0,
             appended: 0,
             previous: None,
+            previous_at_ms: None,
+            previous_client_tokens: 0,
             last_seen_ms: state.map_or(0, |s| s.last_seen_ms),
         }
     }
@@ -290,11 +298,10 @@ impl Compactor {
                     self.observe(decision, &checkpoint, estimate, dry);
                 } else {
                     self.use_checkpoint(decision, Some(&checkpoint), (estimate, ratio), dry);
-                    decision.report.tokens_before = Some(
-                        decided
-                            .predicted
-                            .max(scaled(checkpoint.tokens_before, ratio)),
-                    );
+                    decision.report.tokens_before = Some(decided.predicted.max(scaled(
+                        checkpoint.tokens_sent.max(checkpoint.tokens_before),
+                        ratio,
+                    )));
                     if let Some(note) = plan_note {
                         decision.report.add_note(note);
                     }
@@ -341,7 +348,7 @@ impl Compactor {
         let Some(c) = checkpoint else {
             return;
         };
-        let saved = scaled(c.tokens_before.saturating_sub(c.tokens_after), ratio);
+        let saved = scaled(c.tokens_saved(), ratio);
         let report = &mut decision.report;
         report.compacted = true;
         report.strategy = Some(c.strategy);

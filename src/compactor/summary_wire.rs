@@ -92,8 +92,8 @@ impl Wire {
             Wire::Chat => chat_answer(body),
             Wire::Messages => messages_answer(body),
         }?;
-        answer.spent = crate::relay::usage::from_json(body)
-            .map(|u| (u.prompt_tokens, u.completion_tokens.unwrap_or(0)));
+        answer.spent =
+            crate::relay::usage::from_json(body).map(|u| crate::accounting::reported(&u));
         Some(answer)
     }
 }

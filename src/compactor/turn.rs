@@ -80,6 +80,11 @@ pub struct Decision {
     pub appended: u64,
     /// The record's tokens, ratio and checkpoint, to measure the next ratio.
     pub previous: Option<(u64, u32, Option<u32>)>,
+    /// When the record was reported (ms since the epoch): how long ago the client's
+    /// previous request of this history went; and that request as the client sent it,
+    /// counted as the provider counts (0: not known).
+    pub previous_at_ms: Option<u64>,
+    pub previous_client_tokens: u64,
     /// When the conversation was last seen (from the store; 0: new).
     pub last_seen_ms: u64,
 }

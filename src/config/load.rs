@@ -145,6 +145,9 @@ impl Config {
                     .to_owned(),
             ));
         }
+        if let Err(message) = crate::prices::Prices::new(&self.prices) {
+            return Err(("prices", message));
+        }
         let store = &self.store;
         if store.ttl_secs == 0 || store.max_checkpoints == 0 || store.response_timeout_ms == 0 {
             let key = if store.ttl_secs == 0 {

@@ -64,6 +64,9 @@ pub struct Config {
     pub strategies: crate::strategies::Settings,
     pub summary: SummaryConfig,
     pub recall: RecallConfig,
+    /// Prices by model name prefix, US dollars per million tokens, overriding and
+    /// extending the built-in table (see `prices`).
+    pub prices: std::collections::BTreeMap<String, crate::prices::Price>,
 }
 
 /// The `abridge_recall` tool (see `recall`): the model reads back what was condensed.
@@ -391,6 +394,7 @@ impl Default for Config {
             strategies: crate::strategies::Settings::default(),
             summary: SummaryConfig::default(),
             recall: RecallConfig::default(),
+            prices: std::collections::BTreeMap::new(),
         }
     }
 }

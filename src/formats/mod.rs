@@ -228,6 +228,17 @@ pub enum Format {
     Messages,
 }
 
+impl Format {
+    /// `chat`, `responses` or `messages`, as the admin API and the dashboard name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Chat => "chat",
+            Format::Responses => "responses",
+            Format::Messages => "messages",
+        }
+    }
+}
+
 /// The role abridge gives a message it writes itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Author {

@@ -31,7 +31,7 @@ use crate::state::AppState;
 use crate::stats::Route;
 use crate::store::Checkpoint;
 
-use super::{Exchange, Upstream, first_answer, recall, respond, send};
+use super::{Billing, Exchange, Upstream, first_answer, recall, respond, send};
 
 /// `POST /v1/chat/completions`: see the module docs.
 pub async fn chat(State(state): State<AppState>, request: Request) -> Response {
@@ -166,7 +166,14 @@ fn relay(
     }
     exchange.payer = prepared.identified.as_ref().map(|i| i.payer);
     let followup = followup(prepared, &decision);
-    respond(state, upstream, watch, &decision.report, followup, exchange)
+    let billing = Billing::of(state, &prepared.request, &decision);
+    respond(
+        state,
+        (upstream, watch),
+        &decision.report,
+        (followup, billing),
+        exchange,
+    )
 }
 
 /// For a model whose window abridge does not know, asks its server in the background
@@ -203,10 +210,9 @@ async fn untouched(
     let response = send(state, parts, target, body, exchange).await?;
     Ok(respond(
         state,
-        Upstream::Streaming(response),
-        Watch::Usage { strip: false },
+        (Upstream::Streaming(response), Watch::Usage { strip: false }),
         &report,
-        None,
+        (None, Billing::default()),
         exchange,
     ))
 }

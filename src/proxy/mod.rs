@@ -24,15 +24,18 @@ use http::request::Parts;
 use http::{HeaderValue, Uri, Version, header};
 use http_body_util::{BodyExt, Limited};
 
-use crate::compactor::Followup;
+use crate::accounting::{self, Estimates};
+use crate::compactor::{Decision, Followup};
 use crate::controls::Report;
 use crate::error::{Error, Shape};
+use crate::formats::Format;
 use crate::headers;
 use crate::identity::Fingerprint;
 use crate::ingress;
+use crate::prices::Price;
 use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::state::AppState;
-use crate::stats::{Estimates, InFlight, Route};
+use crate::stats::{InFlight, Route};
 
 /// Largest provider error body read to see whether it says "context length exceeded".
 const MAX_ERROR_BODY: usize = 1024 * 1024;
@@ -134,7 +137,7 @@ async fn passthrough_stages(
     let recorder = state.clone();
     let inflight = exchange.inflight.take();
     let on_done: OnDone = Box::new(move |outcome: Outcome| {
-        recorder.stats().outcome(&outcome, None);
+        recorder.stats().outcome(&outcome, false);
         drop(inflight);
     });
     Ok(relay::respond(
@@ -272,50 +275,87 @@ async fn first_answer(
     }
 }
 
+/// What the record stage prices a request's usage with (see [`crate::accounting`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Billing {
+    price: Option<Price>,
+    format: Option<Format>,
+    /// abridge's estimates of a compacted request and its history's previous request.
+    compacted: Option<(Estimates, Option<accounting::Previous>)>,
+}
+
+impl Billing {
+    /// A request abridge read: its model's price, its format, and what its decision
+    /// estimated.
+    fn of(state: &AppState, request: &crate::formats::Request, decision: &Decision) -> Self {
+        let report = &decision.report;
+        let compacted = report.compacted.then(|| {
+            let estimates = Estimates {
+                client: report.tokens_before.unwrap_or(0),
+                forwarded: report.tokens_after.unwrap_or(0),
+            };
+            let previous = decision
+                .previous
+                .filter(|_| decision.previous_client_tokens > 0)
+                .map(|(_, ratio, _)| accounting::Previous {
+                    tokens: decision.previous_client_tokens,
+                    // The provider's count, as the history's appended turns taught.
+                    appended: decision.appended * u64::from(ratio.max(1)) / 1000,
+                    cached: decision.previous_at_ms.is_some_and(|at| {
+                        crate::store::now_ms().saturating_sub(at) <= accounting::CACHE_LIFETIME_MS
+                    }),
+                });
+            (estimates, previous)
+        });
+        Self {
+            price: state.prices().of(request.model()),
+            format: Some(request.format()),
+            compacted,
+        }
+    }
+
+    /// What the request saved and cost, the provider having reported `usage`.
+    fn tally(&self, usage: &relay::Usage) -> accounting::Tally {
+        let reported = accounting::reported(usage);
+        // Anthropic caches at the client's breakpoints; the forwarded request keeps the
+        // client's latest ones, so a cache it read or wrote says the client marks them.
+        let writes =
+            self.format == Some(Format::Messages) && reported.cached + reported.cache_write > 0;
+        let compacted = self
+            .compacted
+            .map(|(estimates, previous)| accounting::Compacted {
+                estimates,
+                previous,
+                writes_at_breakpoints: writes,
+            });
+        accounting::request(reported, compacted, self.price)
+    }
+}
+
 /// relay: the client's response, with abridge's report headers; record when it ends.
 fn respond(
     state: &AppState,
-    upstream: Upstream,
-    watch: Watch,
+    (upstream, watch): (Upstream, Watch),
     report: &Report,
-    followup: Option<Followup>,
+    (followup, billing): (Option<Followup>, Billing),
     exchange: &mut Exchange,
 ) -> Response {
     let stream = upstream.streams().then(|| state.stats().stream_started());
-    let compacted = match (report.compacted, report.tokens_before, report.tokens_after) {
-        (true, Some(client), Some(forwarded)) => {
-            state
-                .stats()
-                .estimated_saving(client.saturating_sub(forwarded));
-            Some(Estimates { client, forwarded })
-        }
-        (true, ..) => Some(Estimates {
-            client: 0,
-            forwarded: 0,
-        }),
-        (false, ..) => None,
-    };
+    if let Some((e, _)) = billing.compacted {
+        state
+            .stats()
+            .estimated_saving(e.client.saturating_sub(e.forwarded));
+    }
     let recorder = state.clone();
     let inflight = exchange.inflight.take();
     let held = exchange.held.take();
-    let recalled = report
-        .recalls
-        .filter(|n| *n > 0)
-        .zip(followup.as_ref().map(|f| f.conversation));
     let on_done: OnDone = Box::new(move |outcome: Outcome| {
         // A background compaction keeps the body: its share of the budget goes along.
         let followup = followup.map(|mut f| {
             f.held = held;
             f
         });
-        record(&recorder, &outcome, followup, compacted);
-        if let (Some((n, conversation)), Ok(runtime)) =
-            (recalled, tokio::runtime::Handle::try_current())
-        {
-            let store = recorder.store().clone();
-            // Failures are counted and logged by the store.
-            runtime.spawn(async move { store.add_recalls(&conversation, u64::from(n)).await });
-        }
+        record(&recorder, &outcome, followup, &billing);
         drop((inflight, stream));
     });
     let mut response = relayed(state, upstream, watch, on_done);
@@ -357,15 +397,11 @@ fn relayed(state: &AppState, upstream: Upstream, watch: Watch, on_done: OnDone) 
     }
 }
 
-/// record: the outcome in the stats; the usage the provider reported to the compactor
-/// (store, anti-thrash, background build).
-fn record(
-    state: &AppState,
-    outcome: &Outcome,
-    followup: Option<Followup>,
-    compacted: Option<Estimates>,
-) {
-    state.stats().outcome(outcome, compacted);
+/// record: the outcome in the stats; what the request saved and cost in the totals and,
+/// with the usage the provider reported, in the conversation's account (store,
+/// anti-thrash, background build).
+fn record(state: &AppState, outcome: &Outcome, followup: Option<Followup>, billing: &Billing) {
+    state.stats().outcome(outcome, billing.compacted.is_some());
     let Some(usage) = outcome.usage else {
         return;
     };
@@ -375,7 +411,21 @@ fn record(
         end = ?outcome.end,
         "usage"
     );
+    let tally = billing.tally(&usage);
+    state.stats().tally(&tally);
     if let Some(followup) = followup {
-        state.compactor().record(followup, usage.prompt_tokens);
+        let entry = accounting::Entry {
+            point: Some(accounting::Point {
+                at_ms: crate::store::now_ms(),
+                client: tally.client_tokens,
+                forwarded: tally.forwarded_tokens,
+                applied: followup.applied,
+            }),
+            format: billing.format.map(Format::as_str),
+            tally,
+        };
+        state
+            .compactor()
+            .record(followup, usage.prompt_tokens, entry);
     }
 }

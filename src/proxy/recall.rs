@@ -16,10 +16,14 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{StatusCode, Uri};
 
+use crate::accounting::{self, Tally};
 use crate::compactor::Decision;
 use crate::config::CompactionMode;
+use crate::identity::Fingerprint;
 use crate::prepare::Prepared;
+use crate::prices::Price;
 use crate::recall::{Corpus, wire};
+use crate::relay::usage;
 use crate::state::AppState;
 use crate::tokens::Estimator;
 
@@ -101,12 +105,15 @@ pub(super) async fn serve(
         state,
         corpus: &corpus,
         estimator: Estimator::for_model_ready(prepared.request.model()),
+        price: state.prices().of(prepared.request.model()),
         format,
         choice: choice.clone(),
     };
     match rounds.run(answer, sent, (parts, target), exchange).await {
-        Ok((head, body, served)) => {
-            decision.report.recalls = Some(served);
+        Ok((head, body, spent)) => {
+            decision.report.recalls = Some(u32::try_from(spent.recalls).unwrap_or(u32::MAX));
+            let conversation = prepared.identified.as_ref().map(|i| i.conversation);
+            account(state, conversation, &spent);
             // What the provider counted for the forwarded history is the first round's.
             Upstream::Whole(head, body, usage)
         }
@@ -171,6 +178,21 @@ pub(super) fn answer_calls(
         .collect()
 }
 
+/// What recall did for one client request (`spent`: the calls answered, the follow-ups'
+/// tokens and cost), into the totals and the conversation's account (written in the
+/// background: the client waits for nothing).
+pub(super) fn account(state: &AppState, conversation: Option<Fingerprint>, spent: &Tally) {
+    if *spent == Tally::default() {
+        return;
+    }
+    state.stats().tally(spent);
+    if let Some(conversation) = conversation {
+        let (store, spent) = (state.store().clone(), *spent);
+        // Failures are counted and logged by the store.
+        tokio::spawn(async move { store.add_tally(&conversation, &spent).await });
+    }
+}
+
 /// The client's `tool_choice` as a Responses answer echoes it: `auto` when it sent none.
 fn client_choice(prepared: &Prepared) -> serde_json::Value {
     prepared
@@ -201,6 +223,7 @@ struct Rounds<'a> {
     state: &'a AppState,
     corpus: &'a Corpus,
     estimator: Estimator,
+    price: Option<Price>,
     format: crate::formats::Format,
     /// The client's `tool_choice`, as the answer echoes it (Responses).
     choice: serde_json::Value,
@@ -208,17 +231,18 @@ struct Rounds<'a> {
 
 impl Rounds<'_> {
     /// Serves `answer`'s calls and asks again until an answer calls none (or the last
-    /// round): that answer, finished, and the calls served.
+    /// round): that answer, finished, and what the rounds spent (the calls served
+    /// among it).
     async fn run(
         &self,
         mut answer: wire::Answer,
         mut sent: Bytes,
         (parts, target): (&Parts, &Uri),
         exchange: &mut Exchange,
-    ) -> Result<(http::response::Parts, Bytes, u32), String> {
+    ) -> Result<(http::response::Parts, Bytes, Tally), String> {
         let config = &self.state.config().recall;
         let mut usage = answer.value.get("usage").cloned();
-        let mut served = 0u32;
+        let mut spent = Tally::default();
         let mut round = 0;
         loop {
             round += 1;
@@ -228,7 +252,7 @@ impl Rounds<'_> {
                 (&self.estimator, config.max_tokens),
                 &answer.calls,
             );
-            served += u32::try_from(results.len()).unwrap_or(u32::MAX);
+            spent.recalls += results.len() as u64;
             let items = wire::round_items(self.format, &answer, &results);
             let last = round >= config.max_rounds;
             let next = wire::follow_up(self.format, &sent, &items, last)
@@ -255,10 +279,12 @@ impl Rounds<'_> {
             }
             answer = wire::Answer::read(self.format, &body)
                 .ok_or("the provider's answer to the follow-up is not JSON")?;
-            if let Some(more) = answer.value.get("usage") {
-                self.state
-                    .stats()
-                    .recall_spent(crate::relay::usage::spent(more));
+            if let Some(more) = answer.value.get("usage").and_then(usage::of_value) {
+                spent.add(&accounting::recall(
+                    0,
+                    accounting::reported(&more),
+                    self.price,
+                ));
             }
             match (&mut usage, answer.value.get("usage")) {
                 (Some(total), Some(more)) => wire::add_usage(total, more),
@@ -268,7 +294,7 @@ impl Rounds<'_> {
             sent = next;
             if answer.calls.is_empty() || last {
                 let body = wire::finish(self.format, answer.value, usage, &self.choice);
-                return Ok((head, Bytes::from(body), served));
+                return Ok((head, Bytes::from(body), spent));
             }
         }
     }

@@ -29,6 +29,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use crate::accounting::{self, Tally};
 use crate::formats::Request;
 use crate::identity::Fingerprint;
 use crate::recall::stream::{Carry, Event, Round};
@@ -94,6 +95,8 @@ impl Streamed {
         let mut carry = Carry::new(format, self.choice.clone());
         let mut sent = self.sent.clone();
         let (mut followups, mut served) = (0u32, 0u64);
+        let mut spent = Tally::default();
+        let price = self.state.prices().of(self.request.model());
         let mut corpus = None;
         loop {
             let mut round = Round::new(carry);
@@ -101,11 +104,9 @@ impl Streamed {
                 break;
             }
             if followups > 0
-                && let Some(usage) = round.usage()
+                && let Some(usage) = round.usage().and_then(crate::relay::usage::of_value)
             {
-                self.state
-                    .stats()
-                    .recall_spent(crate::relay::usage::spent(usage));
+                spent.add(&accounting::recall(0, accounting::reported(&usage), price));
             }
             let Some(answer) = round.recalled(followups < max_rounds) else {
                 let _ = send(&tx, round.flush()).await;
@@ -156,12 +157,8 @@ impl Streamed {
             }
             carry = round.into_carry();
         }
-        if served > 0
-            && let Some(conversation) = self.conversation
-        {
-            // Failures are counted and logged by the store.
-            let _ = self.state.store().add_recalls(&conversation, served).await;
-        }
+        spent.recalls = served;
+        super::recall::account(&self.state, self.conversation, &spent);
     }
 
     /// The provider's stream for `body`, relayed (its usage is not recorded: the

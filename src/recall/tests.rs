@@ -26,6 +26,7 @@ fn condensed(head: u32, through: u32, kept: &[u32]) -> Checkpoint {
         fallback: None,
         tokens_before: 0,
         tokens_after: 0,
+        tokens_sent: 0,
         created_ms: 0,
         gate: None,
     }

@@ -14,6 +14,7 @@ use super::{
     Checkpoint, Loaded, Lock, MAX_USAGE, Recent, Saved, State, Usage, checkpoint_field, lock,
     now_ms,
 };
+use crate::accounting::{Account, Entry, MAX_POINTS, Point, Tally};
 use crate::config::StoreConfig;
 use crate::identity::Fingerprint;
 use crate::secret::Secret;
@@ -49,9 +50,14 @@ struct Conversation {
     state: Option<State>,
     lock: Option<(String, Instant)>,
     expires: Instant,
-    /// Bytes its checkpoints take.
+    /// What its requests saved and cost, and its latest requests.
+    account: Account,
+    /// Bytes its checkpoints and its latest requests take.
     bytes: usize,
 }
+
+/// What a request's point on the plot takes in memory.
+const POINT_BYTES: usize = std::mem::size_of::<Point>();
 
 /// What a checkpoint takes in memory, near enough: its text and a fixed overhead.
 fn size_of(c: &Checkpoint) -> usize {
@@ -123,8 +129,14 @@ impl MemoryStore {
         Saved::Stored
     }
 
-    pub fn record_usage(&self, id: &Fingerprint, usage: Usage, replaces: Option<Fingerprint>) {
+    pub fn record_usage(
+        &self,
+        id: &Fingerprint,
+        (usage, entry): (Usage, &Entry),
+        replaces: Option<Fingerprint>,
+    ) {
         let mut inner = lock(&self.inner);
+        let added = self.account(&mut inner, id, entry);
         let c = self.entry(&mut inner, id);
         c.usage
             .retain(|u| u.prefix != usage.prefix && Some(u.prefix) != replaces);
@@ -139,6 +151,44 @@ impl MemoryStore {
             c.usage.remove(oldest);
         }
         c.state.get_or_insert_with(State::default).last_seen_ms = now_ms();
+        if added {
+            self.shed_bytes(&mut inner, id);
+        }
+    }
+
+    /// Adds `entry` to the conversation's account; whether its bytes grew.
+    fn account(&self, inner: &mut Inner, id: &Fingerprint, entry: &Entry) -> bool {
+        let c = self.entry(inner, id);
+        let account = &mut c.account;
+        account.tally.add(&entry.tally);
+        if let Some(format) = entry.format {
+            if account.format.as_deref() != Some(format) {
+                account.format = Some(format.to_owned());
+            }
+        }
+        let Some(point) = entry.point else {
+            return false;
+        };
+        account.series.push(point);
+        if account.series.len() > MAX_POINTS {
+            account.series.remove(0);
+            return false;
+        }
+        c.bytes += POINT_BYTES;
+        inner.bytes += POINT_BYTES;
+        true
+    }
+
+    /// Adds a summary call's or recall's counts to the conversation's account.
+    pub fn add_tally(&self, id: &Fingerprint, tally: &Tally) {
+        let mut inner = lock(&self.inner);
+        self.entry(&mut inner, id).account.tally.add(tally);
+    }
+
+    /// The conversation's account (`None`: no such live conversation).
+    pub fn account_of(&self, id: &Fingerprint) -> Option<Account> {
+        let mut inner = lock(&self.inner);
+        live(&mut inner, id, Instant::now()).map(|c| c.account.clone())
     }
 
     pub fn try_lock(&self, id: &Fingerprint, lock_: &Lock, ttl: Duration) -> bool {
@@ -199,14 +249,6 @@ impl MemoryStore {
             inner.bytes -= c.bytes;
         }
         existed
-    }
-
-    /// Counts `n` recall calls answered for a live conversation.
-    pub fn add_recalls(&self, id: &Fingerprint, n: u64) {
-        let mut inner = lock(&self.inner);
-        if let Some(c) = live(&mut inner, id, Instant::now()) {
-            c.state.get_or_insert_with(State::default).recalls += n;
-        }
     }
 
     pub fn schedule(&self, id: &Fingerprint, focus: Option<&str>) -> bool {
@@ -337,6 +379,7 @@ impl MemoryStore {
             state: None,
             lock: None,
             expires: now,
+            account: Account::default(),
             bytes: 0,
         };
         let c = inner.conversations.entry(*id).or_insert_with(fresh);
@@ -418,6 +461,7 @@ mod tests {
             fallback: None,
             tokens_before: 0,
             tokens_after: 0,
+            tokens_sent: 0,
             created_ms: 0,
             gate: None,
         }

@@ -18,7 +18,10 @@
 //! one slot; only hashes appear in key names; every conversation key has a TTL refreshed
 //! on use:
 //! - `<prefix>:{<conv>}:ckpt`  — hash: `<through, 10 digits>:<prefix hash>` → checkpoint JSON
-//! - `<prefix>:{<conv>}:state` — hash: compactions, recalls, last_seen, scheduled
+//! - `<prefix>:{<conv>}:state` — hash: compactions, last_seen, scheduled
+//! - `<prefix>:{<conv>}:account` — hash: what its requests saved and cost (see
+//!   [`crate::accounting::Tally`]), its format
+//! - `<prefix>:{<conv>}:series` — list: its latest requests, for the plot
 //! - `<prefix>:{<conv>}:usage` — hash: `<history prefix hash>` → the usage reported for it
 //! - `<prefix>:{<conv>}:lock`  — the single-flight lock token (SET NX PX)
 //! - `<prefix>:{<tenant>}:tenant` — "1" once the provider accepted the tenant's credential
@@ -34,6 +37,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::accounting::{Account, Entry, Tally};
 use crate::config::StoreConfig;
 use crate::identity::Fingerprint;
 use crate::secret::Secret;
@@ -163,21 +167,22 @@ impl Store {
     /// Records the usage the provider reported for a history of this conversation.
     /// `replaces`: the prefix of the record this request was predicted from (an
     /// earlier turn of the same history), which the new record supersedes.
+    /// With it, what the request adds to the conversation's account.
     pub async fn record_usage(
         &self,
         conversation: &Fingerprint,
-        usage: Usage,
+        (usage, entry): (Usage, &Entry),
         replaces: Option<Fingerprint>,
         touch_index: bool,
     ) -> Result<(), StoreError> {
         self.call("record_usage", async {
             match &self.backend {
                 Backend::Memory(m) => {
-                    m.record_usage(conversation, usage, replaces);
+                    m.record_usage(conversation, (usage, entry), replaces);
                     Ok(())
                 }
                 Backend::Redis(r) => {
-                    r.record_usage(conversation, usage, replaces, touch_index)
+                    r.record_usage(conversation, (usage, entry), replaces, touch_index)
                         .await
                 }
             }
@@ -273,15 +278,31 @@ impl Store {
         .await
     }
 
-    /// Counts `n` `abridge_recall` calls answered for a conversation (its state).
-    pub async fn add_recalls(&self, conversation: &Fingerprint, n: u64) -> Result<(), StoreError> {
-        self.call("add_recalls", async {
+    /// Adds what a summary call or a recall spent to the conversation's account.
+    pub async fn add_tally(
+        &self,
+        conversation: &Fingerprint,
+        tally: &Tally,
+    ) -> Result<(), StoreError> {
+        self.call("add_tally", async {
             match &self.backend {
                 Backend::Memory(m) => {
-                    m.add_recalls(conversation, n);
+                    m.add_tally(conversation, tally);
                     Ok(())
                 }
-                Backend::Redis(r) => r.add_recalls(conversation, n).await,
+                Backend::Redis(r) => r.add_tally(conversation, tally).await,
+            }
+        })
+        .await
+    }
+
+    /// What the conversation's requests saved and cost, its format, its latest requests
+    /// (empty for a conversation the store does not know).
+    pub async fn account(&self, conversation: &Fingerprint) -> Result<Account, StoreError> {
+        self.call("account", async {
+            match &self.backend {
+                Backend::Memory(m) => Ok(m.account_of(conversation).unwrap_or_default()),
+                Backend::Redis(r) => r.account(conversation).await,
             }
         })
         .await

@@ -35,8 +35,13 @@ pub struct Checkpoint {
     /// Why the requested strategy was not the one that produced it (a fallback).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
+    /// abridge's estimates of the request it was built for: with the previous checkpoint
+    /// applied (what this one improved on), with this one applied, and as the client
+    /// sent it (0 in checkpoints written before it was kept: `tokens_before` then).
     pub tokens_before: u64,
     pub tokens_after: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens_sent: u64,
     /// Milliseconds since the Unix epoch.
     pub created_ms: u64,
     /// What the summary gate found and repaired (a summary written for it).
@@ -93,10 +98,22 @@ impl Checkpoint {
         self.replacement.iter().map(|r| r.get().len() + 1).sum()
     }
 
+    /// What it keeps from the provider: abridge's estimate of the client's request less
+    /// the forwarded one, when it was built.
+    pub fn tokens_saved(&self) -> u64 {
+        self.tokens_sent
+            .max(self.tokens_before)
+            .saturating_sub(self.tokens_after)
+    }
+
     /// How many of the client's messages the replacement stands for (`head..=through`).
     pub fn messages_replaced(&self) -> usize {
         (self.through + 1).saturating_sub(self.head) as usize
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl PartialEq for Checkpoint {
@@ -117,6 +134,7 @@ impl PartialEq for Checkpoint {
             && self.fallback == other.fallback
             && self.tokens_before == other.tokens_before
             && self.tokens_after == other.tokens_after
+            && self.tokens_sent == other.tokens_sent
             && self.created_ms == other.created_ms
             && self.gate == other.gate
     }
@@ -130,8 +148,6 @@ pub struct State {
     pub scheduled: Option<String>,
     /// Checkpoints saved over the conversation's life.
     pub compactions: u64,
-    /// `abridge_recall` calls answered over the conversation's life.
-    pub recalls: u64,
     pub last_seen_ms: u64,
 }
 
@@ -158,6 +174,9 @@ pub struct Usage {
     /// The provider's count of what a turn appended, per thousand of abridge's estimate
     /// of it (1000 until measured): what appended messages are scaled by.
     pub ratio_permille: u32,
+    /// The request as the client sent it, counted as the provider counts (its own count
+    /// when forwarded as sent; 0: not known, a record written before it was kept).
+    pub client_tokens: u64,
     /// When it was reported (ms since the epoch).
     pub at_ms: u64,
 }
@@ -167,36 +186,39 @@ impl Usage {
     pub fn encode(&self) -> String {
         let applied = self.applied.map_or(-1, i64::from);
         format!(
-            "{}:{}:{applied}:{}:{}:{}:{}",
+            "{}:{}:{applied}:{}:{}:{}:{}:{}",
             self.tokens,
             self.messages,
             self.head_tokens,
             self.growth,
             self.ratio_permille,
+            self.client_tokens,
             self.at_ms
         )
     }
 
+    /// A stored value: eight numbers, or the seven of a record written before
+    /// `client_tokens` was kept.
     pub fn decode(prefix: Fingerprint, value: &str) -> Option<Self> {
-        let mut parts = value.split(':');
-        let mut next = || parts.next()?.parse::<i64>().ok();
-        let (tokens, messages, applied, head_tokens, growth, ratio, at_ms) = (
-            next()?,
-            next()?,
-            next()?,
-            next()?,
-            next()?,
-            next()?,
-            next()?,
-        );
+        let numbers: Vec<i64> = value
+            .split(':')
+            .map(|n| n.parse().ok())
+            .collect::<Option<_>>()?;
+        let (client_tokens, at_ms) = match *numbers.as_slice() {
+            [_, _, _, _, _, _, at_ms] => (0, at_ms),
+            [_, _, _, _, _, _, client, at_ms] => (client, at_ms),
+            _ => return None,
+        };
+        let n = |i: usize| numbers[i];
         Some(Self {
             prefix,
-            tokens: u64::try_from(tokens).ok()?,
-            messages: u32::try_from(messages).ok()?,
-            applied: u32::try_from(applied).ok(),
-            head_tokens: u64::try_from(head_tokens).ok()?,
-            growth: u64::try_from(growth).ok()?,
-            ratio_permille: u32::try_from(ratio).ok()?,
+            tokens: u64::try_from(n(0)).ok()?,
+            messages: u32::try_from(n(1)).ok()?,
+            applied: u32::try_from(n(2)).ok(),
+            head_tokens: u64::try_from(n(3)).ok()?,
+            growth: u64::try_from(n(4)).ok()?,
+            ratio_permille: u32::try_from(n(5)).ok()?,
+            client_tokens: u64::try_from(client_tokens).ok()?,
             at_ms: u64::try_from(at_ms).ok()?,
         })
     }

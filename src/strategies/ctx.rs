@@ -367,10 +367,10 @@ impl<'i, 'a> Ctx<'i, 'a> {
                 })
                 .sum()
         };
+        let tokens_sent = self.estimator().per_request() + before(0..n);
         let tokens_before = match self.input.previous {
             Some(p) if p.head <= p.through && p.through < n => {
-                self.estimator().per_request()
-                    + before(0..p.head)
+                tokens_sent.saturating_sub(before(p.head..p.through + 1))
                     + p.replacement
                         .iter()
                         .map(|r| self.raw_tokens(r))
@@ -380,9 +380,8 @@ impl<'i, 'a> Ctx<'i, 'a> {
                         .filter(|k| (k.of as usize) < n)
                         .map(|k| self.cost(k.of as usize..k.of as usize + 1))
                         .sum::<u64>()
-                    + before(p.through + 1..n)
             }
-            _ => self.estimator().per_request() + before(0..n),
+            _ => tokens_sent,
         };
         let (replacement, origin) = replacement.into_iter().unzip();
         Plan {
@@ -397,6 +396,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
             summary,
             tokens_before,
             tokens_after,
+            tokens_sent,
             messages_replaced: through + 1 - head,
             verdict: None,
         }

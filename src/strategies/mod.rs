@@ -311,9 +311,8 @@ pub struct Previous<'x> {
 pub struct Answer {
     pub text: String,
     pub cut: bool,
-    /// The input and output tokens its provider reported for the call (`None`: it did
-    /// not say).
-    pub spent: Option<(u64, u64)>,
+    /// The tokens its provider reported for the call (`None`: it did not say).
+    pub spent: Option<crate::prices::Tokens>,
 }
 
 impl From<String> for Answer {
@@ -441,6 +440,9 @@ pub struct Plan {
     pub tokens_before: u64,
     /// Estimate of the request with this plan applied.
     pub tokens_after: u64,
+    /// Estimate of the request as the client sent it (no checkpoint applied): what the
+    /// plan stands for, whatever an earlier checkpoint already replaced.
+    pub tokens_sent: u64,
     /// Original messages no longer forwarded as they were (`through + 1 - head`).
     pub messages_replaced: usize,
     /// What the summary gate found and repaired, for a summary written for this plan.

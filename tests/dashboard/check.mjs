@@ -58,6 +58,20 @@ try {
     if (text !== String(value)) fail(`card ${key} shows ${shown[key]}, /admin/stats says ${value}`);
     console.log(`ok ${key} = ${value}`);
   }
+  // The money cards: /admin/stats' savings, in dollars.
+  const usd = (n) => (n < 0 ? "−$" : "$") + Math.abs(n).toFixed(4);
+  const s = stats.savings;
+  const money = {
+    net_saved: s.usd.net_saved,
+    cost_direct: s.usd.direct,
+    cost_through: s.usd.forwarded + s.usd.summaries + s.usd.recalls,
+    cost_summaries: s.usd.summaries,
+  };
+  for (const [key, value] of Object.entries(money)) {
+    if (shown[key] !== usd(value)) fail(`card ${key} shows ${shown[key]}, /admin/stats says ${usd(value)}`);
+    console.log(`ok ${key} = ${shown[key]}`);
+  }
+  if (!(s.usd.direct > 0 && s.usd.forwarded > 0)) fail("the test traffic is priced: " + JSON.stringify(s));
   if (expected.compactions < 1) fail("the test traffic should have compacted something");
   if (expected.recalls < 1) fail("the test traffic should have recalled something");
 
@@ -70,12 +84,23 @@ try {
 
   const rows = await page.$$("#compactions tbody tr");
   if (rows.length < 1) fail("no recent compactions listed");
-  await rows[0].click();
+  // The agent's conversation: the one with the most compactions.
+  const most = listed.reduce((best, cells, i) => (Number(cells[4]) > Number(listed[best][4]) ? i : best), 0);
+  await (await page.$$("#conversations tbody tr"))[most].click();
   await page.waitForSelector("#detail:not(.hidden) pre", { timeout: 5000 });
   const detail = await page.textContent("#detail");
   if (!/replaced/.test(detail)) fail("conversation detail shows no checkpoint: " + detail);
   if (!/last reported [0-9,]+ prompt tokens for [0-9,]+ messages/.test(detail)) fail("conversation detail shows no usage: " + detail);
   console.log("ok drill-down");
+  // Its savings and its plot: the client's prompt against the forwarded one, per request,
+  // a dot where a compaction took effect.
+  const savings = await page.textContent("#detail-savings");
+  if (!/chat · [0-9,]+ requests · clients sent [0-9,]+ prompt tokens, [0-9,]+ forwarded .* net saved −?\$[0-9.]+/.test(savings)) fail("no savings in the detail: " + savings);
+  const lines = await page.$$eval("#detail-plot polyline", (ls) => ls.map((l) => [l.getAttribute("class"), l.getAttribute("points").split(" ").length]));
+  if (lines.length !== 2 || lines.some(([, n]) => n < 10)) fail("the plot has no two series of the requests: " + JSON.stringify(lines));
+  const dots = await page.$$eval("#detail-plot circle.compaction", (d) => d.length);
+  if (dots < 1) fail("the plot marks no compaction");
+  console.log(`ok plot: ${lines[0][1]} requests, ${dots} compactions marked`);
 
   await page.screenshot({ path: screenshot, fullPage: true });
   console.log("ok screenshot " + screenshot);

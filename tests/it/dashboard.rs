@@ -22,6 +22,14 @@ async fn the_dashboard_shows_what_the_api_says() {
     config.admin.token = Some(Secret::new("dashboard-token-0123"));
     config.compaction.threshold_tokens = 3000;
     config.compaction.background = false;
+    // The fake's model priced as a small hosted one, so the money cards show money.
+    let price = abridge::prices::Price {
+        input: 0.4,
+        cached_input: Some(0.1),
+        cache_write: None,
+        output: 1.6,
+    };
+    config.prices.insert("fake-model".to_owned(), price);
     let proxy = Proxy::start_with(config).await;
     let mut agent = Agent::new(&proxy, "sk-dashboard");
     for n in 1..=12 {
@@ -73,6 +81,7 @@ async fn the_dashboard_shows_what_the_api_says() {
     assert!(
         stdout.contains("ok no console errors")
             && stdout.contains("ok drill-down")
+            && stdout.contains("ok plot")
             && stdout.contains("ok recalls listed"),
         "{stdout}"
     );

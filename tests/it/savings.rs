@@ -7,9 +7,14 @@ use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider, count_tokens, is_summary_request};
 use serde_json::Value;
 
+use std::time::Duration;
+
+use abridge::prices::Price;
+
 use crate::common::agent::{Agent, main_requests};
 use crate::common::claude::ClaudeAgent;
-use crate::common::{Proxy, compacting};
+use crate::common::responses::ResponsesAgent;
+use crate::common::{Proxy, compacting, eventually};
 
 const ADMIN_TOKEN: &str = "v8Rk3nQz6Wp1Xc9Lm4Ty7Hb2Jd5Fs0Ga";
 
@@ -131,4 +136,274 @@ async fn prompt_cache_reads_and_writes_are_counted_as_the_provider_reported_them
     assert_eq!(stats.cached_tokens_reported, read);
     assert_eq!(stats.cache_write_tokens_reported, written);
     assert!(stats.checkpoints_applied > 0, "{stats:?}");
+}
+
+/// The prices the money tests apply, dollars per million tokens: input, cached input,
+/// cache write, output.
+const PRICE: (f64, f64, f64, f64) = (2.0, 0.5, 2.5, 8.0);
+
+fn price_table() -> std::collections::BTreeMap<String, Price> {
+    let (input, cached, write, output) = PRICE;
+    let price = Price {
+        input,
+        cached_input: Some(cached),
+        cache_write: Some(write),
+        output,
+    };
+    [("fake-model", price), ("claude-sonnet-4-5", price)]
+        .into_iter()
+        .map(|(m, p)| (m.to_owned(), p))
+        .collect()
+}
+
+/// What one `usage` a provider reported costs at [`PRICE`], in millionths of a dollar,
+/// worked out here by hand from the usage object in each format's naming.
+fn priced(usage: &Value) -> f64 {
+    let (input, cached, write, output) = PRICE;
+    let n = |v: &Value| v.as_u64().unwrap_or(0) as f64;
+    if usage.get("cache_read_input_tokens").is_some() {
+        // Anthropic: input_tokens leaves out the cache's reads and writes.
+        return n(&usage["input_tokens"]) * input
+            + n(&usage["cache_read_input_tokens"]) * cached
+            + n(&usage["cache_creation_input_tokens"]) * write
+            + n(&usage["output_tokens"]) * output;
+    }
+    let prompt = n(&usage["prompt_tokens"]).max(n(&usage["input_tokens"]));
+    let hit = n(&usage["prompt_tokens_details"]["cached_tokens"])
+        .max(n(&usage["input_tokens_details"]["cached_tokens"]));
+    (prompt - hit) * input
+        + hit * cached
+        + (n(&usage["completion_tokens"]) + n(&usage["output_tokens"])) * output
+}
+
+fn is_summary(report: &fake_provider::Report) -> bool {
+    report.json()["messages"]
+        .as_array()
+        .is_some_and(|m| is_summary_request(m))
+}
+
+/// The clients' requests sent as they were, in order, straight to a fresh fake provider
+/// that counts and caches as the first one: what they cost there, by hand.
+async fn direct_cost(path: &str, bodies: &[String], headers: &[(String, String)]) -> Direct {
+    let provider = FakeProvider::start(Behavior {
+        token_scale: SCALE,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    for body in bodies {
+        let mut request = crate::common::client()
+            .post(format!("{}{path}", provider.url()))
+            .header("authorization", "Bearer sk-direct")
+            .header("x-api-key", "sk-ant-direct")
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(body.clone());
+        for (k, v) in headers {
+            request = request.header(k.as_str(), v.as_str());
+        }
+        let status = request.send().await.unwrap().status();
+        assert_eq!(status, 200);
+    }
+    let reports = provider.reports();
+    let input = |u: &Value| {
+        [
+            "prompt_tokens",
+            "input_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+        ]
+        .iter()
+        .filter_map(|k| u[*k].as_u64())
+        .sum::<u64>()
+    };
+    Direct {
+        micros: reports.iter().map(|r| priced(&r.usage)).sum(),
+        tokens: reports.iter().map(|r| input(&r.usage)).sum(),
+    }
+}
+
+/// What the clients' requests cost sent straight to a provider, and its count of them.
+struct Direct {
+    micros: f64,
+    tokens: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Client {
+    Chat,
+    Codex,
+    Claude,
+}
+
+/// An agent of `client` for ten turns through abridge (structured, 3,000 tokens, the
+/// provider's tokenizer 30 % off abridge's): the bodies it sent, the path, its headers.
+async fn ten_turns(
+    client: Client,
+    proxy: &Proxy,
+) -> (Vec<String>, &'static str, Vec<(String, String)>) {
+    match client {
+        Client::Chat => {
+            let mut agent = Agent::new(proxy, "sk-net-chat");
+            for n in 1..=10 {
+                agent.turn(n).await;
+            }
+            let sent = agent.sent.lock().unwrap().clone();
+            (sent, "/v1/chat/completions", Vec::new())
+        }
+        Client::Codex => {
+            let mut agent = ResponsesAgent::new(proxy, "sk-net-codex");
+            for n in 1..=10 {
+                agent.turn(n).await;
+            }
+            let sent = agent.sent.lock().unwrap().clone();
+            (sent, "/v1/responses", Vec::new())
+        }
+        Client::Claude => {
+            let mut agent = ClaudeAgent::new(proxy, "sk-ant-net");
+            agent.stream = true;
+            for n in 1..=10 {
+                agent.turn(n).await;
+            }
+            let sent = agent.sent.lock().unwrap().clone();
+            (sent, "/v1/messages", agent.headers.clone())
+        }
+    }
+}
+
+/// The money figures against the fake provider's own log: what the forwarded requests
+/// and the summaries cost (exactly, at the price table, worked out by hand from what the
+/// fake reported), what the clients' requests would have cost sent as sent (within 5 %
+/// of the same requests sent to a fresh fake, its prompt cache included), and the net
+/// figure; the same in `/admin/stats` and in the conversation's account.
+async fn net_saving_agrees_with_the_providers_log(client: Client) {
+    let provider = FakeProvider::start(Behavior {
+        token_scale: SCALE,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let mut config = compacting(&provider.url(), Strategy::Structured, 3000);
+    config.compaction.background = false;
+    config.admin.token = Some(abridge::secret::Secret::new(ADMIN_TOKEN));
+    config.prices = price_table();
+    let proxy = Proxy::start_with(config).await;
+    let (sent, path, headers) = ten_turns(client, &proxy).await;
+    let reports = provider.reports();
+    let main: Vec<_> = reports.iter().filter(|r| !is_summary(r)).collect();
+    let all = main.len() as u64;
+    let recorded = eventually(Duration::from_secs(10), || {
+        proxy.stats().usage_reports == all
+    })
+    .await;
+    assert!(
+        recorded,
+        "{client:?}: {} of {all} reports recorded",
+        proxy.stats().usage_reports
+    );
+    let stats = proxy.stats();
+    assert!(stats.checkpoints_applied > 5, "{client:?}: {stats:?}");
+    assert!(
+        stats.cached_tokens_reported > 0,
+        "{client:?}: the fake cached: {stats:?}"
+    );
+
+    let forwarded: f64 = main.iter().map(|r| priced(&r.usage)).sum();
+    let summaries: f64 = reports
+        .iter()
+        .filter(|r| is_summary(r))
+        .map(|r| priced(&r.usage))
+        .sum();
+    assert!(summaries > 0.0, "{client:?}: no summary was made");
+    let close = |ours: u64, theirs: f64, within: f64| (ours as f64 - theirs).abs() <= within;
+    let rounding = reports.len() as f64;
+    assert!(
+        close(stats.cost_forwarded, forwarded, rounding),
+        "{client:?}: forwarded cost {} µ$, the fake's log says {forwarded}",
+        stats.cost_forwarded
+    );
+    assert!(
+        close(stats.cost_summaries, summaries, rounding),
+        "{client:?}: summaries cost {} µ$, the fake's log says {summaries}",
+        stats.cost_summaries
+    );
+    let Direct {
+        micros: direct,
+        tokens,
+    } = direct_cost(path, &sent, &headers).await;
+    assert!(
+        close(
+            stats.client_prompt_tokens,
+            tokens as f64,
+            tokens as f64 * 0.05
+        ),
+        "{client:?}: the clients sent {tokens} tokens as the provider counts; abridge says {}",
+        stats.client_prompt_tokens
+    );
+    assert!(
+        close(stats.cost_direct, direct, direct * 0.05),
+        "{client:?}: sent as sent: abridge says {} µ$, the fake charged {direct}",
+        stats.cost_direct
+    );
+    // Here, ten short turns at a 3,000-token threshold with a summary for every
+    // compaction, the net is a loss on every format: the figure must say so as it is.
+    let net = direct - forwarded - summaries;
+    assert!(
+        (stats.net_saved_micros() as f64 - net).abs() <= direct * 0.05,
+        "{client:?}: net {} µ$ against {net}",
+        stats.net_saved_micros()
+    );
+
+    // /admin/stats and the conversation's own account say the same.
+    let shown = proxy.admin_json("/admin/stats", ADMIN_TOKEN).await;
+    let usd = &shown["savings"]["usd"];
+    assert!(
+        (usd["net_saved"].as_f64().unwrap() * 1e6 - stats.net_saved_micros() as f64).abs() < 1.0,
+        "{shown}"
+    );
+    let list = proxy.admin_json("/admin/conversations", ADMIN_TOKEN).await;
+    let listed = &list["conversations"][0];
+    let format = match client {
+        Client::Chat => "chat",
+        Client::Codex => "responses",
+        Client::Claude => "messages",
+    };
+    assert_eq!(listed["format"], format, "{list}");
+    let id = listed["id"].as_str().unwrap();
+    let one = proxy
+        .admin_json(&format!("/admin/conversations/{id}"), ADMIN_TOKEN)
+        .await;
+    let own = &one["savings"];
+    assert_eq!(own["requests"], main.len() as u64, "{own}");
+    assert_eq!(own["summaries"]["calls"], stats.summary_calls, "{own}");
+    assert!(
+        (own["usd"]["net_saved"].as_f64().unwrap() * 1e6 - stats.net_saved_micros() as f64).abs()
+            < 1.0,
+        "{own}"
+    );
+    // Its plot: a point per request, the client's prompt against the forwarded one, and
+    // compactions where the checkpoint in force changes.
+    let series = one["series"].as_array().unwrap();
+    assert_eq!(series.len(), main.len(), "{one}");
+    assert!(
+        series
+            .iter()
+            .any(|p| p["client"].as_u64() > p["forwarded"].as_u64())
+    );
+    assert!(series.iter().any(|p| !p["applied"].is_null()));
+}
+
+#[tokio::test]
+async fn net_saving_on_chat_agrees_with_the_providers_log() {
+    net_saving_agrees_with_the_providers_log(Client::Chat).await;
+}
+
+#[tokio::test]
+async fn net_saving_on_responses_agrees_with_the_providers_log() {
+    net_saving_agrees_with_the_providers_log(Client::Codex).await;
+}
+
+#[tokio::test]
+async fn net_saving_on_messages_agrees_with_the_providers_log() {
+    net_saving_agrees_with_the_providers_log(Client::Claude).await;
 }

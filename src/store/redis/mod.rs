@@ -23,13 +23,14 @@ use redis::{ErrorKind, RedisError, Script};
 use tokio::sync::OnceCell;
 
 use self::keys::{Hex, Key};
-use self::scripts::{ADD_RECALLS, RECORD_USAGE, REFRESH, SAVE_CHECKPOINT, SCHEDULE, UNLOCK};
+use self::scripts::{ADD_TALLY, RECORD_USAGE, REFRESH, SAVE_CHECKPOINT, SCHEDULE, UNLOCK};
 use self::sentinel::{Conn, Sentinel};
 use self::tls::Transport;
 use super::{
     Checkpoint, Loaded, Lock, MAX_USAGE, Recent, Saved, State, StoreError, Usage, checkpoint_field,
     now_ms,
 };
+use crate::accounting::{Account, Entry, MAX_POINTS, Point, Tally};
 use crate::config::StoreConfig;
 use crate::identity::Fingerprint;
 use crate::secret::Secret;
@@ -51,7 +52,7 @@ struct Inner {
     unlock: Script,
     refresh: Script,
     schedule: Script,
-    add_recalls: Script,
+    add_tally: Script,
 }
 
 enum Target {
@@ -104,7 +105,7 @@ impl RedisStore {
                 unlock: Script::new(UNLOCK),
                 refresh: Script::new(REFRESH),
                 schedule: Script::new(SCHEDULE),
-                add_recalls: Script::new(ADD_RECALLS),
+                add_tally: Script::new(ADD_TALLY),
             }),
         })
     }
@@ -246,7 +247,7 @@ impl RedisStore {
     pub async fn record_usage(
         &self,
         conversation: &Fingerprint,
-        usage: Usage,
+        (usage, entry): (Usage, &Entry),
         replaces: Option<Fingerprint>,
         touch_index: bool,
     ) -> Result<(), StoreError> {
@@ -255,12 +256,22 @@ impl RedisStore {
         let mut own = self.inner.record.key(self.key(conversation, "usage"));
         own.key(self.key(conversation, "state"))
             .key(self.key(conversation, "ckpt"))
+            .key(self.key(conversation, "account"))
+            .key(self.key(conversation, "series"))
             .arg(Hex(Some(&usage.prefix)))
             .arg(usage.encode())
             .arg(Hex(replaces.as_ref()))
             .arg(MAX_USAGE)
             .arg(now)
-            .arg(ttl);
+            .arg(ttl)
+            .arg(entry.format.unwrap_or_default())
+            .arg(entry.point.map(|p| p.encode()).unwrap_or_default())
+            .arg(MAX_POINTS);
+        for (field, amount) in entry.tally.fields() {
+            if amount > 0 {
+                own.arg(field).arg(amount);
+            }
+        }
         let mut a = self.conn().await?;
         if !touch_index {
             own.invoke_async::<i64>(&mut a).await?;
@@ -285,17 +296,45 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Counts `n` recall calls answered (on an existing state hash only).
-    pub async fn add_recalls(&self, conversation: &Fingerprint, n: u64) -> Result<(), StoreError> {
+    /// Adds a summary call's or recall's counts to the conversation's account.
+    pub async fn add_tally(
+        &self,
+        conversation: &Fingerprint,
+        tally: &Tally,
+    ) -> Result<(), StoreError> {
+        let mut script = self.inner.add_tally.key(self.key(conversation, "account"));
+        script.arg(self.inner.ttl_ms);
+        for (field, amount) in tally.fields() {
+            if amount > 0 {
+                script.arg(field).arg(amount);
+            }
+        }
         let mut conn = self.conn().await?;
-        let _: i64 = self
-            .inner
-            .add_recalls
-            .key(self.key(conversation, "state"))
-            .arg(n)
-            .invoke_async(&mut conn)
-            .await?;
+        let _: i64 = script.invoke_async(&mut conn).await?;
         Ok(())
+    }
+
+    /// The conversation's account: its counts, format and latest requests.
+    pub async fn account(&self, conversation: &Fingerprint) -> Result<Account, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL")
+            .arg(self.key(conversation, "account"))
+            .cmd("LRANGE")
+            .arg(self.key(conversation, "series"))
+            .arg(0)
+            .arg(-1);
+        let (fields, series): (Fields, Vec<String>) =
+            pipe.query_async(&mut self.conn().await?).await?;
+        let mut account = Account::default();
+        for (field, value) in fields {
+            if field == "format" {
+                account.format = Some(value);
+            } else if let Ok(n) = value.parse() {
+                account.tally.set(&field, n);
+            }
+        }
+        account.series = series.iter().filter_map(|p| Point::decode(p)).collect();
+        Ok(account)
     }
 
     /// Sets (`Some`) or clears the scheduled-compaction mark; `false` if the
@@ -402,6 +441,8 @@ impl RedisStore {
             self.key(conversation, "state"),
             self.key(conversation, "usage"),
             self.key(conversation, "lock"),
+            self.key(conversation, "account"),
+            self.key(conversation, "series"),
         ];
         let mut conn = self.conn().await?;
         let deleted: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
@@ -533,7 +574,6 @@ fn parse_state(fields: &[(String, String)]) -> Result<Option<State>, StoreError>
     Ok(Some(State {
         scheduled: get("scheduled").cloned(),
         compactions: number("compactions")?,
-        recalls: number("recalls")?,
         last_seen_ms: number("last_seen")?,
     }))
 }

@@ -30,8 +30,11 @@ return added
 
 /// Records a history's usage: the record it supersedes goes, the new one is set, and
 /// beyond the limit the least recently reported history goes (its value ends in its
-/// time). Refreshes TTLs and `last_seen`. KEYS: usage, state, ckpt. ARGV: field, value,
-/// superseded field (or ""), limit, now, ttl.
+/// time). Refreshes TTLs and `last_seen`. Adds the request to the conversation's account
+/// (its counts, its format, its point on the plot, the latest `max points` kept).
+/// KEYS: usage, state, ckpt, account, series. ARGV: field, value, superseded field (or
+/// ""), limit, now, ttl, format (or ""), point (or ""), max points, then the account's
+/// fields and amounts.
 pub(super) const RECORD_USAGE: &str = r#"
 if ARGV[3] ~= '' and ARGV[3] ~= ARGV[1] then
   redis.call('HDEL', KEYS[1], ARGV[3])
@@ -51,9 +54,23 @@ if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[4]) then
   end
 end
 redis.call('HSET', KEYS[2], 'last_seen', ARGV[5])
+for i = 10, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1])
+end
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[4], 'format', ARGV[7])
+end
+if ARGV[8] ~= '' then
+  redis.call('RPUSH', KEYS[5], ARGV[8])
+  redis.call('LTRIM', KEYS[5], -tonumber(ARGV[9]), -1)
+  redis.call('PEXPIRE', KEYS[5], ARGV[6])
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
 redis.call('PEXPIRE', KEYS[3], ARGV[6])
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('PEXPIRE', KEYS[4], ARGV[6])
+end
 return 1
 "#;
 
@@ -83,11 +100,12 @@ end
 return 0
 "#;
 
-/// Counts recall calls answered, on a conversation's state hash that exists (so no key
-/// is ever made without its TTL). KEYS: state. ARGV: n.
-pub(super) const ADD_RECALLS: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HINCRBY', KEYS[1], 'recalls', ARGV[1])
+/// Adds a summary call's or recall's counts to a conversation's account, with its TTL
+/// (never a key without one). KEYS: account. ARGV: ttl, then fields and amounts.
+pub(super) const ADD_TALLY: &str = r#"
+for i = 2, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
 end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 0
 "#;

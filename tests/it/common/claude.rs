@@ -20,6 +20,8 @@ pub struct ClaudeAgent {
     pub stream: bool,
     pub headers: Vec<(String, String)>,
     pub extra: serde_json::Map<String, Value>,
+    /// Every body sent, in order.
+    pub sent: std::sync::Mutex<Vec<String>>,
 }
 
 impl ClaudeAgent {
@@ -44,6 +46,7 @@ impl ClaudeAgent {
                 ("x-fake-thinking".into(), "1".into()),
             ],
             extra: serde_json::Map::new(),
+            sent: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -64,6 +67,7 @@ impl ClaudeAgent {
     }
 
     pub async fn send_body(&self, body: String, stream: bool) -> Answer {
+        self.sent.lock().unwrap().push(body.clone());
         let mut request = client()
             .post(&self.url)
             .header("x-api-key", &self.key)

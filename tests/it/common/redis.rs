@@ -521,8 +521,8 @@ pub fn command_list(port: u16, args: &[&str]) -> Vec<String> {
     }
 }
 
-/// Every key with its contents as text (hash fields and values, sorted-set members,
-/// string values, and the raw DUMP): for checking what the store keeps.
+/// Every key with its contents as text (hash fields and values, sorted-set members, list
+/// elements, string values, and the raw DUMP): for checking what the store keeps.
 pub fn contents(port: u16) -> Vec<(String, String)> {
     command_list(port, &["KEYS", "*"])
         .into_iter()
@@ -530,6 +530,7 @@ pub fn contents(port: u16) -> Vec<(String, String)> {
             let values = match command(port, &["TYPE", &key]).unwrap().as_str() {
                 "hash" => command_list(port, &["HGETALL", &key]).join(" "),
                 "zset" => command_list(port, &["ZRANGE", &key, "0", "-1"]).join(" "),
+                "list" => command_list(port, &["LRANGE", &key, "0", "-1"]).join(" "),
                 _ => command(port, &["GET", &key]).unwrap(),
             };
             let dump = command_list(port, &["DUMP", &key]).join("");

@@ -22,6 +22,8 @@ pub struct ResponsesAgent {
     /// Extra top-level fields (e.g. `prompt_cache_key`).
     pub extra: serde_json::Map<String, Value>,
     reasoning: u32,
+    /// Every body sent, in order.
+    pub sent: std::sync::Mutex<Vec<String>>,
 }
 
 impl ResponsesAgent {
@@ -38,6 +40,7 @@ impl ResponsesAgent {
             headers: Vec::new(),
             extra: serde_json::Map::new(),
             reasoning: 0,
+            sent: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -62,6 +65,7 @@ impl ResponsesAgent {
     }
 
     pub async fn send_body(&self, body: String) -> Answer {
+        self.sent.lock().unwrap().push(body.clone());
         let mut request = client()
             .post(&self.url)
             .header("authorization", format!("Bearer {}", self.tenant))

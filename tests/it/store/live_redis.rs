@@ -11,7 +11,7 @@ use abridge::store::{Store, StoreError};
 
 use crate::common::redis::{RedisServer, command, command_calls, command_list, shared_cluster};
 
-use super::{checkpoint, cluster, conversation, fingerprint, redis_at, usage};
+use super::{checkpoint, cluster, conversation, entry, fingerprint, redis_at, usage};
 
 fn delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)> {
     let mut out: Vec<(String, u64)> = after
@@ -82,7 +82,15 @@ async fn stored_and_recorded(store: &Store, conv: &Fingerprint) {
         .await
         .unwrap();
     store
-        .record_usage(conv, usage(fingerprint(1), 2, 10, None), None, false)
+        .record_usage(
+            conv,
+            (
+                usage(fingerprint(1), 2, 10, None),
+                &abridge::accounting::Entry::default(),
+            ),
+            None,
+            false,
+        )
         .await
         .unwrap();
 }
@@ -117,7 +125,15 @@ async fn a_record_refreshes_the_ttl_and_a_load_only_when_no_turn_was_recorded_la
         assert!(ttl > 0 && ttl <= 100_000, "{key}: a load set TTL {ttl}");
     }
     store
-        .record_usage(&conv, usage(fingerprint(2), 4, 20, None), None, false)
+        .record_usage(
+            &conv,
+            (
+                usage(fingerprint(2), 4, 20, None),
+                &abridge::accounting::Entry::default(),
+            ),
+            None,
+            false,
+        )
         .await
         .unwrap();
     for key in &keys {
@@ -151,9 +167,19 @@ async fn every_key_has_a_ttl_and_a_conversations_keys_share_one_hash_tag() {
         .await
         .unwrap();
     store
-        .record_usage(&conv, usage(fingerprint(3), 3, 10, None), None, true)
+        .record_usage(
+            &conv,
+            (usage(fingerprint(3), 3, 10, None), &entry(5000, 10)),
+            None,
+            true,
+        )
         .await
         .unwrap();
+    let summary = abridge::accounting::Tally {
+        summary_calls: 1,
+        ..Default::default()
+    };
+    store.add_tally(&conv, &summary).await.unwrap();
     store
         .try_lock(&conv, Duration::from_secs(30))
         .await
@@ -190,8 +216,8 @@ async fn every_key_has_a_ttl_and_a_conversations_keys_share_one_hash_tag() {
         .iter()
         .filter(|k| k.contains(&format!("{{{conv}}}")))
         .collect();
-    // ckpt, state, usage, lock (the tenant's key has the tenant's tag).
-    assert_eq!(tagged.len(), 4, "{keys:?}");
+    // ckpt, state, usage, lock, account, series (the tenant's key has the tenant's tag).
+    assert_eq!(tagged.len(), 6, "{keys:?}");
 }
 
 /// Waits until `store` answers again (the probe gate lets a call through every 500 ms).

@@ -12,6 +12,7 @@ mod tls;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use abridge::accounting::{Account, Entry, MAX_POINTS, Point, Tally};
 use abridge::config::StoreConfig;
 use abridge::identity::{Fingerprint, IdentityKey};
 use abridge::secret::Secret;
@@ -119,6 +120,7 @@ fn checkpoint(through: u32, prefix: Fingerprint, text: &str) -> Checkpoint {
         fallback: None,
         tokens_before: 1000 + u64::from(through),
         tokens_after: 100,
+        tokens_sent: 0,
         created_ms: 1_700_000_000_000,
         gate: Some(abridge::strategies::Verdict {
             score: 0.5,
@@ -136,6 +138,7 @@ fn usage(prefix: Fingerprint, messages: u32, tokens: u64, applied: Option<u32>) 
         head_tokens: 40,
         growth: 300,
         ratio_permille: 1300,
+        client_tokens: tokens * 2,
         at_ms: abridge::store::now_ms(),
     }
 }
@@ -159,22 +162,77 @@ suite!(
     delete_and_recent,
     identity_secret_is_set_once,
     each_history_keeps_its_own_checkpoints,
-    recalls_are_counted_on_a_known_conversation_only,
+    an_account_adds_up_and_keeps_the_latest_requests,
 );
 
-async fn recalls_are_counted_on_a_known_conversation_only((store, _): (Store, StoreConfig)) {
-    let (known, unknown) = (conversation("r", 1), conversation("r", 2));
-    store
-        .record_usage(&known, usage(fingerprint(1), 1, 1, None), None, false)
-        .await
-        .unwrap();
-    store.add_recalls(&known, 2).await.unwrap();
-    store.add_recalls(&known, 1).await.unwrap();
-    let state = store.load(&known).await.unwrap().state.unwrap();
-    assert_eq!(state.recalls, 3);
-    // No state is made for a conversation the store does not know (no key without TTL).
-    store.add_recalls(&unknown, 5).await.unwrap();
-    assert!(store.load(&unknown).await.unwrap().state.is_none());
+/// What a request adds to its conversation's account: `client` and `forwarded` tokens,
+/// its format, its point on the plot.
+pub(super) fn entry(client: u64, forwarded: u64) -> Entry {
+    Entry {
+        tally: Tally {
+            requests: 1,
+            client_tokens: client,
+            forwarded_tokens: forwarded,
+            direct_micros: client * 3,
+            forwarded_micros: forwarded * 3,
+            ..Tally::default()
+        },
+        format: Some("messages"),
+        point: Some(Point {
+            at_ms: abridge::store::now_ms(),
+            client,
+            forwarded,
+            applied: (forwarded < client).then_some(4),
+        }),
+    }
+}
+
+async fn an_account_adds_up_and_keeps_the_latest_requests((store, _): (Store, StoreConfig)) {
+    let conv = conversation("r", 1);
+    assert_eq!(store.account(&conv).await.unwrap(), Account::default());
+    for n in 0..(MAX_POINTS as u64 + 5) {
+        store
+            .record_usage(
+                &conv,
+                (usage(fingerprint(1), 1, 1, None), &entry(1000 + n, 400)),
+                None,
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let summary = Tally {
+        summary_calls: 1,
+        summary_input_tokens: 700,
+        summary_micros: 2100,
+        ..Tally::default()
+    };
+    store.add_tally(&conv, &summary).await.unwrap();
+    let recall = Tally {
+        recalls: 2,
+        recall_input_tokens: 900,
+        ..Tally::default()
+    };
+    store.add_tally(&conv, &recall).await.unwrap();
+    let account = store.account(&conv).await.unwrap();
+    let n = MAX_POINTS as u64 + 5;
+    assert_eq!(account.tally.requests, n);
+    assert_eq!(
+        account.tally.client_tokens,
+        (0..n).map(|i| 1000 + i).sum::<u64>()
+    );
+    assert_eq!(account.tally.forwarded_tokens, 400 * n);
+    assert_eq!((account.tally.summary_calls, account.tally.recalls), (1, 2));
+    assert_eq!(account.tally.summary_micros, 2100);
+    assert_eq!(account.format.as_deref(), Some("messages"));
+    // The latest requests, oldest first.
+    assert_eq!(account.series.len(), MAX_POINTS);
+    assert_eq!(account.series.first().map(|p| p.client), Some(1005));
+    assert_eq!(account.series.last().map(|p| p.client), Some(1000 + n - 1));
+    assert_eq!(account.series[0].applied, Some(4));
+    // Deleted with the conversation.
+    store.delete(&conv).await.unwrap();
+    assert_eq!(store.account(&conv).await.unwrap(), Account::default());
 }
 
 async fn round_trip((store, _): (Store, StoreConfig)) {
@@ -198,7 +256,12 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
         Saved::Stored
     );
     store
-        .record_usage(&conv, usage(fingerprint(8), 9, 4321, None), None, true)
+        .record_usage(
+            &conv,
+            (usage(fingerprint(8), 9, 4321, None), &Entry::default()),
+            None,
+            true,
+        )
         .await
         .unwrap();
 
@@ -238,13 +301,18 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
     // Usage per history: a sibling's report does not overwrite this one's; a later turn
     // of a history supersedes its earlier record; the deepest matching record wins.
     store
-        .record_usage(&conv, usage(fingerprint(30), 9, 999, None), None, false)
+        .record_usage(
+            &conv,
+            (usage(fingerprint(30), 9, 999, None), &Entry::default()),
+            None,
+            false,
+        )
         .await
         .unwrap();
     store
         .record_usage(
             &conv,
-            usage(fingerprint(11), 12, 9000, Some(7)),
+            (usage(fingerprint(11), 12, 9000, Some(7)), &Entry::default()),
             Some(fingerprint(8)),
             false,
         )
@@ -272,7 +340,10 @@ async fn round_trip((store, _): (Store, StoreConfig)) {
     for i in 0..(MAX_USAGE as u32 + 4) {
         let mut u = usage(fingerprint(500 + i), 3, u64::from(i), None);
         u.at_ms += u64::from(i) + 10_000;
-        store.record_usage(&conv, u, None, false).await.unwrap();
+        store
+            .record_usage(&conv, (u, &Entry::default()), None, false)
+            .await
+            .unwrap();
     }
     let loaded = store.load(&conv).await.unwrap();
     assert_eq!(loaded.usage.len(), MAX_USAGE);
@@ -404,12 +475,22 @@ async fn lock_is_exclusive_expires_and_needs_its_token((store, _): (Store, Store
 async fn delete_and_recent((store, _): (Store, StoreConfig)) {
     let (a, b) = (conversation("t", 5), conversation("t", 6));
     store
-        .record_usage(&a, usage(fingerprint(1), 1, 1, None), None, true)
+        .record_usage(
+            &a,
+            (usage(fingerprint(1), 1, 1, None), &Entry::default()),
+            None,
+            true,
+        )
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     store
-        .record_usage(&b, usage(fingerprint(2), 2, 2, None), None, true)
+        .record_usage(
+            &b,
+            (usage(fingerprint(2), 2, 2, None), &Entry::default()),
+            None,
+            true,
+        )
         .await
         .unwrap();
     store
