@@ -98,6 +98,20 @@ impl<'i, 'a> Ctx<'i, 'a> {
             .sum()
     }
 
+    /// The whole request's tokens for sizing only: each message's cost where it is known
+    /// already, the calibrated estimate where not (encoding a long history with the
+    /// model's tokenizer costs more than the rest of a compaction).
+    pub fn rough_total(&self) -> u64 {
+        let approx = Estimator::approx();
+        self.estimator().per_request()
+            + (0..self.layout.len())
+                .map(|k| match self.costs[k].get() {
+                    Some(&cost) => cost,
+                    None => approx.message(&self.messages()[k]),
+                })
+                .sum::<u64>()
+    }
+
     /// Estimated tokens of head + a replacement of `reserve` tokens + `messages[start..]`.
     pub fn total(&self, head: usize, reserve: u64, start: usize) -> u64 {
         self.estimator().per_request()

@@ -157,7 +157,7 @@ fn index_budget(ctx: &Ctx<'_, '_>) -> u64 {
     if floor == 0 {
         return 0;
     }
-    let elided = ctx.total(0, 0, 0).saturating_sub(budget);
+    let elided = ctx.rough_total().saturating_sub(budget);
     let room = budget.saturating_sub(ctx.minimal());
     floor.max((elided / 8).min(budget / 2)).min(room)
 }
