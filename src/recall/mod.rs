@@ -245,6 +245,23 @@ impl Corpus {
         (out, returned)
     }
 
+    /// The passages indexed for many queries (see [`Searcher`]).
+    pub fn searcher(&self) -> Searcher<'_> {
+        let texts: Vec<&str> = self.passages.iter().map(|p| p.text.as_str()).collect();
+        Searcher {
+            corpus: self,
+            index: rank::Index::new(&texts),
+        }
+    }
+}
+
+/// A corpus indexed once, for `abridge replay`, which asks a query per identifier.
+pub struct Searcher<'c> {
+    corpus: &'c Corpus,
+    index: rank::Index,
+}
+
+impl Searcher<'_> {
     /// The condensed text a `query` call would return, within `max_tokens` (no header,
     /// no notes): what `abridge replay` checks an identifier against.
     pub fn returned_for(
@@ -253,9 +270,8 @@ impl Corpus {
         max_tokens: u64,
         tokens: &dyn Fn(&str) -> u64,
     ) -> String {
-        let texts: Vec<&str> = self.passages.iter().map(|p| p.text.as_str()).collect();
-        let ranked = rank::rank(&texts, query);
-        self.within(&ranked, 0, max_tokens, tokens).0
+        let ranked = self.index.rank(query);
+        self.corpus.within(&ranked, 0, max_tokens, tokens).0
     }
 }
 

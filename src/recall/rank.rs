@@ -49,39 +49,130 @@ pub fn rank(passages: &[&str], query: &str) -> Vec<usize> {
     }
     let n = passages.len() as f64;
     let average = (lengths.iter().sum::<f64>() / n).max(1.0);
-    let idf: Vec<f64> = containing
-        .iter()
-        .map(|&c| {
-            let c = f64::from(c);
-            ((n - c + 0.5) / (c + 0.5) + 1.0).ln()
-        })
-        .collect();
+    let idf: Vec<f64> = containing.iter().map(|&c| idf(n, f64::from(c))).collect();
     let phrase = query.trim().to_lowercase();
     let exact =
         |p: usize| phrase.chars().count() >= 3 && passages[p].to_lowercase().contains(&phrase);
-    let mut scored: Vec<(usize, f64)> = counts
+    let scored = counts
         .iter()
         .enumerate()
         .filter(|(_, found)| !found.is_empty())
         .map(|(p, found)| {
-            let norm = K1 * (1.0 - B + B * lengths[p] / average);
             let score = found
                 .iter()
-                .map(|(&i, &tf)| {
-                    let tf = f64::from(tf);
-                    idf[i] * tf * (K1 + 1.0) / (tf + norm)
-                })
+                .map(|(&i, &tf)| bm25(idf[i], tf, lengths[p] / average))
                 .sum::<f64>();
             (p, if exact(p) { score + EXACT } else { score })
         })
         .collect();
+    best_first(scored)
+}
+
+/// A term's inverse document frequency among `n` passages, `containing` of which hold it.
+fn idf(n: f64, containing: f64) -> f64 {
+    ((n - containing + 0.5) / (containing + 0.5) + 1.0).ln()
+}
+
+/// A term's share of a passage's score: held `tf` times, the passage `relative` times as
+/// long as the average.
+fn bm25(idf: f64, tf: u32, relative: f64) -> f64 {
+    let tf = f64::from(tf);
+    idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * relative))
+}
+
+/// Passages by score, best first; ties keep the later passage first.
+fn best_first(mut scored: Vec<(usize, f64)>) -> Vec<usize> {
     scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
     scored.into_iter().map(|(p, _)| p).collect()
+}
+
+/// The passages indexed once for many queries (`abridge replay` asks one per
+/// identifier): each passage's text lower-cased and its length in terms, and for each
+/// term the passages that hold it and how often. A query then costs the postings of its
+/// terms, not a pass over the passages; it ranks as [`rank`] does.
+pub struct Index {
+    lower: Vec<String>,
+    lengths: Vec<f64>,
+    average: f64,
+    postings: HashMap<String, Vec<(usize, u32)>>,
+}
+
+impl Index {
+    pub fn new(passages: &[&str]) -> Self {
+        let mut postings: HashMap<String, Vec<(usize, u32)>> = HashMap::new();
+        let mut lengths = Vec::with_capacity(passages.len());
+        for (p, passage) in passages.iter().enumerate() {
+            let mut length = 0u32;
+            for term in terms(passage) {
+                length += 1;
+                let list = postings.entry(term).or_default();
+                match list.last_mut() {
+                    Some((q, tf)) if *q == p => *tf += 1,
+                    _ => list.push((p, 1)),
+                }
+            }
+            lengths.push(f64::from(length));
+        }
+        let n = passages.len().max(1) as f64;
+        Self {
+            lower: passages.iter().map(|p| p.to_lowercase()).collect(),
+            average: (lengths.iter().sum::<f64>() / n).max(1.0),
+            lengths,
+            postings,
+        }
+    }
+
+    pub fn rank(&self, query: &str) -> Vec<usize> {
+        let mut wanted: Vec<String> = terms(query).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let n = self.lengths.len() as f64;
+        let mut scores: HashMap<usize, f64> = HashMap::new();
+        for term in &wanted {
+            let Some(list) = self.postings.get(term) else {
+                continue;
+            };
+            let idf = idf(n, list.len() as f64);
+            for &(p, tf) in list {
+                *scores.entry(p).or_default() += bm25(idf, tf, self.lengths[p] / self.average);
+            }
+        }
+        let phrase = query.trim().to_lowercase();
+        let scored = scores
+            .into_iter()
+            .map(|(p, score)| {
+                let exact = phrase.chars().count() >= 3 && self.lower[p].contains(&phrase);
+                (p, if exact { score + EXACT } else { score })
+            })
+            .collect();
+        best_first(scored)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_index_ranks_as_one_query_does() {
+        let passages = [
+            "deploy the billing service to port 6543 on host db-7",
+            "the build is green; PROJ-1234 is closed",
+            "run cargo test in /srv/app, then deploy",
+            "port 6543 again: the billing service listens there",
+        ];
+        let index = Index::new(&passages);
+        for query in [
+            "port 6543",
+            "PROJ-1234",
+            "deploy",
+            "/srv/app",
+            "nothing here",
+            "billing service",
+        ] {
+            assert_eq!(index.rank(query), rank(&passages, query), "{query}");
+        }
+    }
 
     #[test]
     fn the_passage_that_names_the_rare_terms_ranks_first() {
