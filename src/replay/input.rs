@@ -27,13 +27,54 @@ pub struct Input {
 enum Turns {
     /// Request bodies as sent, one per turn.
     Bodies(Vec<Value>),
-    /// One request whose list grows: turn `k` sends `items[..cuts[k]]` as `key`.
+    /// One request whose list grows: turn `k` sends `items[..cuts[k]]` as `key`. Each
+    /// item's JSON text is made once (a turn's body is their concatenation) with its
+    /// hash (what the simulated prompt cache knows it by).
     Growing {
         base: Map<String, Value>,
+        /// `base` as a value.
+        rest: Value,
         key: &'static str,
         items: Vec<Value>,
+        texts: Vec<String>,
+        keys: Vec<u64>,
         cuts: Vec<usize>,
+        /// The client marks its newest message as a cache breakpoint, as Claude Code
+        /// does (its transcripts do not keep the marks).
+        marks_newest: bool,
     },
+}
+
+/// One turn's request as the client sent it: its bytes, its history items and their
+/// keys (see [`super::cache`]).
+pub struct Sent<'a> {
+    pub bytes: bytes::Bytes,
+    pub items: &'a [Value],
+    pub keys: std::borrow::Cow<'a, [u64]>,
+    /// The newest item as sent, when the client marked it (`items` holds it unmarked).
+    pub newest: Option<Value>,
+}
+
+/// A message with a cache breakpoint on its last content block.
+fn marked(message: &Value) -> Value {
+    let mut m = message.clone();
+    let blocks = match m["content"].take() {
+        Value::String(text) => vec![serde_json::json!({"type": "text", "text": text})],
+        Value::Array(blocks) => blocks,
+        other => {
+            m["content"] = other;
+            return m;
+        }
+    };
+    let mut blocks = blocks;
+    if let Some(last) = blocks.last_mut().and_then(Value::as_object_mut) {
+        last.insert(
+            "cache_control".into(),
+            serde_json::json!({"type": "ephemeral"}),
+        );
+    }
+    m["content"] = Value::Array(blocks);
+    m
 }
 
 impl Input {
@@ -46,14 +87,20 @@ impl Input {
         cuts: Vec<usize>,
     ) -> Self {
         let key = list_key(format);
+        let texts: Vec<String> = items.iter().map(Value::to_string).collect();
+        let keys = texts.iter().map(|t| super::cache::key(t)).collect();
         Self {
             format,
             kind,
             turns: Turns::Growing {
+                rest: Value::Object(base.clone()),
                 base,
                 key,
                 items,
+                texts,
+                keys,
                 cuts,
+                marks_newest: kind == "claude-code",
             },
         }
     }
@@ -79,10 +126,96 @@ impl Input {
                 key,
                 items,
                 cuts,
+                ..
             } => {
                 let mut body = base.clone();
                 body.insert((*key).to_owned(), Value::from(items[..cuts[k]].to_vec()));
                 Value::Object(body)
+            }
+        }
+    }
+
+    /// What turn `k` sends besides its history (model, tools, system…): a body's own,
+    /// or the growing request's, the same for every turn. (A body is given whole: its
+    /// history is there too, and ignored.)
+    pub fn rest(&self, k: usize) -> &Value {
+        match &self.turns {
+            Turns::Bodies(bodies) => &bodies[k],
+            Turns::Growing { rest, .. } => rest,
+        }
+    }
+
+    /// Turn `k` as the client sends it: built from the items' texts made once, so a
+    /// growing history costs a copy of its bytes per turn, not a copy of its values.
+    pub fn sent(&self, k: usize) -> Sent<'_> {
+        match &self.turns {
+            Turns::Bodies(bodies) => {
+                let items = bodies[k][list_key(self.format)]
+                    .as_array()
+                    .map_or(&[][..], Vec::as_slice);
+                Sent {
+                    bytes: bytes::Bytes::from(bodies[k].to_string()),
+                    keys: items
+                        .iter()
+                        .map(|i| super::cache::key(&i.to_string()))
+                        .collect(),
+                    items,
+                    newest: None,
+                }
+            }
+            Turns::Growing {
+                base,
+                rest,
+                key,
+                items,
+                texts,
+                keys,
+                cuts,
+                marks_newest,
+            } => {
+                let n = cuts[k];
+                let marked = marks_newest.then(|| marked(&items[n - 1]).to_string());
+                let texts: Vec<&str> = texts[..n]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| match &marked {
+                        Some(m) if i + 1 == n => m.as_str(),
+                        _ => t.as_str(),
+                    })
+                    .collect();
+                let mut body = rest.to_string();
+                // `{…}` → `{…,"key":[items]}` (the base has members: `model` at least).
+                body.pop();
+                let size: usize = texts.iter().map(|t| t.len() + 1).sum();
+                body.reserve(size + key.len() + 8);
+                let comma = if base.is_empty() { "" } else { "," };
+                body.push_str(&format!("{comma}\"{key}\":["));
+                for (i, text) in texts.iter().enumerate() {
+                    if i > 0 {
+                        body.push(',');
+                    }
+                    body.push_str(text);
+                }
+                body.push_str("]}");
+                match marked {
+                    // The marked newest message: sent as such, known by its own key.
+                    Some(m) => {
+                        let mut keys = keys[..n].to_vec();
+                        keys[n - 1] = super::cache::key(&m);
+                        Sent {
+                            bytes: bytes::Bytes::from(body),
+                            items: &items[..n],
+                            keys: std::borrow::Cow::Owned(keys),
+                            newest: serde_json::from_str(&m).ok(),
+                        }
+                    }
+                    None => Sent {
+                        bytes: bytes::Bytes::from(body),
+                        items: &items[..n],
+                        keys: std::borrow::Cow::Borrowed(&keys[..n]),
+                        newest: None,
+                    },
+                }
             }
         }
     }
@@ -293,5 +426,44 @@ mod tests {
             .collect();
         assert_eq!(sizes, [1, 4, 6]);
         assert_eq!(input.body(0)["stream"], false);
+        // What is sent is that body, byte for byte as JSON.
+        for (k, size) in sizes.into_iter().enumerate() {
+            let sent: Value = serde_json::from_slice(&input.sent(k).bytes).unwrap();
+            assert_eq!(sent, input.body(k));
+            assert_eq!(input.sent(k).items.len(), size);
+        }
+    }
+
+    #[test]
+    fn a_claude_code_history_marks_its_newest_message_as_claude_code_does() {
+        let items = vec![
+            json!({"role": "user", "content": "fix it"}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "done"}]}),
+            json!({"role": "user", "content": [{"type": "text", "text": "thanks"}]}),
+        ];
+        let base = json!({"model": "claude-sonnet-4-5"})
+            .as_object()
+            .unwrap()
+            .clone();
+        let input = Input::growing(Format::Messages, "claude-code", base, items, vec![1, 3]);
+        for (k, newest) in [(0, 0), (1, 2)] {
+            let sent: Value = serde_json::from_slice(&input.sent(k).bytes).unwrap();
+            let messages = sent["messages"].as_array().unwrap();
+            let marked: Vec<usize> = (0..messages.len())
+                .filter(|&i| messages[i].to_string().contains("cache_control"))
+                .collect();
+            assert_eq!(marked, [newest], "{sent}");
+            assert_eq!(messages[newest]["content"].as_array().unwrap().len(), 1);
+        }
+        // A plain Messages history is sent as it is.
+        let base = json!({"model": "m"}).as_object().unwrap().clone();
+        let plain = Input::growing(
+            Format::Messages,
+            "messages",
+            base,
+            vec![json!({"role": "user", "content": "a"})],
+            vec![1],
+        );
+        assert!(!String::from_utf8_lossy(&plain.sent(0).bytes).contains("cache_control"));
     }
 }

@@ -9,27 +9,26 @@
 //! bodies of any of the three formats, or an agent's own session file (Claude Code,
 //! Codex CLI), read by [`sessions`].
 
+mod cache;
+mod harness;
 mod input;
 mod provider;
 mod report;
+mod rules;
 mod sessions;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
-use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::formats::{Format, Request};
-use crate::secret::Secret;
+use crate::formats::Request;
+use crate::prices::{Price, Prices, Tokens};
 use crate::strategies::Strategy;
 use crate::strategies::text::identifiers;
-use crate::{AppState, Listeners};
 
+use harness::Harness;
 pub use input::Input;
 pub use report::{Figures, Turn};
 
@@ -40,6 +39,7 @@ pub struct Options {
     pub threshold: Option<u64>,
     pub json: bool,
     pub html: Option<PathBuf>,
+    pub prices: Option<PathBuf>,
     pub files: Vec<PathBuf>,
 }
 
@@ -47,8 +47,8 @@ pub const USAGE: &str = "\
 abridge replay — how each strategy would treat your conversations
 
 USAGE:
-    abridge replay [--config FILE] [--strategy S ...] [--threshold TOKENS] [--json]
-                   [--html OUT] FILE...
+    abridge replay [--config FILE] [--strategy S ...] [--threshold TOKENS]
+                   [--prices FILE] [--json] [--html OUT] FILE...
 
 FILE is one of (the format is found by itself):
   - a Claude Code transcript: ~/.claude/projects/*/*.jsonl
@@ -63,6 +63,10 @@ OPTIONS:
         --strategy S       deterministic, recency, structured or llm_replace; repeat
                            for several (default: every strategy)
         --threshold TOKENS compaction.threshold_tokens for the run
+        --prices FILE      prices per model (TOML: \"model\" = { input = 2.5,
+                           cached_input = 1.25, cache_write = 2.5, output = 10 },
+                           US dollars per million tokens; a [prices] table of it
+                           too), over the configuration's and the built-in ones
         --json             the figures as JSON instead of a table
         --html OUT         also write a page with a plot per strategy to OUT
     -h, --help             print this help";
@@ -76,6 +80,7 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Option<Options>, lexopt:
         threshold: None,
         json: false,
         html: None,
+        prices: None,
         files: Vec::new(),
     };
     while let Some(arg) = parser.next()? {
@@ -85,6 +90,7 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Option<Options>, lexopt:
             Long("threshold") => o.threshold = Some(parser.value()?.parse()?),
             Long("json") => o.json = true,
             Long("html") => o.html = Some(parser.value()?.into()),
+            Long("prices") => o.prices = Some(parser.value()?.into()),
             Short('h') | Long("help") => return Ok(None),
             Value(file) => o.files.push(file.into()),
             _ => return Err(arg.unexpected()),
@@ -101,7 +107,11 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Option<Options>, lexopt:
 
 /// Runs the command; the exit code.
 pub async fn run(options: Options) -> Result<String, String> {
-    let base = Config::load(options.config.as_deref()).map_err(|e| e.to_string())?;
+    let mut base = Config::load(options.config.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(file) = &options.prices {
+        base.prices.extend(read_prices(file)?);
+        Prices::new(&base.prices).map_err(|e| format!("{}: {e}", file.display()))?;
+    }
     let mut inputs = Vec::new();
     for file in &options.files {
         let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -118,14 +128,20 @@ pub async fn run(options: Options) -> Result<String, String> {
         if let Some(t) = options.threshold {
             config.compaction.threshold_tokens = t;
         }
-        let (mut turns, mut compactions) = (Vec::new(), 0);
+        let (mut turns, mut compactions, mut spend) = (Vec::new(), 0, Spend::default());
         for input in &inputs {
-            let (replayed, runs) = replay(&config, input).await?;
+            let (replayed, runs, spent) = replay(&config, input).await?;
             turns.push(replayed);
             compactions += runs;
+            spend.add(&spent);
         }
         let threshold = config.compaction.threshold_tokens;
-        figures.push(Figures::of(strategy, (threshold, compactions), &turns));
+        figures.push(Figures::of(
+            strategy,
+            (threshold, compactions),
+            &turns,
+            &spend,
+        ));
     }
     if let Some(out) = &options.html {
         std::fs::write(out, report::html(&figures))
@@ -138,123 +154,149 @@ pub async fn run(options: Options) -> Result<String, String> {
     })
 }
 
-/// One input through abridge with `config`: what each turn showed, in order, and how
-/// many compactions ran.
-async fn replay(config: &Config, input: &Input) -> Result<(Vec<Turn>, u64), String> {
-    let provider = provider::Simulated::start()
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut config = config.clone();
-    config.upstream = provider.url.parse()?;
-    config.anthropic_upstream = None;
-    config.store = Default::default();
-    config.identity.secret = Some(Secret::new("abridge replay: a fixed, local identity key"));
-    config.admin.token = None;
-    let max_tokens = config.recall.max_tokens;
-    let state = AppState::new(config).map_err(|e| e.to_string())?;
-    let bind = || TcpListener::bind("127.0.0.1:0");
-    let (proxy, admin) = (
-        bind().await.map_err(|e| e.to_string())?,
-        bind().await.map_err(|e| e.to_string())?,
-    );
-    let url = format!(
-        "http://{}{}",
-        proxy.local_addr().map_err(|e| e.to_string())?,
-        path(input.format)
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(crate::run(
-        Listeners { proxy, admin },
-        state.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let mut turns = Vec::new();
+/// What one input cost at the price table: as the client sent it and as forwarded (both
+/// with the simulated prompt cache), and the summaries abridge asked for.
+#[derive(Debug, Clone, Default)]
+pub struct Spend {
+    pub direct_micros: f64,
+    pub forwarded_micros: f64,
+    pub summary_micros: f64,
+    pub summary_calls: u64,
+    pub summary_tokens: u64,
+    /// Models no price is known for (their inputs are in the tokens only).
+    pub unpriced: Vec<String>,
+}
+
+impl Spend {
+    fn add(&mut self, other: &Spend) {
+        self.direct_micros += other.direct_micros;
+        self.forwarded_micros += other.forwarded_micros;
+        self.summary_micros += other.summary_micros;
+        self.summary_calls += other.summary_calls;
+        self.summary_tokens += other.summary_tokens;
+        for model in &other.unpriced {
+            if !self.unpriced.contains(model) {
+                self.unpriced.push(model.clone());
+            }
+        }
+    }
+}
+
+/// One input through abridge with `config`: what each turn showed, in order, how many
+/// compactions ran, and what it cost.
+async fn replay(config: &Config, input: &Input) -> Result<(Vec<Turn>, u64, Spend), String> {
+    let harness = Harness::start(config, input.format).await?;
     let format = input.format;
+    let model = input
+        .rest(0)
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let estimator = crate::tokens::Estimator::for_model(&model);
+    let price = harness.prices.of(&model);
+    let (mut turns, mut spend) = (Vec::new(), Spend::default());
+    // The client's requests sent as they were, on the same model of the cache.
+    let mut direct = cache::Cache::default();
     for n in 0..input.len() {
-        let bytes = Bytes::from(input.body(n).to_string());
-        let request = http::Request::post(&url)
-            .header("content-type", "application/json")
-            .header("authorization", "Bearer replay")
-            .header("anthropic-version", "2023-06-01")
-            .body(Full::new(bytes.clone()))
-            .map_err(|e| e.to_string())?;
-        let response = client.request(request).await.map_err(|e| e.to_string())?;
-        let status = response.status().as_u16();
-        let compacted = response
-            .headers()
-            .get("x-abridge-compacted")
-            .is_some_and(|v| v == "true");
-        let answer = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        let answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
-        let (before, forwarded) = provider.last_two();
-        let sent = forwarded.as_ref().map_or("", |f| f.text.as_str());
-        let client = Request::parse(format, bytes).ok();
-        let ids = client.as_ref().map(history_identifiers).unwrap_or_default();
-        turns.push(Turn {
-            status,
-            compacted,
-            client_tokens: client.as_ref().map_or(0, client_tokens),
-            provider_tokens: reported_input(&answer),
+        let sent = input.sent(n);
+        let answer = harness.send(sent.bytes.clone()).await?;
+        let (before, forwarded) = harness.provider.last_two();
+        let sent_as_is = Tokens {
+            output: provider::REPLY_TOKENS,
+            ..direct.serve_items(
+                format,
+                (input.rest(n), sent.items, &sent.keys, sent.newest.as_ref()),
+                &provider::count(&estimator),
+            )
+        };
+        let reported = crate::relay::usage::of_value(&answer.body["usage"])
+            .map(|u| crate::accounting::reported(&u))
+            .unwrap_or_default();
+        if let Some(price) = price {
+            spend.direct_micros += price.micros(sent_as_is);
+            spend.forwarded_micros += price.micros(reported);
+        }
+        let mut turn = Turn {
+            status: answer.status,
+            compacted: answer.compacted,
+            client_tokens: sent_as_is.input,
+            provider_tokens: reported.input,
             stable_prefix: match (&before, &forwarded) {
                 (Some(before), Some(now)) => now.messages.starts_with(&before.messages),
                 _ => true,
             },
-            kept_identifiers: share(&ids, |id| sent.contains(id)),
-            recallable_identifiers: (n + 1 == input.len()).then(|| {
-                let recall = Recallable::of(client.as_ref(), forwarded.as_ref(), max_tokens);
-                share(&ids, |id| sent.contains(id) || recall.returns(id))
-            }),
-        });
-        wait_idle(&state).await;
-    }
-    let compactions = state.stats().snapshot().compactions_total();
-    let _ = stop.send(());
-    let _ = server.await;
-    Ok((turns, compactions))
-}
-
-/// Lets background compactions finish before the next turn, as a user's think time
-/// would (at most a few seconds).
-async fn wait_idle(state: &AppState) {
-    for _ in 0..500 {
-        if state.compactor().pending_jobs() == 0 {
-            return;
+            refused: forwarded
+                .as_ref()
+                .and_then(|f| f.refused.clone())
+                .map(|why| {
+                    // The input's own fault, or abridge's.
+                    match rules::violation(format, sent.items) {
+                        Some(_) => format!("{why} (as the client sent it too)"),
+                        None => why,
+                    }
+                }),
+            kept_identifiers: 1.0,
+            recallable_identifiers: None,
+        };
+        if n + 1 == input.len() {
+            let client = Request::parse(format, sent.bytes).ok();
+            finals(
+                &mut turn,
+                client.as_ref(),
+                forwarded.as_ref(),
+                harness.max_tokens,
+            );
         }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        turns.push(turn);
+        harness.wait_idle().await;
     }
-}
-
-/// Where a format's requests go.
-fn path(format: Format) -> &'static str {
-    match format {
-        Format::Chat => "/v1/chat/completions",
-        Format::Responses => "/v1/responses",
-        Format::Messages => "/v1/messages",
+    let (calls, summaries) = harness.provider.summaries();
+    spend.summary_calls = calls;
+    spend.summary_tokens = summaries.input + summaries.output;
+    let summariser = harness.summary_model.as_deref().unwrap_or(&model);
+    match (price, harness.prices.of(summariser)) {
+        (Some(_), Some(summary_price)) => spend.summary_micros = summary_price.micros(summaries),
+        _ => spend.unpriced.push(model.clone()),
     }
+    Ok((turns, harness.finish().await, spend))
 }
 
-/// The prompt tokens an answer reports, in any of the three formats (Anthropic's
-/// `input_tokens` leaves out what the cache read and wrote).
-fn reported_input(answer: &Value) -> u64 {
-    let usage = &answer["usage"];
-    let n = |k: &str| usage[k].as_u64().unwrap_or(0);
-    n("prompt_tokens")
-        + n("input_tokens")
-        + n("cache_read_input_tokens")
-        + n("cache_creation_input_tokens")
+/// At an input's final turn (whose history holds all its identifiers): the share of
+/// them the provider received, and the share it received or a recall query returns.
+fn finals(
+    turn: &mut Turn,
+    client: Option<&Request>,
+    forwarded: Option<&provider::Seen>,
+    max_tokens: u64,
+) {
+    let ids = client.map(history_identifiers).unwrap_or_default();
+    let sent = forwarded.map_or("", |f| f.text.as_str());
+    turn.kept_identifiers = share(&ids, |id| sent.contains(id));
+    let recall = Recallable::of(client, forwarded, max_tokens);
+    let searcher = recall.corpus.searcher();
+    turn.recallable_identifiers = Some(share(&ids, |id| {
+        sent.contains(id) || recall.returns(&searcher, id)
+    }));
 }
 
-/// What the client's request estimates, as abridge counts it.
-fn client_tokens(request: &Request) -> u64 {
-    crate::tokens::Estimator::for_model(request.model()).messages(request.items())
+/// A `--prices` file: `"model" = { input = …, output = … }` entries, at the top or in a
+/// `[prices]` table.
+fn read_prices(file: &std::path::Path) -> Result<BTreeMap<String, Price>, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum File {
+        Table { prices: BTreeMap<String, Price> },
+        Bare(BTreeMap<String, Price>),
+    }
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    match toml::from_str::<File>(&text) {
+        Ok(File::Table { prices } | File::Bare(prices)) => Ok(prices),
+        Err(e) => Err(format!(
+            "{}: not a price table (\"model\" = {{ input = 2.5, output = 10 }}, dollars per million tokens): {e}",
+            file.display()
+        )),
+    }
 }
 
 /// The share of `ids` that `found` finds (1 for none).
@@ -281,7 +323,9 @@ impl Recallable {
         let (corpus, model) = match client {
             Some(request) => {
                 let items = request.items();
-                let condensed = (0..items.len()).filter(|&i| !sent.contains(items[i].raw.get()));
+                // The newest is forwarded whatever its breakpoint mark.
+                let last = items.len().saturating_sub(1);
+                let condensed = (0..last).filter(|&i| !sent.contains(items[i].raw.get()));
                 let corpus = crate::recall::Corpus::of_messages(items, condensed);
                 (corpus, request.model().to_owned())
             }
@@ -294,10 +338,10 @@ impl Recallable {
         }
     }
 
-    /// Whether a query for `id` returns it.
-    fn returns(&self, id: &str) -> bool {
+    /// Whether a query for `id` returns it (`searcher`: this corpus indexed).
+    fn returns(&self, searcher: &crate::recall::Searcher<'_>, id: &str) -> bool {
         let tokens = |t: &str| self.estimator.text(t);
-        self.corpus
+        searcher
             .returned_for(id, self.max_tokens, &tokens)
             .contains(id)
     }

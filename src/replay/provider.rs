@@ -1,8 +1,9 @@
 //! The provider `abridge replay` runs against: chat completions, Responses and Messages
 //! on loopback (the format told by the path), answering every request with a one-line
-//! reply in its format and the usage a real provider would report (the forwarded
-//! messages counted by abridge's own estimator), recording what it was sent, and
-//! answering summary requests with an offline stand-in that says so.
+//! reply in its format and the usage a real provider would report — the prompt counted
+//! by [`count`], its prompt cache simulated as the provider's ([`Cache`]) — refusing with
+//! a 400 what a real provider would refuse ([`rules`]), recording what it was sent, and
+//! answering summary requests with an offline stand-in that says so (and what it spent).
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -14,19 +15,28 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use super::cache::Cache;
+use super::rules;
 use crate::conversation::Item;
 use crate::formats::{Format, Request};
+use crate::prices::Tokens;
 use crate::strategies::structured;
 use crate::strategies::text::identifiers;
 use crate::tokens::Estimator;
 
+/// Output tokens of every answer but a summary's.
+pub const REPLY_TOKENS: u64 = 5;
+
 /// What one forwarded (non-summary) request held.
 #[derive(Debug, Clone)]
 pub struct Seen {
-    /// Each message's exact bytes.
+    /// Each message's exact bytes (without a `cache_control` breakpoint, which a client
+    /// moves from turn to turn and the provider's cache ignores).
     pub messages: Vec<String>,
     /// What the model reads of them ([`crate::recall::readable`]), a message a line.
     pub text: String,
+    /// Why a real provider would refuse the request ([`rules`]): it was answered 400.
+    pub refused: Option<String>,
 }
 
 impl Seen {
@@ -37,16 +47,39 @@ impl Seen {
             text.push('\n');
         }
         Self {
-            messages: items.iter().map(|m| m.raw.get().to_owned()).collect(),
+            messages: items
+                .iter()
+                .map(|m| {
+                    let raw = m.raw.get();
+                    if !raw.contains("\"cache_control\"") {
+                        return raw.to_owned();
+                    }
+                    serde_json::from_str::<Value>(raw).map_or_else(
+                        |_| raw.to_owned(),
+                        |v| super::cache::unmarked(&v).to_string(),
+                    )
+                })
+                .collect(),
             text,
+            refused: None,
         }
     }
+}
+
+/// What the simulated provider keeps: the last two forwarded requests, its cache, and
+/// what the summaries it answered spent.
+#[derive(Default)]
+struct Shared {
+    seen: Vec<Seen>,
+    cache: Cache,
+    summaries: Tokens,
+    summary_calls: u64,
 }
 
 /// The running simulated provider.
 pub struct Simulated {
     pub url: String,
-    seen: Arc<Mutex<Vec<Seen>>>,
+    shared: Arc<Mutex<Shared>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -54,26 +87,62 @@ impl Simulated {
     pub async fn start() -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}/v1", listener.local_addr()?);
-        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let app = Router::new().fallback(answer).with_state(seen.clone());
+        let shared: Arc<Mutex<Shared>> = Arc::default();
+        let app = Router::new().fallback(answer).with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Ok(Self { url, seen, task })
+        Ok(Self { url, shared, task })
     }
 
     /// The last two forwarded requests (the one before the last, the last).
     pub fn last_two(&self) -> (Option<Seen>, Option<Seen>) {
-        let seen = lock(&self.seen);
-        let n = seen.len();
-        let at = |i: Option<usize>| i.and_then(|i| seen.get(i)).cloned();
+        let shared = lock(&self.shared);
+        let n = shared.seen.len();
+        let at = |i: Option<usize>| i.and_then(|i| shared.seen.get(i)).cloned();
         (at(n.checked_sub(2)), at(n.checked_sub(1)))
+    }
+
+    /// The summary calls answered, and their tokens in all.
+    pub fn summaries(&self) -> (u64, Tokens) {
+        let shared = lock(&self.shared);
+        (shared.summary_calls, shared.summaries)
     }
 }
 
 impl Drop for Simulated {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The tokens of a prompt's item (or head) as the simulation counts them: 4, and the
+/// model's tokens of every text in it (its strings, but for the ids, types, roles and
+/// signatures that name it rather than say anything).
+pub fn count(estimator: &Estimator) -> impl Fn(&Value) -> u64 + '_ {
+    move |item| 4 + strings(estimator, item)
+}
+
+fn strings(estimator: &Estimator, value: &Value) -> u64 {
+    const NAMES: [&str; 8] = [
+        "type",
+        "id",
+        "role",
+        "call_id",
+        "tool_call_id",
+        "tool_use_id",
+        "signature",
+        "status",
+    ];
+    match value {
+        Value::String(s) => estimator.text(s),
+        Value::Array(items) => items.iter().map(|v| strings(estimator, v)).sum(),
+        Value::Object(map) => map
+            .iter()
+            .filter(|(k, _)| !NAMES.contains(&k.as_str()) && *k != "cache_control")
+            .map(|(_, v)| strings(estimator, v))
+            .sum(),
+        _ => 0,
     }
 }
 
@@ -116,40 +185,75 @@ fn format_of(uri: &Uri) -> Format {
     }
 }
 
-async fn answer(State(seen): State<Arc<Mutex<Vec<Seen>>>>, uri: Uri, body: Bytes) -> Response {
+async fn answer(State(shared): State<Arc<Mutex<Shared>>>, uri: Uri, body: Bytes) -> Response {
     let Ok(request) = serde_json::from_slice::<Value>(&body) else {
         return (StatusCode::BAD_REQUEST, "not JSON").into_response();
     };
     let format = format_of(&uri);
     let model = request["model"].as_str().unwrap_or("replay").to_owned();
-    let (content, prompt_tokens) = if is_summary(&request) {
+    let estimator = Estimator::for_model(&model);
+    if is_summary(&request) {
         let last = &request["messages"]
             .as_array()
             .and_then(|m| m.last())
             .cloned();
         let prompt = last.as_ref().and_then(|m| m["content"].as_str());
-        (stand_in(prompt.unwrap_or_default()), 0)
-    } else {
-        let (tokens, forwarded) = match Request::parse(format, body) {
-            Ok(parsed) => (
-                Estimator::for_model(&model).messages(parsed.items()),
-                Seen::of(parsed.items()),
-            ),
-            Err(_) => (0, Seen::of(&[])),
+        let summary = stand_in(prompt.unwrap_or_default());
+        let spent = Tokens {
+            input: count(&estimator)(&request["messages"]) + count(&estimator)(&request["system"]),
+            output: estimator.text(&summary),
+            ..Tokens::default()
         };
-        // The last two are all replay compares.
-        let mut seen = lock(&seen);
-        if seen.len() == 2 {
-            seen.remove(0);
-        }
-        seen.push(forwarded);
-        ("Noted; carrying on.".to_owned(), tokens)
+        let mut shared = lock(&shared);
+        shared.summary_calls += 1;
+        shared.summaries.input += spent.input;
+        shared.summaries.output += spent.output;
+        return axum::Json(reply(format, &model, &summary, spent)).into_response();
+    }
+    let mut forwarded = match Request::parse(format, body) {
+        Ok(parsed) => Seen::of(parsed.items()),
+        Err(_) => Seen::of(&[]),
     };
-    axum::Json(reply(format, &model, &content, prompt_tokens)).into_response()
+    let history = request[super::input::list_key(format)].as_array();
+    forwarded.refused = history.and_then(|items| rules::violation(format, items));
+    let refused = forwarded.refused.clone();
+    let usage = {
+        let mut shared = lock(&shared);
+        // The last two are all replay compares.
+        if shared.seen.len() == 2 {
+            shared.seen.remove(0);
+        }
+        shared.seen.push(forwarded);
+        // A refused request leaves nothing in the cache.
+        refused
+            .is_none()
+            .then(|| shared.cache.serve(format, &request, &count(&estimator)))
+    };
+    match (refused, usage) {
+        (None, Some(usage)) => {
+            let usage = Tokens {
+                output: REPLY_TOKENS,
+                ..usage
+            };
+            axum::Json(reply(format, &model, "Noted; carrying on.", usage)).into_response()
+        }
+        (why, _) => {
+            let why = why.unwrap_or_default();
+            let error = json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": format!("abridge replay: a real provider would refuse this: {why}")}});
+            (StatusCode::BAD_REQUEST, axum::Json(error)).into_response()
+        }
+    }
 }
 
-/// A whole answer of `format` saying `content`, with its usage.
-fn reply(format: Format, model: &str, content: &str, prompt_tokens: u64) -> Value {
+/// A whole answer of `format` saying `content`, with its usage in the format's naming.
+fn reply(format: Format, model: &str, content: &str, usage: Tokens) -> Value {
+    let Tokens {
+        input,
+        cached,
+        cache_write,
+        output,
+    } = usage;
     match format {
         Format::Chat => json!({
             "id": "replay",
@@ -157,8 +261,9 @@ fn reply(format: Format, model: &str, content: &str, prompt_tokens: u64) -> Valu
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                          "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5,
-                      "total_tokens": prompt_tokens + 5},
+            "usage": {"prompt_tokens": input, "completion_tokens": output,
+                      "total_tokens": input + output,
+                      "prompt_tokens_details": {"cached_tokens": cached}},
         }),
         Format::Responses => json!({
             "id": "resp_replay",
@@ -168,8 +273,9 @@ fn reply(format: Format, model: &str, content: &str, prompt_tokens: u64) -> Valu
             "output": [{"type": "message", "id": "msg_replay", "status": "completed",
                         "role": "assistant",
                         "content": [{"type": "output_text", "text": content, "annotations": []}]}],
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 5,
-                      "total_tokens": prompt_tokens + 5},
+            "usage": {"input_tokens": input, "output_tokens": output,
+                      "input_tokens_details": {"cached_tokens": cached},
+                      "total_tokens": input + output},
         }),
         Format::Messages => json!({
             "id": "msg_replay",
@@ -179,7 +285,10 @@ fn reply(format: Format, model: &str, content: &str, prompt_tokens: u64) -> Valu
             "content": [{"type": "text", "text": content}],
             "stop_reason": "end_turn",
             "stop_sequence": null,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 5},
+            "usage": {"input_tokens": input - cached - cache_write,
+                      "cache_read_input_tokens": cached,
+                      "cache_creation_input_tokens": cache_write,
+                      "output_tokens": output},
         }),
     }
 }

@@ -1,15 +1,17 @@
 //! What `abridge replay` reports per strategy: turns, compactions, client-side and
 //! provider-side prompt tokens, the largest forwarded request against the threshold,
 //! whether every request succeeded, how often the forwarded prefix stayed byte-stable
-//! (the prompt cache's view) and how much of the history's identifiers reached the
-//! provider at the final turn — as a table, as JSON, or as one self-contained HTML page
-//! with a plot per strategy.
+//! (the prompt cache's view), how much of the history's identifiers reached the
+//! provider at the final turn, and what it cost — sent as the client sent it and through
+//! abridge, summaries included, at the price table — as tables, as JSON, or as one
+//! self-contained HTML page with a plot per strategy.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 use serde_json::json;
 
+use super::Spend;
 use crate::strategies::Strategy;
 
 /// What one turn showed.
@@ -17,12 +19,16 @@ use crate::strategies::Strategy;
 pub struct Turn {
     pub status: u16,
     pub compacted: bool,
-    /// Prompt tokens of the request as the client sent it (abridge's estimate).
+    /// Prompt tokens of the request as the client sent it (as the simulated provider
+    /// counts).
     pub client_tokens: u64,
     /// Prompt tokens the (simulated) provider reported for what abridge forwarded.
     pub provider_tokens: u64,
     /// The forwarded messages began with the previous turn's forwarded messages.
     pub stable_prefix: bool,
+    /// Why the simulated provider refused what was forwarded, as a real one would.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     /// Share of the history's identifiers present in what was forwarded.
     pub kept_identifiers: f64,
     /// At an input's final turn: the share of the history's identifiers either present in
@@ -52,6 +58,25 @@ pub struct Figures {
     pub final_identifier_share: f64,
     /// The same, counting what a recall query returns too.
     pub final_recallable_share: f64,
+    /// The first refusal: its turn (counted from 1 over every input) and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_refusal: Option<String>,
+    /// No forwarded request broke a rule a provider enforces.
+    pub all_valid: bool,
+    /// What it cost, in US dollars at the price table (`None`: a model has no price):
+    /// the requests sent as the client sent them, through abridge (the forwarded requests
+    /// and the summaries), of which the summaries; net saved, and as a share of direct.
+    pub cost_direct_usd: Option<f64>,
+    pub cost_through_usd: Option<f64>,
+    pub summary_usd: Option<f64>,
+    pub net_saved_usd: Option<f64>,
+    pub net_saved_percent: Option<f64>,
+    pub summary_calls: u64,
+    /// The summaries' input and output tokens.
+    pub summary_tokens: u64,
+    /// Models without a price.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unpriced_models: Vec<String>,
     /// Every turn of every input, in order (the plot).
     #[serde(skip)]
     pub series: Vec<Turn>,
@@ -62,7 +87,12 @@ impl Figures {
         strategy: Strategy,
         (threshold, compactions): (u64, u64),
         inputs: &[Vec<Turn>],
+        spend: &Spend,
     ) -> Self {
+        let priced = spend.unpriced.is_empty();
+        let usd = |micros: f64| priced.then_some(micros / 1e6);
+        let through = spend.forwarded_micros + spend.summary_micros;
+        let net = spend.direct_micros - through;
         let all: Vec<Turn> = inputs.iter().flatten().cloned().collect();
         let client: u64 = all.iter().map(|t| t.client_tokens).sum();
         let provider: u64 = all.iter().map(|t| t.provider_tokens).sum();
@@ -100,6 +130,20 @@ impl Figures {
                     .filter_map(|turns| turns.last().and_then(|t| t.recallable_identifiers))
                     .collect::<Vec<_>>(),
             ),
+            first_refusal: all
+                .iter()
+                .enumerate()
+                .find_map(|(i, t)| Some(format!("turn {}: {}", i + 1, t.refused.as_ref()?))),
+            all_valid: all.iter().all(|t| t.refused.is_none()),
+            cost_direct_usd: usd(spend.direct_micros),
+            cost_through_usd: usd(through),
+            summary_usd: usd(spend.summary_micros),
+            net_saved_usd: usd(net),
+            net_saved_percent: (priced && spend.direct_micros > 0.0)
+                .then(|| 100.0 * net / spend.direct_micros),
+            summary_calls: spend.summary_calls,
+            summary_tokens: spend.summary_tokens,
+            unpriced_models: spend.unpriced.clone(),
             series: all,
         }
     }
@@ -136,6 +180,52 @@ pub fn text(figures: &[Figures]) -> String {
             100.0 * f.stable_prefix_share,
             100.0 * f.final_identifier_share,
             100.0 * f.final_recallable_share,
+        );
+    }
+    out.push_str(&costs(figures));
+    for f in figures {
+        if let Some(why) = &f.first_refusal {
+            let _ = writeln!(out, "{}: a provider would refuse {why}", f.strategy);
+        }
+    }
+    out
+}
+
+/// What each strategy cost, in dollars: one line each.
+fn costs(figures: &[Figures]) -> String {
+    let mut out = String::from(
+        "\nstrategy       cost as sent  through abridge  of which summaries (calls, tokens)  \
+         net saved            every request valid\n",
+    );
+    let usd = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("${v:.4}"));
+    for f in figures {
+        let net = match (f.net_saved_usd, f.net_saved_percent) {
+            (Some(net), Some(share)) => format!("{} ({share:.1}%)", usd(Some(net))),
+            (net, _) => usd(net),
+        };
+        let _ = writeln!(
+            out,
+            "{:<14} {:>12}  {:>15}  {:>34}  {:<20} {}",
+            f.strategy.to_string(),
+            usd(f.cost_direct_usd),
+            usd(f.cost_through_usd),
+            format!(
+                "{} ({}, {})",
+                usd(f.summary_usd),
+                f.summary_calls,
+                f.summary_tokens
+            ),
+            net,
+            if f.all_valid { "yes" } else { "NO" },
+        );
+    }
+    if let Some(models) = figures.first().map(|f| &f.unpriced_models)
+        && !models.is_empty()
+    {
+        let _ = writeln!(
+            out,
+            "no price for {}: tokens only (set [prices] in the configuration, or --prices FILE)",
+            models.join(", ")
         );
     }
     out

@@ -116,9 +116,15 @@ async fn claude_code_sessions_are_compacted_and_carry_on() {
     assert!(stats.checkpoints_applied > 0, "{stats:?}");
 
     // What Claude Code wrote of the session replays: a request per answer it got.
-    let figures = crate::replay::sessions(&home.path().join(".claude/projects"), "", "claude-code");
+    let figures = crate::replay::sessions(
+        &home.path().join(".claude/projects"),
+        ("", "2000"),
+        "claude-code",
+    );
     let recency = &figures["strategies"]["recency"];
     assert!(recency["turns"].as_u64().unwrap() >= 9, "{figures}");
     assert_eq!(recency["all_succeeded"], true, "{figures}");
     assert!(recency["compactions"].as_u64().unwrap() >= 1, "{figures}");
+    // Every forwarded request keeps the rules the provider enforces.
+    assert_eq!(recency["all_valid"], true, "{figures}");
 }

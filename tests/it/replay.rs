@@ -167,10 +167,157 @@ fn a_bad_line_is_named_by_the_file_and_its_line() {
     );
 }
 
+#[test]
+fn a_history_a_real_provider_would_refuse_is_refused_and_said_whose_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("orphan.jsonl");
+    // A tool result no call asked for: OpenAI answers 400. (One request, replayed
+    // growing a user message at a time: the second turn carries it.)
+    let body = serde_json::json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "tool", "tool_call_id": "call_9", "content": "ok"},
+        {"role": "user", "content": "go on"}]});
+    std::fs::write(&file, format!("{body}\n")).unwrap();
+    let out = replay(&["--strategy", "recency", file.to_str().unwrap()]);
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains(" NO "), "{table}");
+    assert!(
+        table.contains("recency: a provider would refuse turn 2: message 1")
+            && table.contains("as the client sent it too"),
+        "{table}"
+    );
+    // The cost table says it too.
+    assert!(table.contains("every request valid"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("recency") && l.ends_with(" NO")),
+        "{table}"
+    );
+}
+
+/// Runs `replay --json` with `args`; the one strategy's figures.
+fn figures_of(args: &[&str]) -> Value {
+    let out = replay(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let figures: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let strategies = figures["strategies"].as_object().unwrap();
+    assert_eq!(strategies.len(), 1, "{figures}");
+    strategies.values().next().unwrap().clone()
+}
+
+#[test]
+fn replay_prices_both_sides_on_one_model_of_the_prompt_cache() {
+    let usd = |f: &Value, k: &str| f[k].as_f64().unwrap_or_else(|| panic!("{k}: {f}"));
+    // Never compacted: through abridge is the requests as sent, to the cent.
+    let plain = figures_of(&[
+        "--json",
+        "--strategy",
+        "recency",
+        "--threshold",
+        "1000000",
+        CHAT,
+    ]);
+    assert_eq!(plain["compactions"], 0, "{plain}");
+    assert!(usd(&plain, "cost_direct_usd") > 0.0, "{plain}");
+    assert!(
+        (usd(&plain, "cost_direct_usd") - usd(&plain, "cost_through_usd")).abs() < 1e-9,
+        "{plain}"
+    );
+    assert_eq!(usd(&plain, "net_saved_usd"), 0.0, "{plain}");
+    assert_eq!(plain["all_valid"], true, "{plain}");
+
+    // Compacted with summaries: what they spent is in the cost through abridge, and the
+    // net is the difference.
+    let f = figures_of(&[
+        "--json",
+        "--strategy",
+        "structured",
+        "--threshold",
+        "8000",
+        CHAT,
+    ]);
+    assert!(f["summary_calls"].as_u64().unwrap() >= 1, "{f}");
+    assert!(usd(&f, "summary_usd") > 0.0, "{f}");
+    assert!(usd(&f, "cost_through_usd") > usd(&f, "summary_usd"), "{f}");
+    assert_eq!(
+        usd(&f, "cost_direct_usd"),
+        usd(&plain, "cost_direct_usd"),
+        "the same requests as sent"
+    );
+    let net = usd(&f, "cost_direct_usd") - usd(&f, "cost_through_usd");
+    assert!((usd(&f, "net_saved_usd") - net).abs() < 1e-9, "{f}");
+    assert_eq!(f["all_valid"], true, "{f}");
+}
+
+#[test]
+fn a_model_without_a_price_is_counted_in_tokens_and_prices_can_be_given() {
+    let text = std::fs::read_to_string(format!("{}/{CHAT}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let mut doc: Value = serde_json::from_str(&text).unwrap();
+    doc["request"]["model"] = "my-local-model".into();
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("local.json");
+    std::fs::write(&input, doc.to_string()).unwrap();
+    let input = input.to_str().unwrap();
+    let out = replay(&["--strategy", "recency", "--threshold", "8000", input]);
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("no price for my-local-model: tokens only"),
+        "{table}"
+    );
+
+    // One dollar per million input tokens, a tenth of it cached, two per million output.
+    let prices = dir.path().join("prices.toml");
+    std::fs::write(
+        &prices,
+        "[prices]\n\"my-local\" = { input = 1.0, cached_input = 0.1, output = 2.0 }\n",
+    )
+    .unwrap();
+    let f = figures_of(&[
+        "--json",
+        "--strategy",
+        "recency",
+        "--threshold",
+        "8000",
+        "--prices",
+        prices.to_str().unwrap(),
+        input,
+    ]);
+    let direct = f["cost_direct_usd"].as_f64().unwrap();
+    // Every token as sent costs between the cached and the full price.
+    let tokens = f["client_tokens"].as_f64().unwrap();
+    assert!(
+        direct <= tokens / 1e6 + f["turns"].as_f64().unwrap() * 5.0 * 2.0 / 1e6,
+        "{f}"
+    );
+    assert!(direct >= tokens * 0.1 / 1e6, "{f}");
+    assert!(f.get("unpriced_models").is_none(), "{f}");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "\"m\" = { input = -1.0, output = 1.0 }\n").unwrap();
+    let out = replay(&["--prices", bad.to_str().unwrap(), input]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml") && err.contains("m: every price"),
+        "{err}"
+    );
+}
+
 /// Session files an agent wrote under `dir` (each `.jsonl` whose path contains `within`),
 /// copied to `target/artifacts/sessions/<kind>/` for whoever wants to see what the real
-/// client writes, and replayed: the figures, as JSON.
-pub(super) fn sessions(dir: &std::path::Path, within: &str, kind: &str) -> Value {
+/// client writes, and replayed at `threshold`: the figures, as JSON.
+pub(super) fn sessions(
+    dir: &std::path::Path,
+    (within, threshold): (&str, &str),
+    kind: &str,
+) -> Value {
     let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(at) = stack.pop() {
@@ -193,7 +340,7 @@ pub(super) fn sessions(dir: &std::path::Path, within: &str, kind: &str) -> Value
     for file in &files {
         std::fs::copy(file, keep.join(file.file_name().unwrap())).unwrap();
     }
-    let mut args = vec!["--json", "--threshold", "2000", "--strategy", "recency"];
+    let mut args = vec!["--json", "--threshold", threshold, "--strategy", "recency"];
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     args.extend(names.iter().map(String::as_str));
     let out = replay(&args);

@@ -1,0 +1,146 @@
+//! abridge serving on loopback for one input of `abridge replay`: the real request path,
+//! with the run's configuration, in front of the simulated provider ([`Simulated`]); a
+//! client that sends the input's turns; and the wait for background compactions between
+//! turns, as a user's think time would allow.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use tokio::net::TcpListener;
+
+use super::provider::Simulated;
+use crate::config::Config;
+use crate::formats::Format;
+use crate::prices::Prices;
+use crate::secret::Secret;
+use crate::{AppState, Listeners};
+
+/// abridge and the simulated provider, running.
+pub(super) struct Harness {
+    pub provider: Simulated,
+    pub prices: Prices,
+    /// `summary.model`, when set (else the request's model summarises).
+    pub summary_model: Option<String>,
+    pub max_tokens: u64,
+    state: AppState,
+    url: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// What abridge answered a turn.
+pub(super) struct Answer {
+    pub status: u16,
+    pub compacted: bool,
+    pub body: Value,
+}
+
+impl Harness {
+    /// abridge with `config`, its upstream the simulated provider, its store in-process,
+    /// admin off; requests of `format` go to its route.
+    pub async fn start(config: &Config, format: Format) -> Result<Self, String> {
+        let provider = Simulated::start().await.map_err(|e| e.to_string())?;
+        let mut config = config.clone();
+        config.upstream = provider.url.parse()?;
+        config.anthropic_upstream = None;
+        config.store = Default::default();
+        config.identity.secret = Some(Secret::new("abridge replay: a fixed, local identity key"));
+        config.admin.token = None;
+        let prices = Prices::new(&config.prices)?;
+        let summary_model = Some(config.summary.model.clone()).filter(|m| !m.is_empty());
+        let max_tokens = config.recall.max_tokens;
+        let state = AppState::new(config).map_err(|e| e.to_string())?;
+        let bind = || TcpListener::bind("127.0.0.1:0");
+        let (proxy, admin) = (
+            bind().await.map_err(|e| e.to_string())?,
+            bind().await.map_err(|e| e.to_string())?,
+        );
+        let url = format!(
+            "http://{}{}",
+            proxy.local_addr().map_err(|e| e.to_string())?,
+            path(format)
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(crate::run(
+            Listeners { proxy, admin },
+            state.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(Self {
+            provider,
+            prices,
+            summary_model,
+            max_tokens,
+            state,
+            url,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            stop,
+            server,
+        })
+    }
+
+    /// Sends one request body; abridge's answer.
+    pub async fn send(&self, body: Bytes) -> Result<Answer, String> {
+        let request = http::Request::post(&self.url)
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer replay")
+            .header("anthropic-version", "2023-06-01")
+            .body(Full::new(body))
+            .map_err(|e| e.to_string())?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let compacted = response
+            .headers()
+            .get("x-abridge-compacted")
+            .is_some_and(|v| v == "true");
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok(Answer {
+            status,
+            compacted,
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        })
+    }
+
+    /// Lets background compactions finish before the next turn, as a user's think time
+    /// would (at most a few seconds).
+    pub async fn wait_idle(&self) {
+        for _ in 0..500 {
+            if self.state.compactor().pending_jobs() == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops abridge; the compactions it ran.
+    pub async fn finish(self) -> u64 {
+        let compactions = self.state.stats().snapshot().compactions_total();
+        let _ = self.stop.send(());
+        let _ = self.server.await;
+        compactions
+    }
+}
+
+/// Where a format's requests go.
+fn path(format: Format) -> &'static str {
+    match format {
+        Format::Chat => "/v1/chat/completions",
+        Format::Responses => "/v1/responses",
+        Format::Messages => "/v1/messages",
+    }
+}
