@@ -197,7 +197,12 @@ fn costs(figures: &[Figures]) -> String {
         "\nstrategy       cost as sent  through abridge  of which summaries (calls, tokens)  \
          net saved            every request valid\n",
     );
-    let usd = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("${v:.4}"));
+    let usd = |v: Option<f64>| {
+        v.map_or_else(
+            || "–".to_owned(),
+            |v| format!("{}${:.4}", if v < 0.0 { "-" } else { "" }, v.abs()),
+        )
+    };
     for f in figures {
         let net = match (f.net_saved_usd, f.net_saved_percent) {
             (Some(net), Some(share)) => format!("{} ({share:.1}%)", usd(Some(net))),
