@@ -12,7 +12,7 @@ abridge — OpenAI-compatible proxy that keeps long conversations inside the con
 
 USAGE:
     abridge [--config FILE] [--healthcheck | --check-config]
-    abridge replay [--strategy S ...] [--threshold TOKENS] [--json] [--html OUT] FILE...
+    abridge replay [--strategy S ...] [--threshold TOKENS] [--prices FILE] [--json] FILE...
                         (abridge replay --help says more)
 
 OPTIONS:
