@@ -16,6 +16,8 @@
 //! Scheme, host and port are the configured upstream's, always; the query
 //! (`api-version`) is passed on as it came.
 
+/// The prefix of every API path a client sends (`/v1/chat/completions`).
+pub const API_PREFIX: &str = "/v1";
 /// The v1 base under Azure's `/openai` root.
 const V1: &str = "/openai/v1";
 /// Azure's classic API root.
@@ -37,7 +39,7 @@ pub enum Mapped<'p> {
 
 /// The mapping of a client path (see the module docs).
 pub fn map(path: &str) -> Mapped<'_> {
-    if let Some(rest) = below(path, crate::upstream::API_PREFIX) {
+    if let Some(rest) = below(path, API_PREFIX) {
         return Mapped::Base(rest);
     }
     if let Some(rest) = below(path, V1) {

@@ -27,9 +27,6 @@ use crate::config::{Config, UpstreamBase};
 use crate::error::{Error, Shape};
 use crate::headers::{self, Provider};
 
-/// Path prefix clients use; the rest of their path is appended to the upstream base.
-pub const API_PREFIX: &str = "/v1";
-
 #[derive(Clone)]
 pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, Body>,

@@ -24,7 +24,7 @@ use crate::outcome::Trigger;
 use crate::store::{Checkpoint, Piece, Usage};
 use crate::tokens::Estimator;
 
-use super::turn::{Reason, Turn};
+use super::turn::{Decision, Reason, Turn};
 
 /// What to do with a request.
 #[derive(Debug, Clone, Copy)]
@@ -75,21 +75,7 @@ pub fn decide<'c>(
     reason: Reason,
 ) -> Decided<'c> {
     let soft = ((threshold as f64) * config.soft_ratio) as u64;
-    let usage = turn
-        .loaded
-        .and_then(|l| l.usage_for(turn.prefixes))
-        .copied();
-    let matching: Vec<&'c Checkpoint> = turn
-        .loaded
-        .map(|l| {
-            l.all_matching(turn.prefixes)
-                .filter(|c| applicable(c, turn.messages))
-                .collect()
-        })
-        .unwrap_or_default();
-    let active = usage
-        .and_then(|u| u.applied)
-        .and_then(|through| matching.iter().copied().find(|c| c.through == through));
+    let (usage, matching, active) = history(turn);
     let prediction = predict(turn, usage.as_ref(), active, threshold);
     let since = usage.map_or(1, |u| {
         round_trips(&turn.messages[(u.messages as usize).min(turn.messages.len())..])
@@ -133,19 +119,10 @@ pub fn decide<'c>(
         // A prepared checkpoint was built for the target up to two turns ago; the
         // history has grown since by about that much.
         let reach = target.saturating_add(growth.saturating_mul(2));
-        let deeper = matching
-            .iter()
-            .copied()
-            .filter(|c| active.is_none_or(|a| c.through > a.through));
-        for candidate in deeper {
-            let estimate = scaled(estimate(turn, Some(candidate), threshold), decided.ratio);
-            if estimate <= reach {
-                decided.action = Action::Apply {
-                    checkpoint: candidate,
-                    estimate,
-                };
-                return decided;
-            }
+        if let Some(action) = prepared(turn, (&matching, active), threshold, (reach, decided.ratio))
+        {
+            decided.action = action;
+            return decided;
         }
     }
     let (budget, trigger, ceiling) = match reason {
@@ -169,6 +146,50 @@ pub fn decide<'c>(
 /// Tokens a compaction leaves, where the threshold allows, for what replaces the
 /// middle (a summary, an index) beside the leading system messages and the final turn.
 pub const REPLACEMENT_FLOOR: u64 = 600;
+
+/// What the store knows of this request's history: the usage record it extends, the
+/// checkpoints that apply to it (deepest first) and the one in force at that record.
+fn history<'c>(
+    turn: &Turn<'c, '_>,
+) -> (Option<Usage>, Vec<&'c Checkpoint>, Option<&'c Checkpoint>) {
+    let usage = turn
+        .loaded
+        .and_then(|l| l.usage_for(turn.prefixes))
+        .copied();
+    let matching: Vec<&'c Checkpoint> = turn
+        .loaded
+        .map(|l| {
+            l.all_matching(turn.prefixes)
+                .filter(|c| applicable(c, turn.messages))
+                .collect()
+        })
+        .unwrap_or_default();
+    let active = usage
+        .and_then(|u| u.applied)
+        .and_then(|through| matching.iter().copied().find(|c| c.through == through));
+    (usage, matching, active)
+}
+
+/// A prepared checkpoint deeper than the one in force whose forwarded request comes
+/// within `reach` (the provider's count, `ratio` converts): to apply as it is.
+fn prepared<'c>(
+    turn: &Turn<'c, '_>,
+    (matching, active): (&[&'c Checkpoint], Option<&'c Checkpoint>),
+    threshold: u64,
+    (reach, ratio): (u64, f64),
+) -> Option<Action<'c>> {
+    matching
+        .iter()
+        .copied()
+        .filter(|c| active.is_none_or(|a| c.through > a.through))
+        .find_map(|candidate| {
+            let estimate = scaled(estimate(turn, Some(candidate), threshold), ratio);
+            (estimate <= reach).then_some(Action::Apply {
+                checkpoint: candidate,
+                estimate,
+            })
+        })
+}
 
 /// `budget` (the provider's count, `ratio` converts), raised where it leaves less than
 /// [`REPLACEMENT_FLOOR`] beside what every plan keeps, up to `ceiling` (the soft
@@ -390,6 +411,23 @@ pub fn applicable(c: &Checkpoint, messages: &[Item<'_>]) -> bool {
         && messages
             .get(through + 1)
             .is_some_and(|m| !matches!(m.role, Role::Tool | Role::Function))
+}
+
+impl Decision {
+    /// What the record stage needs of a request's prediction: its figures and the usage
+    /// record it came from.
+    pub(super) fn carry(&mut self, decided: &Decided<'_>) {
+        self.estimate = decided.predicted;
+        self.head_tokens = decided.head_tokens;
+        self.appended = decided.appended;
+        self.growth = decided.growth;
+        self.usage = decided.usage.map(|u| u.prefix);
+        self.previous = decided
+            .usage
+            .map(|u| (u.tokens, u.ratio_permille, u.applied));
+        self.previous_at_ms = decided.usage.map(|u| u.at_ms);
+        self.previous_client_tokens = decided.usage.map_or(0, |u| u.client_tokens);
+    }
 }
 
 #[cfg(test)]

@@ -128,16 +128,7 @@ impl Compactor {
             decide::decide(&self.config, threshold, turn, reason)
         });
         drop(permit);
-        decision.estimate = decided.predicted;
-        decision.head_tokens = decided.head_tokens;
-        decision.appended = decided.appended;
-        decision.growth = decided.growth;
-        decision.usage = decided.usage.map(|u| u.prefix);
-        decision.previous = decided
-            .usage
-            .map(|u| (u.tokens, u.ratio_permille, u.applied));
-        decision.previous_at_ms = decided.usage.map(|u| u.at_ms);
-        decision.previous_client_tokens = decided.usage.map_or(0, |u| u.client_tokens);
+        decision.carry(&decided);
         let observe = self.config.mode == CompactionMode::Observe;
         decision.active = !observe;
         let dry = reason == Reason::Preview;
@@ -232,6 +223,7 @@ impl Compactor {
     }
 
     /// The decision before anything is decided: forward as sent.
+    /// (What the record stage needs of `decided` is carried by [`Decision::carry`].)
     fn decision(&self, turn: &Turn<'_, '_>, threshold: u64) -> Decision {
         let state = turn.loaded.and_then(|l| l.state.as_ref());
         Decision {
