@@ -68,6 +68,15 @@ pub fn count_tokens(request: &Value) -> u64 {
     3 + instructions + input
 }
 
+/// The request's input as items: a string `input` is one user message.
+fn input_items(request: &Value) -> std::borrow::Cow<'_, [Value]> {
+    match &request["input"] {
+        Value::String(s) => vec![json!({"role": "user", "content": s})].into(),
+        Value::Array(items) => items.as_slice().into(),
+        _ => (&[][..]).into(),
+    }
+}
+
 /// The request's prompt cut after its instructions and each input item (see
 /// [`crate::prompt_cache`]).
 fn cuts(request: &Value) -> Cuts {
@@ -75,15 +84,7 @@ fn cuts(request: &Value) -> Cuts {
     let instructions = request["instructions"]
         .as_str()
         .map(|s| (4 + tokens(s), &request["instructions"]));
-    let single;
-    let items: &[Value] = match &request["input"] {
-        Value::String(s) => {
-            single = [json!({"role": "user", "content": s})];
-            &single
-        }
-        Value::Array(items) => items,
-        _ => &[],
-    };
+    let items = input_items(request);
     let start = prompt_start(request);
     Cuts::of(
         (3, &start),
@@ -297,15 +298,7 @@ enum Content {
 
 impl<'a> Reply<'a> {
     fn to(b: &Behavior, request: &'a Value, (input_tokens, cached_tokens): (u64, u64)) -> Self {
-        let single;
-        let items: &[Value] = match &request["input"] {
-            Value::String(s) => {
-                single = [json!({"role": "user", "content": s})];
-                &single
-            }
-            Value::Array(items) => items,
-            _ => &[],
-        };
+        let items = input_items(request);
         let hash = fnv(request["input"].to_string().as_bytes());
         let asked = items
             .iter()
@@ -326,7 +319,7 @@ impl<'a> Reply<'a> {
                 })
             })
             .and_then(|t| t["name"].as_str());
-        let recalled = recall_move(request, items).filter(|_| b.uses_recall);
+        let recalled = recall_move(request, &items).filter(|_| b.uses_recall);
         let content = match (recalled, tool) {
             (Some(crate::recall::Move::Call(query)), _) => Content::Call {
                 id: format!("fc_r{hash:016x}"),
