@@ -272,6 +272,27 @@ pub struct Account {
     pub series: Vec<Point>,
 }
 
+impl Account {
+    /// Adds one exchange; whether its series grew (it keeps the latest [`MAX_POINTS`]).
+    pub fn add(&mut self, entry: &Entry) -> bool {
+        self.tally.add(&entry.tally);
+        if let Some(format) = entry.format
+            && self.format.as_deref() != Some(format)
+        {
+            self.format = Some(format.to_owned());
+        }
+        let Some(point) = entry.point else {
+            return false;
+        };
+        self.series.push(point);
+        if self.series.len() > MAX_POINTS {
+            self.series.remove(0);
+            return false;
+        }
+        true
+    }
+}
+
 /// What one exchange adds to its conversation's account.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Entry {

@@ -14,7 +14,7 @@ use super::{
     Checkpoint, Loaded, Lock, MAX_USAGE, Recent, Saved, State, Usage, checkpoint_field, lock,
     now_ms,
 };
-use crate::accounting::{Account, Entry, MAX_POINTS, Point, Tally};
+use crate::accounting::{Account, Entry, Point, Tally};
 use crate::config::StoreConfig;
 use crate::identity::Fingerprint;
 use crate::secret::Secret;
@@ -136,8 +136,11 @@ impl MemoryStore {
         replaces: Option<Fingerprint>,
     ) {
         let mut inner = lock(&self.inner);
-        let added = self.account(&mut inner, id, entry);
         let c = self.entry(&mut inner, id);
+        let grew = c.account.add(entry);
+        if grew {
+            c.bytes += POINT_BYTES;
+        }
         c.usage
             .retain(|u| u.prefix != usage.prefix && Some(u.prefix) != replaces);
         c.usage.push(usage);
@@ -151,32 +154,10 @@ impl MemoryStore {
             c.usage.remove(oldest);
         }
         c.state.get_or_insert_with(State::default).last_seen_ms = now_ms();
-        if added {
+        if grew {
+            inner.bytes += POINT_BYTES;
             self.shed_bytes(&mut inner, id);
         }
-    }
-
-    /// Adds `entry` to the conversation's account; whether its bytes grew.
-    fn account(&self, inner: &mut Inner, id: &Fingerprint, entry: &Entry) -> bool {
-        let c = self.entry(inner, id);
-        let account = &mut c.account;
-        account.tally.add(&entry.tally);
-        if let Some(format) = entry.format {
-            if account.format.as_deref() != Some(format) {
-                account.format = Some(format.to_owned());
-            }
-        }
-        let Some(point) = entry.point else {
-            return false;
-        };
-        account.series.push(point);
-        if account.series.len() > MAX_POINTS {
-            account.series.remove(0);
-            return false;
-        }
-        c.bytes += POINT_BYTES;
-        inner.bytes += POINT_BYTES;
-        true
     }
 
     /// Adds a summary call's or recall's counts to the conversation's account.
