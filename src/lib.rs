@@ -109,6 +109,7 @@ pub mod recall;
 pub mod relay;
 pub mod replay;
 pub mod request_id;
+pub mod request_log;
 pub mod secret;
 pub mod serve;
 pub mod server;

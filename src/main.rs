@@ -225,23 +225,31 @@ fn check_health(config: &Config) -> Result<(), String> {
 
 fn init_logging(config: &Config) {
     use abridge::config::LogFormat;
+    use abridge::request_log::Lazy;
     use tracing_subscriber::prelude::*;
     let filter = config.log.filter.targets();
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    use tracing_subscriber::fmt;
+    // The request span's fields are formatted when a line is written (`request_log`).
+    let layer = fmt::layer().with_writer(std::io::stderr);
     match config.log.format {
         LogFormat::Text => tracing_subscriber::registry()
-            .with(layer.with_ansi(config.log.ansi).with_filter(filter))
-            .init(),
-        LogFormat::Json => tracing_subscriber::registry()
             .with(
                 layer
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(true)
-                    .with_span_list(false)
+                    .event_format(Lazy(fmt::format()))
+                    .with_ansi(config.log.ansi)
                     .with_filter(filter),
             )
             .init(),
+        LogFormat::Json => {
+            let format = fmt::format()
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(false);
+            tracing_subscriber::registry()
+                .with(layer.json().event_format(Lazy(format)).with_filter(filter))
+                .init()
+        }
     }
 }
 

@@ -14,8 +14,8 @@
 //!   request head has arrived, the whole head must arrive within `header` (slowloris); a response the client stops reading is dropped after `idle` without
 //!   progress. Request bodies have their own deadline where they are read (see
 //!   `proxy`), so a long generation the client waits for is never cut.
-//! - **Request ids.** Every request gets an id and a log span, and every response an
-//!   `x-request-id` (see [`crate::request_id`]).
+//! - **Request ids.** Every request gets an id and a log span (see [`crate::request_log`]), and every
+//!   response an `x-request-id` (see [`crate::request_id`]).
 //! - **Drain.** When `stop` fires, accepting stops and every connection is told to
 //!   finish its current request and close; [`serve`] returns once all have.
 
@@ -46,6 +46,7 @@ use tracing::Instrument;
 
 use crate::error::Error;
 use crate::request_id::RequestId;
+use crate::request_log;
 
 /// One listener's bounds (see the module docs).
 #[derive(Debug, Clone, Copy)]
@@ -205,7 +206,7 @@ impl hyper::service::Service<http::Request<Incoming>> for ConnService {
         state.busy.fetch_add(1, Ordering::AcqRel);
         let guard = Finished(state);
         let id = RequestId::of(request.headers());
-        let span = request_span(&id, &request);
+        let span = request_log::span(&id, request.method(), request.uri().path());
         let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
             let mut response =
                 span.in_scope(|| Error::Overloaded("limits.max_inflight_requests").into_response());
@@ -227,26 +228,11 @@ impl hyper::service::Service<http::Request<Incoming>> for ConnService {
             if let Some(theirs) = id.stamp(response.headers_mut())
                 && theirs.as_bytes() != id.as_str().as_bytes()
             {
-                let theirs = String::from_utf8_lossy(theirs.as_bytes());
-                span.record("upstream_request_id", tracing::field::display(&theirs));
+                request_log::record_upstream(&span, &String::from_utf8_lossy(theirs.as_bytes()));
             }
             Ok(tracked(response, guard, Some(permit)))
         })
     }
-}
-
-/// The request's log span: its id (see [`crate::request_id`]), method and path (never
-/// the query, which may carry a key), and the provider's id once the answer names one.
-/// At `error` level so that it exists whenever any line of the request is logged: a
-/// span's level decides whether it is recorded, not how loud it is.
-fn request_span<B>(id: &RequestId, request: &http::Request<B>) -> tracing::Span {
-    tracing::error_span!(
-        "request",
-        request_id = %id,
-        method = %request.method(),
-        path = %request.uri().path(),
-        upstream_request_id = tracing::field::Empty,
-    )
 }
 
 /// Marks the request finished (busy −1, idle from now) when dropped: with the response
