@@ -302,24 +302,29 @@ mod tests {
             .map(|(u, _)| u.to_string())
     }
 
-    #[test]
-    fn anthropic_routes_go_to_their_own_upstream_when_set() {
+    /// An upstream with an Anthropic base of its own, and where it sends `uri` with
+    /// the headers `pairs`.
+    fn routed(
+        uri: &str,
+        pairs: &[(&'static str, &'static str)],
+    ) -> Result<(String, Provider), Error> {
         let config = Config {
             upstream: "https://api.openai.com/v1".parse().unwrap(),
             anthropic_upstream: Some("https://api.anthropic.com/v1".parse().unwrap()),
             ..Config::default()
         };
         let upstream = Upstream::new(&config).unwrap();
-        let target_with = |uri: &str, pairs: &[(&'static str, &'static str)]| {
-            let mut headers = http::HeaderMap::new();
-            for (k, v) in pairs {
-                headers.insert(*k, http::HeaderValue::from_static(v));
-            }
-            upstream
-                .route(&Method::POST, &uri.parse().unwrap(), &headers)
-                .map(|(u, p)| (u.to_string(), p))
-        };
-        let target = |uri: &str| target_with(uri, &[]).unwrap().0;
+        let mut headers = http::HeaderMap::new();
+        for (k, v) in pairs {
+            headers.insert(*k, http::HeaderValue::from_static(v));
+        }
+        upstream
+            .route(&Method::POST, &uri.parse().unwrap(), &headers)
+            .map(|(u, p)| (u.to_string(), p))
+    }
+
+    #[test]
+    fn anthropic_credentials_go_to_anthropic_whatever_the_path() {
         // Anthropic's credential style goes to Anthropic whatever the path: its key never
         // reaches the other provider.
         for (uri, pairs) in [
@@ -337,7 +342,7 @@ mod tests {
                 ],
             ),
         ] {
-            let (to, provider) = target_with(uri, pairs).unwrap();
+            let (to, provider) = routed(uri, pairs).unwrap();
             assert!(
                 to.starts_with("https://api.anthropic.com/v1/"),
                 "{uri}: {to}"
@@ -345,24 +350,29 @@ mod tests {
             assert_eq!(provider, Provider::Anthropic);
         }
         assert!(matches!(
-            target_with("/v1//messages", &[("x-api-key", "k")]),
+            routed("/v1//messages", &[("x-api-key", "k")]),
             Err(Error::BadPath)
         ));
         // Azure's classic paths are not Anthropic's: refused rather than sent.
         assert!(
-            target_with(
+            routed(
                 "/openai/deployments/d/chat/completions",
                 &[("x-api-key", "k")]
             )
             .is_err()
         );
         assert_eq!(
-            target_with("/v1/models", &[("authorization", "Bearer sk")]).unwrap(),
+            routed("/v1/models", &[("authorization", "Bearer sk")]).unwrap(),
             (
                 "https://api.openai.com/v1/models".to_owned(),
                 Provider::Main
             )
         );
+    }
+
+    #[test]
+    fn anthropic_routes_go_to_their_own_upstream_when_set() {
+        let target = |uri: &str| routed(uri, &[]).unwrap().0;
         assert_eq!(
             target("/v1/messages?beta=true"),
             "https://api.anthropic.com/v1/messages?beta=true"

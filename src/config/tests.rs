@@ -122,7 +122,7 @@ fn environment_overrides_file_and_keeps_strings_exact() {
 }
 
 #[test]
-fn store_settings_from_env_and_cross_key_checks() {
+fn store_settings_from_env() {
     let config = load(
         "",
         &[
@@ -148,7 +148,10 @@ fn store_settings_from_env_and_cross_key_checks() {
         !format!("{config:?}").contains(":pw@"),
         "store URLs may carry passwords"
     );
+}
 
+#[test]
+fn cluster_and_sentinel_settings_from_env() {
     let cluster = load(
         "",
         &[("ABRIDGE_STORE__REDIS_CLUSTER", "redis://a:1, redis://b:2")],
@@ -182,6 +185,10 @@ fn store_settings_from_env_and_cross_key_checks() {
         "a password of digits stays text"
     );
     assert!(!format!("{sentinel:?}").contains("12345"));
+}
+
+#[test]
+fn conflicting_store_settings_are_errors_naming_their_keys() {
     let err = load(
         "[store.sentinel]\nnodes = [\"redis://s1:26379\"]\n",
         &[("ABRIDGE_REDIS_URL", "redis://a")],
@@ -359,25 +366,11 @@ fn redis_tls_files_are_read_at_load_and_their_contents_never_shown() {
 }
 
 #[test]
-fn bad_redis_tls_files_are_config_errors_naming_key_and_file() {
+fn bad_redis_ca_files_are_config_errors_naming_key_and_file() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = pem_pair(dir.path(), "client");
-    let (other_cert, other_key) = pem_pair(dir.path(), "other");
-    let not_pem = dir.path().join("notes.txt");
-    std::fs::write(&not_pem, "not a certificate").unwrap();
-    let not_pem = not_pem.display().to_string();
-    let garbled = dir.path().join("garbled.pem");
-    std::fs::write(
-        &garbled,
-        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
-    )
-    .unwrap();
-    let garbled = garbled.display().to_string();
-    let missing = dir.path().join("missing.pem").display().to_string();
-    let url = "[store]\nredis_url = \"rediss://:hunter2@h:6380\"\n[store.tls]\n";
-    // The file's text, the environment, the key (or variable) and the message named.
-    type Case<'a> = (String, &'a [(&'a str, &'a str)], &'a str, &'a str);
-    let cases: [Case; 8] = [
+    let f = TlsFiles::in_dir(dir.path());
+    let (url, missing, not_pem, garbled) = (TLS_URL, &f.missing, &f.not_pem, &f.garbled);
+    refused(&[
         (
             format!("{url}ca_file = {missing:?}\n"),
             &[],
@@ -388,7 +381,7 @@ fn bad_redis_tls_files_are_config_errors_naming_key_and_file() {
             String::new(),
             &[
                 ("ABRIDGE_REDIS_URL", "rediss://h"),
-                ("ABRIDGE_STORE__TLS__CA_FILE", &missing),
+                ("ABRIDGE_STORE__TLS__CA_FILE", missing),
             ],
             "ABRIDGE_STORE__TLS__CA_FILE",
             "missing.pem",
@@ -405,6 +398,16 @@ fn bad_redis_tls_files_are_config_errors_naming_key_and_file() {
             "store.tls.ca_file",
             "not a usable CA certificate",
         ),
+    ]);
+}
+
+#[test]
+fn bad_redis_client_certificates_are_config_errors_naming_key_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = TlsFiles::in_dir(dir.path());
+    let (url, cert, key) = (TLS_URL, &f.cert, &f.key);
+    let (other_cert, other_key, not_pem) = (&f.other_cert, &f.other_key, &f.not_pem);
+    refused(&[
         (
             format!("{url}cert_file = {cert:?}\n"),
             &[],
@@ -429,12 +432,7 @@ fn bad_redis_tls_files_are_config_errors_naming_key_and_file() {
             "store.tls.insecure",
             "cannot go with",
         ),
-    ];
-    for (text, vars, key_or_var, message) in cases {
-        let err = load(&text, vars).unwrap_err().to_string();
-        assert!(err.contains(key_or_var) && err.contains(message), "{err}");
-        assert!(!err.contains("hunter2"), "{err}");
-    }
+    ]);
     assert!(
         load(
             &format!("{url}cert_file = {cert:?}\nkey_file = {key:?}\n"),
@@ -442,6 +440,57 @@ fn bad_redis_tls_files_are_config_errors_naming_key_and_file() {
         )
         .is_ok()
     );
+}
+
+/// A Redis URL with a password, and the start of its TLS section.
+const TLS_URL: &str = "[store]\nredis_url = \"rediss://:hunter2@h:6380\"\n[store.tls]\n";
+
+/// The files of the TLS cases: two key pairs, a file that is not PEM, a garbled
+/// certificate and a path with no file.
+struct TlsFiles {
+    cert: String,
+    key: String,
+    other_cert: String,
+    other_key: String,
+    not_pem: String,
+    garbled: String,
+    missing: String,
+}
+
+impl TlsFiles {
+    fn in_dir(dir: &std::path::Path) -> Self {
+        let (cert, key) = pem_pair(dir, "client");
+        let (other_cert, other_key) = pem_pair(dir, "other");
+        let not_pem = dir.join("notes.txt");
+        std::fs::write(&not_pem, "not a certificate").unwrap();
+        let garbled = dir.join("garbled.pem");
+        std::fs::write(
+            &garbled,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        Self {
+            cert,
+            key,
+            other_cert,
+            other_key,
+            not_pem: not_pem.display().to_string(),
+            garbled: garbled.display().to_string(),
+            missing: dir.join("missing.pem").display().to_string(),
+        }
+    }
+}
+
+/// The file's text, the environment, the key (or variable) and the message named.
+type Refused<'a> = (String, &'a [(&'a str, &'a str)], &'a str, &'a str);
+
+/// Each case is refused with an error naming its key and saying why, never the password.
+fn refused(cases: &[Refused<'_>]) {
+    for (text, vars, key_or_var, message) in cases {
+        let err = load(text, vars).unwrap_err().to_string();
+        assert!(err.contains(key_or_var) && err.contains(message), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
 }
 
 #[test]

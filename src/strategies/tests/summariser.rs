@@ -150,45 +150,55 @@ fn summariser_failures_fall_back_to_recency() {
             validate(&messages, &plan).unwrap();
             assert!(plan.tokens_after <= budget);
         }
-        let ok = run(strategy, &inp, &settings, |r| {
-            let s = good_summary(&r);
-            async move { Ok(s) }
+        good_and_repaired_summaries_are_used(strategy, &inp, &settings, &messages);
+    }
+}
+
+/// With `strategy`, a good summary is used, and a summary of poor form is repaired,
+/// not fatal: what was dropped is asked for once more, then appended (a summary with
+/// only headings, or with none, is used).
+fn good_and_repaired_summaries_are_used(
+    strategy: Strategy,
+    inp: &Input<'_>,
+    settings: &Settings,
+    messages: &[Item<'_>],
+) {
+    let ok = run(strategy, inp, settings, |r| {
+        let s = good_summary(&r);
+        async move { Ok(s) }
+    })
+    .unwrap();
+    assert_eq!(ok.strategy, strategy, "{:?}", ok.fallback);
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    for answer in [SECTIONS_ONLY, "Goal: fix things. Next steps: more."] {
+        calls.store(0, std::sync::atomic::Ordering::Relaxed);
+        let plan = run(strategy, inp, settings, |_| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move { Ok(answer.to_owned()) }
         })
         .unwrap();
-        assert_eq!(ok.strategy, strategy, "{:?}", ok.fallback);
-        // Form is repaired, not fatal; what was dropped is asked for once more, then
-        // appended: a summary with only headings, or with none, is used.
-        let calls = std::sync::atomic::AtomicUsize::new(0);
-        for answer in [SECTIONS_ONLY, "Goal: fix things. Next steps: more."] {
-            calls.store(0, std::sync::atomic::Ordering::Relaxed);
-            let plan = run(strategy, &inp, &settings, |_| {
-                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                async move { Ok(answer.to_owned()) }
-            })
-            .unwrap();
-            assert_eq!(plan.strategy, strategy, "{:?}", plan.fallback);
-            let summary = plan.summary.as_deref().unwrap();
-            for (name, _) in crate::strategies::gate::SECTIONS {
-                assert!(summary.contains(&format!("## {name}")), "{name}: {summary}");
-            }
-            assert!(summary.contains("Also mentioned: "), "{summary}");
-            assert!(summary.contains("src/mod_"), "{summary}");
-            let verdict = plan.verdict.as_ref().unwrap();
-            assert!(verdict.score < 0.5, "{verdict:?}");
-            assert!(
-                verdict
-                    .repaired
-                    .iter()
-                    .any(|r| r.starts_with("identifiers")),
-                "{verdict:?}"
-            );
-            assert_eq!(
-                calls.load(std::sync::atomic::Ordering::Relaxed),
-                2,
-                "one retry"
-            );
-            validate(&messages, &plan).unwrap();
+        assert_eq!(plan.strategy, strategy, "{:?}", plan.fallback);
+        let summary = plan.summary.as_deref().unwrap();
+        for (name, _) in crate::strategies::gate::SECTIONS {
+            assert!(summary.contains(&format!("## {name}")), "{name}: {summary}");
         }
+        assert!(summary.contains("Also mentioned: "), "{summary}");
+        assert!(summary.contains("src/mod_"), "{summary}");
+        let verdict = plan.verdict.as_ref().unwrap();
+        assert!(verdict.score < 0.5, "{verdict:?}");
+        assert!(
+            verdict
+                .repaired
+                .iter()
+                .any(|r| r.starts_with("identifiers")),
+            "{verdict:?}"
+        );
+        assert_eq!(
+            calls.load(std::sync::atomic::Ordering::Relaxed),
+            2,
+            "one retry"
+        );
+        validate(messages, &plan).unwrap();
     }
 }
 
