@@ -97,7 +97,9 @@ impl Burst {
         match self.first.take() {
             Some(first) => Some(first),
             None if self.joined.is_empty() => None,
-            None => Some(self.joined.split().freeze()),
+            // The buffer goes with the bytes: a stream between bursts holds none (a
+            // paced stream would otherwise keep its first burst's 4 KiB for its life).
+            None => Some(std::mem::take(&mut self.joined).freeze()),
         }
     }
 }
@@ -128,6 +130,7 @@ mod tests {
         burst.push(Bytes::from_static(b"data: 2\n\n"));
         assert_eq!(&burst.take().unwrap()[..], b"data: 1\n\ndata: 2\n\n");
         assert!(burst.is_empty());
+        assert_eq!(burst.joined.capacity(), 0, "no buffer held between bursts");
     }
 
     #[test]
