@@ -25,8 +25,10 @@ pub(super) fn string_at(raw: &str, open: usize) -> Option<(usize, Option<Cow<'_,
     let start = open + 1;
     let mut at = start;
     // The decoded text, once an escape is met (then `run` is where the undecoded run
-    // starts); `decoded` is false after an escape the parser must read.
-    let mut text: Option<Vec<u8>> = None;
+    // starts); `decoded` is false after an escape the parser must read. Built as a
+    // `String` from `raw`'s runs (cut at ASCII quotes and backslashes, so at char
+    // boundaries) and decoded escapes: no UTF-8 check of the result.
+    let mut text: Option<String> = None;
     let mut run = start;
     let mut decoded = true;
     loop {
@@ -36,14 +38,13 @@ pub(super) fn string_at(raw: &str, open: usize) -> Option<(usize, Option<Cow<'_,
                 _ if !decoded => None,
                 None => raw.get(start..at).map(Cow::Borrowed),
                 Some(mut t) => {
-                    t.extend_from_slice(&b[run..at]);
+                    t.push_str(raw.get(run..at)?);
                     // Sized for the rest of `raw`: a short string early in a long value
                     // gives the excess back.
                     if t.capacity() / 2 > t.len() {
                         t.shrink_to_fit();
                     }
-                    // Valid UTF-8 in, decoded escapes are valid UTF-8: this cannot fail.
-                    String::from_utf8(t).ok().map(Cow::Owned)
+                    Some(Cow::Owned(t))
                 }
             };
             return Some((at + 1, text));
@@ -52,9 +53,9 @@ pub(super) fn string_at(raw: &str, open: usize) -> Option<(usize, Option<Cow<'_,
         if decoded {
             if let Some((piece, used)) = escape(&b[at..], &mut utf8) {
                 // Room for the rest of `raw` at most: one allocation, no growth.
-                let t = text.get_or_insert_with(|| Vec::with_capacity(b.len() - start));
-                t.extend_from_slice(&b[run..at]);
-                t.extend_from_slice(piece);
+                let t = text.get_or_insert_with(|| String::with_capacity(b.len() - start));
+                t.push_str(raw.get(run..at)?);
+                t.push_str(piece);
                 at += used;
                 run = at;
                 continue;
@@ -69,16 +70,16 @@ pub(super) fn string_at(raw: &str, open: usize) -> Option<(usize, Option<Cow<'_,
 
 /// The escape at the start of `rest` (a backslash): its decoded bytes (in `utf8` for a
 /// `\u` escape) and how many bytes it used; `None` where the parser must read it.
-fn escape<'b>(rest: &[u8], utf8: &'b mut [u8; 4]) -> Option<(&'b [u8], usize)> {
-    let simple: &'static [u8] = match *rest.get(1)? {
-        b'"' => b"\"",
-        b'\\' => b"\\",
-        b'/' => b"/",
-        b'b' => b"\x08",
-        b'f' => b"\x0c",
-        b'n' => b"\n",
-        b'r' => b"\r",
-        b't' => b"\t",
+fn escape<'b>(rest: &[u8], utf8: &'b mut [u8; 4]) -> Option<(&'b str, usize)> {
+    let simple: &'static str = match *rest.get(1)? {
+        b'"' => "\"",
+        b'\\' => "\\",
+        b'/' => "/",
+        b'b' => "\x08",
+        b'f' => "\x0c",
+        b'n' => "\n",
+        b'r' => "\r",
+        b't' => "\t",
         b'u' => {
             let high = hex4(rest.get(2..6)?)?;
             let (code, used) = if (0xD800..0xDC00).contains(&high) {
@@ -95,7 +96,7 @@ fn escape<'b>(rest: &[u8], utf8: &'b mut [u8; 4]) -> Option<(&'b [u8], usize)> {
             };
             // A lone low surrogate is not a char: left to the parser.
             let c = char::from_u32(code)?;
-            return Some((c.encode_utf8(utf8).as_bytes(), used));
+            return Some((c.encode_utf8(utf8), used));
         }
         _ => return None,
     };
