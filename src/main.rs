@@ -226,9 +226,9 @@ fn check_health(config: &Config) -> Result<(), String> {
 fn init_logging(config: &Config) {
     use abridge::config::LogFormat;
     use abridge::request_log::Lazy;
+    use tracing_subscriber::fmt;
     use tracing_subscriber::prelude::*;
     let filter = config.log.filter.targets();
-    use tracing_subscriber::fmt;
     // The request span's fields are formatted when a line is written (`request_log`).
     let layer = fmt::layer().with_writer(std::io::stderr);
     match config.log.format {

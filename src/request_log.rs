@@ -22,10 +22,12 @@ use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
 use crate::request_id::RequestId;
 
-/// The request span's field values, not yet formatted.
+/// The request span's field values, not yet formatted. Owned copies: a client's id is a
+/// slice of the connection's read buffer, which the span (held by a stream's relay for
+/// its whole life) would otherwise keep alive.
 #[derive(Clone)]
 struct Pending {
-    id: RequestId,
+    id: Box<str>,
     method: Method,
     path: Box<str>,
     upstream: Option<Box<str>>,
@@ -46,7 +48,7 @@ pub fn span(id: &RequestId, method: &Method, path: &str) -> Span {
         upstream_request_id = Empty,
     );
     let pending = Pending {
-        id: id.clone(),
+        id: id.as_str().into(),
         method: method.clone(),
         path: path.into(),
         upstream: None,

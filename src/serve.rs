@@ -14,8 +14,9 @@
 //!   request head has arrived, the whole head must arrive within `header` (slowloris); a response the client stops reading is dropped after `idle` without
 //!   progress. Request bodies have their own deadline where they are read (see
 //!   `proxy`), so a long generation the client waits for is never cut.
-//! - **Request ids.** Every request gets an id and a log span (see [`crate::request_log`]), and every
-//!   response an `x-request-id` (see [`crate::request_id`]).
+//! - **Request ids.** Every request gets an id and a log span (see
+//!   [`crate::request_log`]), and every response an `x-request-id` (see
+//!   [`crate::request_id`]).
 //! - **Drain.** When `stop` fires, accepting stops and every connection is told to
 //!   finish its current request and close; [`serve`] returns once all have.
 
