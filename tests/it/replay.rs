@@ -311,8 +311,9 @@ fn a_model_without_a_price_is_counted_in_tokens_and_prices_can_be_given() {
 }
 
 /// Session files an agent wrote under `dir` (each `.jsonl` whose path contains `within`),
-/// copied to `target/artifacts/sessions/<kind>/` for whoever wants to see what the real
-/// client writes, and replayed at `threshold`: the figures, as JSON.
+/// copied to `target/artifacts/sessions/<kind>/` (in place of the last run's) for whoever
+/// wants to see what the real client writes, and replayed at `threshold`: the figures,
+/// as JSON.
 pub(super) fn sessions(
     dir: &std::path::Path,
     (within, threshold): (&str, &str),
@@ -336,6 +337,8 @@ pub(super) fn sessions(
     let keep = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/artifacts/sessions")
         .join(kind);
+    // Only this run's files: the directory does not grow with every run.
+    let _ = std::fs::remove_dir_all(&keep);
     std::fs::create_dir_all(&keep).unwrap();
     for file in &files {
         std::fs::copy(file, keep.join(file.file_name().unwrap())).unwrap();
