@@ -34,7 +34,7 @@ fn user_turns(path: &str) -> usize {
 fn replay_reports_each_strategy_as_json_and_as_a_page() {
     let dir = tempfile::tempdir().unwrap();
     let page = dir.path().join("replay.html");
-    let out = replay(&[
+    let figures = json_of(&[
         "--json",
         "--threshold",
         "8000",
@@ -46,12 +46,6 @@ fn replay_reports_each_strategy_as_json_and_as_a_page() {
         page.to_str().unwrap(),
         CHAT,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let figures: Value = serde_json::from_slice(&out.stdout).unwrap();
     let strategies = figures["strategies"].as_object().unwrap();
     assert_eq!(strategies.len(), 2, "{figures}");
     for (name, f) in strategies {
@@ -197,15 +191,20 @@ fn a_history_a_real_provider_would_refuse_is_refused_and_said_whose_it_is() {
     );
 }
 
-/// Runs `replay --json` with `args`; the one strategy's figures.
-fn figures_of(args: &[&str]) -> Value {
+/// Runs `replay` with `args` (which ask for `--json`), which must succeed; its figures.
+fn json_of(args: &[&str]) -> Value {
     let out = replay(args);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let figures: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Runs `replay --json` with `args`; the one strategy's figures.
+fn figures_of(args: &[&str]) -> Value {
+    let figures = json_of(args);
     let strategies = figures["strategies"].as_object().unwrap();
     assert_eq!(strategies.len(), 1, "{figures}");
     strategies.values().next().unwrap().clone()
@@ -346,11 +345,5 @@ pub(super) fn sessions(
     let mut args = vec!["--json", "--threshold", threshold, "--strategy", "recency"];
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     args.extend(names.iter().map(String::as_str));
-    let out = replay(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_of(&args)
 }
