@@ -6,6 +6,7 @@ use serde_json::value::RawValue;
 
 use super::StoreError;
 use crate::identity::Fingerprint;
+pub use crate::strategies::Kept;
 use crate::strategies::Strategy;
 
 /// "Messages `head..=through` of the conversation whose prefix hash through `through` is
@@ -47,15 +48,6 @@ pub struct Checkpoint {
     /// What the summary gate found and repaired (a summary written for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<crate::strategies::Verdict>,
-}
-
-/// A client message in a checkpoint's replacement: at position `at` of the replacement,
-/// message `of` of the conversation (within `head..=through`, so the checkpoint's
-/// prefix hash vouches for its bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Kept {
-    pub at: u32,
-    pub of: u32,
 }
 
 /// One message of a checkpoint's replacement, in order.

@@ -287,6 +287,15 @@ pub struct Input<'x> {
     pub summary_window: Option<u64>,
 }
 
+/// A client message in a checkpoint's replacement: at position `at` of the replacement,
+/// message `of` of the conversation (within `head..=through`, so the checkpoint's
+/// prefix hash vouches for its bytes). Stored with the checkpoint (see `crate::store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    pub at: u32,
+    pub of: u32,
+}
+
 /// The checkpoint in force: the plan of an earlier compaction of this conversation.
 #[derive(Debug, Clone, Copy)]
 pub struct Previous<'x> {
@@ -299,7 +308,7 @@ pub struct Previous<'x> {
     /// `kept`); read only to report [`Plan::tokens_before`].
     pub replacement: &'x [Box<RawValue>],
     /// The client's messages its replacement kept as they were.
-    pub kept: &'x [crate::store::Kept],
+    pub kept: &'x [Kept],
     /// Its [`Plan::summary`]: the summary body a structured update starts from.
     pub summary: Option<&'x str>,
 }
