@@ -151,6 +151,7 @@ fn run_stage(
                 estimator: &estimator,
                 format: abridge::formats::Format::Chat,
                 summary_window: None,
+                summary_ratio: None,
             };
             runtime
                 .block_on(compact(strategy, &input, &settings, summarise, &Inline))

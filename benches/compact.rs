@@ -94,6 +94,7 @@ fn strategies(c: &mut Criterion) {
                 estimator,
                 format: abridge::formats::Format::Chat,
                 summary_window: None,
+                summary_ratio: None,
             };
             // Each case must produce what it claims.
             let plan = runtime

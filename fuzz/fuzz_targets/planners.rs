@@ -45,6 +45,7 @@ fuzz_target!(|data: &[u8]| {
         estimator: &estimator,
         format: Format::Chat,
         summary_window: None,
+        summary_ratio: None,
     };
     let answer = control >> 4;
     let summarise = |request: SummaryRequest| {

@@ -279,6 +279,7 @@ impl Compactor {
             strategy: job.strategy,
             previous: deepest,
             budget: unscaled(target, ratio),
+            ratio,
             trigger: Trigger::Background,
             real: true,
             wait: false,

@@ -33,6 +33,8 @@ pub(super) struct Attempt<'c> {
     pub previous: Option<&'c Checkpoint>,
     /// In abridge's estimate.
     pub budget: u64,
+    /// The provider's count over abridge's estimate the budget was converted with.
+    pub ratio: f64,
     pub trigger: Trigger,
     /// Store, count and log it (false: observe mode's or a preview's dry run).
     pub real: bool,
@@ -227,6 +229,8 @@ impl Compactor {
             estimator: &estimator,
             format: turn.format,
             summary_window: Some(self.window(turn.provider, self.summariser.model_for(turn.model))),
+            summary_ratio: (!estimator.is_exact() && self.summariser.counts_like(turn.model))
+                .then_some(attempt.ratio),
         };
         let summarise = |request| self.summarise(turn, request);
         strategies::compact(

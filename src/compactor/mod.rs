@@ -178,6 +178,7 @@ impl Compactor {
                     },
                     previous: decided.deepest,
                     budget,
+                    ratio: decided.ratio,
                     trigger,
                     real: !observe && !dry,
                     wait: true,

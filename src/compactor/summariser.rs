@@ -110,6 +110,12 @@ impl Summariser {
         self.separate.is_none()
     }
 
+    /// Whether a summary for a request of `request_model` is counted as that request is:
+    /// the same model, on the same upstream (no separate summary provider).
+    pub fn counts_like(&self, request_model: &str) -> bool {
+        self.uses_client_credentials() && self.model_for(request_model) == request_model
+    }
+
     /// The model a summary for a request of `request_model` uses.
     pub fn model_for<'a>(&'a self, request_model: &'a str) -> &'a str {
         if self.model.is_empty() {

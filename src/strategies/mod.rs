@@ -285,6 +285,12 @@ pub struct Input<'x> {
     /// The summariser's context window in tokens, where known: a transcript longer
     /// than it holds is summarised in parts.
     pub summary_window: Option<u64>,
+    /// The provider's count over abridge's estimate for this conversation, when the
+    /// summariser counts tokens as the conversation's provider does (the same model on
+    /// the same upstream) and the estimate is not the model's own tokenizer: the tokens
+    /// it reports for a summary then say how much denser than the estimate the summary
+    /// runs, and the summary is fitted as the provider will count it.
+    pub summary_ratio: Option<f64>,
 }
 
 /// A client message in a checkpoint's replacement: at position `at` of the replacement,

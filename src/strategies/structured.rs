@@ -44,6 +44,12 @@ const MAX_PARTS: usize = 4;
 const PROMPT_TOKENS: u64 = 1_000;
 /// The smallest part worth sending, in characters.
 const MIN_PART_CHARS: usize = 4_000;
+/// Fewest estimated tokens of an answer its reported length is compared with.
+const MIN_MEASURED: u64 = 32;
+/// A summary the provider counts at more than this many times its estimate is not
+/// believed to be that dense: the count holds what the text does not (a reasoning
+/// model's thinking).
+const MAX_DENSITY: f64 = 3.0;
 
 pub(super) async fn plan<F, Fut, A>(
     ctx: &Ctx<'_, '_>,
@@ -71,19 +77,19 @@ where
             budget: ctx.input.budget,
         });
     }
-    let (judged, previous) = match &prepared.ask {
+    let (asked, previous) = match &prepared.ask {
         None => (None, prepared.previous.map(str::to_owned)),
         Some((parts, max_tokens)) => {
             let asked = (parts.as_slice(), *max_tokens);
-            let (judged, merged) = in_parts(ctx, asked, prepared.previous, summarise, cpu).await?;
-            (Some(judged), merged)
+            let (asked, merged) = in_parts(ctx, asked, prepared.previous, summarise, cpu).await?;
+            (Some(asked), merged)
         }
     };
     let edges = (prepared.head, prepared.through);
     let permit = cpu.acquire().await;
     cpu.run(&permit, || {
-        match (judged, prepared.ask.as_ref().and_then(|(p, _)| p.last())) {
-            (Some(judged), Some(transcript)) => {
+        match (asked, prepared.ask.as_ref().and_then(|(p, _)| p.last())) {
+            (Some(Asked { judged, density }), Some(transcript)) => {
                 // What the gate appends, worked out again for a summary trimmed to fit.
                 let carried = previous.as_deref().map(identifiers).unwrap_or_default();
                 let covered = Covered {
@@ -103,7 +109,7 @@ where
                     ctx,
                     (strategy, edges),
                     (body, appendix),
-                    Some(verdict),
+                    (Some(verdict), density),
                     &remake,
                 )
             }
@@ -113,7 +119,7 @@ where
                     ctx,
                     (strategy, edges),
                     (previous, String::new()),
-                    None,
+                    (None, 1.0),
                     &|_| String::new(),
                 )
             }
@@ -123,28 +129,36 @@ where
 
 /// The plan that replaces `edges` by the summary (`body` and what the gate appended to
 /// it), framed; trimmed by section until it fits the budget (see [`fit`]), never
-/// refused for its size unless not even its headings fit.
+/// refused for its size unless not even its headings fit. `density`: how many times
+/// its estimate the provider counts the summary (see [`density`]); the summary is
+/// fitted at that count, while the plan's `tokens_after` stays the estimate.
 fn fitted(
     ctx: &Ctx<'_, '_>,
     (strategy, edges): (Strategy, (usize, usize)),
     (body, appendix): (String, String),
-    mut verdict: Option<Verdict>,
+    (mut verdict, density): (Option<Verdict>, f64),
     remake: &dyn Fn(&str) -> String,
 ) -> Result<Plan, Fallback> {
     let budget = ctx.input.budget;
-    let tokens = |text: &str| ctx.estimator().text(text);
-    let mut plan = framed(ctx, strategy, edges, format!("{body}{appendix}"));
+    let tokens = |text: &str| denser(ctx.estimator().text(text), density);
+    // What the summary costs beyond its estimate, as the provider counts it.
+    let cost = |plan: &Plan, summary: &str| {
+        plan.tokens_after + denser(ctx.estimator().text(summary), density)
+            - ctx.estimator().text(summary)
+    };
+    let mut summary = format!("{body}{appendix}");
+    let mut plan = framed(ctx, strategy, edges, summary.clone());
     let (mut body, mut appendix) = (body, appendix);
     let mut taken: Vec<(String, usize)> = Vec::new();
     let mut appendix_trimmed = false;
     // Each round trims what the estimate says is over; bounded (each round takes at
     // least a line, and the appendix it may bring back is trimmed in the end).
     for _ in 0..24 {
-        if plan.tokens_after <= budget {
+        if cost(&plan, &summary) <= budget {
             break;
         }
         // A line's own estimate can be a little under what it costs in the plan.
-        let over = plan.tokens_after - budget;
+        let over = cost(&plan, &summary) - budget;
         let over = over + over / 8 + 2;
         if let Some(trimmed) = fit::trim_body(&body, over, &tokens) {
             body = trimmed.body;
@@ -161,11 +175,12 @@ fn fitted(
         } else {
             break;
         }
-        plan = framed(ctx, strategy, edges, format!("{body}{appendix}"));
+        summary = format!("{body}{appendix}");
+        plan = framed(ctx, strategy, edges, summary.clone());
     }
-    if plan.tokens_after > budget {
+    if cost(&plan, &summary) > budget {
         return Err(Fallback::OverBudget {
-            estimate: plan.tokens_after,
+            estimate: cost(&plan, &summary),
             budget,
         });
     }
@@ -179,11 +194,44 @@ fn fitted(
         if appendix_trimmed {
             what.push("appended identifiers".to_owned());
         }
+        let counted = if density > 1.0 {
+            format!(" (counted at {density:.1}× its estimate, as the provider counted it)")
+        } else {
+            String::new()
+        };
         v.repaired
-            .push(format!("trimmed to fit: {}", what.join(", ")));
+            .push(format!("trimmed to fit{counted}: {}", what.join(", ")));
     }
     plan.verdict = verdict;
     Ok(plan)
+}
+
+/// `tokens` (an estimate) at `density` times, rounded up.
+fn denser(tokens: u64, density: f64) -> u64 {
+    if density <= 1.0 {
+        return tokens;
+    }
+    (tokens as f64 * density).ceil() as u64
+}
+
+/// How many times its estimate the provider counted `answer`, relative to how it
+/// counts this conversation ([`super::Input::summary_ratio`]): at least 1. 1 when that
+/// is not known (another model or provider summarises, or the estimate is the model's
+/// own tokenizer), when the answer is too short to tell, or when the count is not
+/// believable as the text's ([`MAX_DENSITY`]).
+fn density(ctx: &Ctx<'_, '_>, answer: &Answer) -> f64 {
+    let (Some(ratio), Some(spent)) = (ctx.input.summary_ratio, answer.spent) else {
+        return 1.0;
+    };
+    let estimate = ctx.estimator().text(&answer.text);
+    if estimate < MIN_MEASURED || spent.output == 0 {
+        return 1.0;
+    }
+    let measured = spent.output as f64 / estimate as f64;
+    if measured > MAX_DENSITY {
+        return 1.0;
+    }
+    (measured / ratio.max(0.5)).max(1.0)
 }
 
 /// The plan that replaces `edges` by `body`, framed, whatever its size.
@@ -212,6 +260,12 @@ fn framed(
     )
 }
 
+/// A summariser's answer put through the gate, and how densely it runs ([`density`]).
+struct Asked {
+    judged: gate::Judged,
+    density: f64,
+}
+
 /// Summarises the parts of a transcript in turn, each an update of the summary so far
 /// (the first, of `previous` when there is one); the last through [`ask`] like a
 /// single transcript. The judged last answer, and the summary it updated.
@@ -221,7 +275,7 @@ async fn in_parts<F, Fut, A>(
     previous: Option<&str>,
     summarise: &F,
     cpu: &impl Cpu,
-) -> Result<(gate::Judged, Option<String>), Fallback>
+) -> Result<(Asked, Option<String>), Fallback>
 where
     F: Fn(SummaryRequest) -> Fut,
     Fut: Future<Output = Result<A, SummaryError>>,
@@ -232,7 +286,7 @@ where
         return Err(Fallback::EmptySummary);
     };
     for part in earlier {
-        let judged = ask(
+        let asked = ask(
             ctx,
             (part, so_far.as_deref()),
             request(ctx, part, so_far.as_deref(), max_tokens),
@@ -240,17 +294,18 @@ where
             cpu,
         )
         .await?;
-        so_far = Some(carried_on(ctx, judged, max_tokens));
+        so_far = Some(carried_on(ctx, asked.judged, max_tokens));
     }
     let request = request(ctx, last, so_far.as_deref(), max_tokens);
-    let mut judged = ask(ctx, (last, so_far.as_deref()), request, summarise, cpu).await?;
+    let mut asked = ask(ctx, (last, so_far.as_deref()), request, summarise, cpu).await?;
     if !earlier.is_empty() {
-        judged
+        asked
+            .judged
             .verdict
             .repaired
             .push(format!("summarised in {} parts", parts.len()));
     }
-    Ok((judged, so_far))
+    Ok((asked, so_far))
 }
 
 /// The request for one transcript (an update of `previous` when there is one).
@@ -294,7 +349,7 @@ async fn ask<F, Fut, A>(
     request: SummaryRequest,
     summarise: &F,
     cpu: &impl Cpu,
-) -> Result<gate::Judged, Fallback>
+) -> Result<Asked, Fallback>
 where
     F: Fn(SummaryRequest) -> Fut,
     Fut: Future<Output = Result<A, SummaryError>>,
@@ -320,6 +375,7 @@ where
         return Err(Fallback::EmptySummary);
     }
     let mut cut = first.cut;
+    let mut dense = density(ctx, &first);
     let permit = cpu.acquire().await;
     let (dropped, of) = cpu.run(&permit, || gate::dropped(&answer, &covered));
     drop(permit);
@@ -343,6 +399,7 @@ where
             if !text.is_empty() && still.len() < dropped.len() {
                 best = text;
                 cut = second.cut;
+                dense = density(ctx, &second);
             }
         }
     }
@@ -356,7 +413,10 @@ where
             "cut at the token cap: its complete lines kept".to_owned(),
         );
     }
-    Ok(judged)
+    Ok(Asked {
+        judged,
+        density: dense,
+    })
 }
 
 /// The text of an answer to use: trimmed, and for one cut at the token cap only its

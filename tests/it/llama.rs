@@ -117,15 +117,42 @@ async fn conversation(strategy: Strategy) -> String {
         .expect("the conversation finishes")
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{strategy}:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if !out.status.success() {
+        panic!(
+            "{strategy}:\n{stdout}\n{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            what_was_compacted(&proxy).await
+        );
+    }
     let stats = proxy.stats();
     assert!(stats.compactions_total() >= 1, "{stats:?}");
     assert_eq!(stats.upstream_errors, 0);
     stdout
+}
+
+/// The compactions and the checkpoints they stored, summaries included: what a failure
+/// report needs to tell a real model's answer from abridge's estimate of it.
+async fn what_was_compacted(proxy: &Proxy) -> String {
+    let events = proxy.state.compactor().recent_compactions();
+    let mut report = format!("compactions, newest first: {events:#?}\n");
+    let Some(conversation) = events.first().map(|e| e.conversation) else {
+        return report;
+    };
+    if let Ok(loaded) = proxy.state.store().load(&conversation).await {
+        for c in &loaded.checkpoints {
+            report.push_str(&format!(
+                "checkpoint head {} through {} {} tokens {} -> {} gate {:?}\nsummary:\n{}\n",
+                c.head,
+                c.through,
+                c.strategy,
+                c.tokens_before,
+                c.tokens_after,
+                c.gate,
+                c.summary.as_deref().unwrap_or("(none)")
+            ));
+        }
+    }
+    report
 }
 
 #[tokio::test]

@@ -56,6 +56,7 @@ fn input<'x>(messages: &'x [Item<'x>], budget: u64, estimator: &'x Estimator) ->
         estimator,
         format: crate::formats::Format::Chat,
         summary_window: None,
+        summary_ratio: None,
     }
 }
 

@@ -301,6 +301,7 @@ fn check_too_large_estimate(
         estimator: inp.estimator,
         format: crate::formats::Format::Chat,
         summary_window: None,
+        summary_ratio: None,
     };
     match run(Strategy::Recency, &at_estimate, settings, |r| {
         let a = answer(fake, &r);

@@ -483,3 +483,70 @@ fn a_transcript_longer_than_the_summarisers_window_is_summarised_in_parts() {
     assert_eq!(whole.strategy, Strategy::Structured);
     assert_eq!(seen.borrow().len(), 1);
 }
+
+/// A summary the provider counts at more tokens than abridge estimates (ids and numbers
+/// run about 2.5× denser on a small model's tokenizer than in the estimate) is fitted
+/// as the provider counts it, when its count is the conversation's provider's: trimmed
+/// further, and said so. Without that count, or with one no text is dense enough for (a
+/// reasoning model's thinking is in it), or for a conversation counted as densely, it is
+/// fitted by the estimate as before.
+#[test]
+fn a_summary_is_fitted_as_the_provider_counts_it() {
+    let msgs = agentic(16, 300);
+    let b = body(&msgs);
+    let m = parse(&b);
+    let e = Estimator::approx();
+    let budget = e.messages(&m) / 2;
+    let settings = Settings::default();
+    let summary_with = |times: f64| {
+        move |r: SummaryRequest| {
+            let mut text = good_summary(&r);
+            for n in 0..200 {
+                text.push_str(&format!("- step {n}: m{n}, m{}, exit 0\n", n + 1));
+            }
+            let output = (Estimator::approx().text(&text) as f64 * times) as u64;
+            let spent = crate::prices::Tokens {
+                output,
+                ..Default::default()
+            };
+            async move {
+                Ok(Answer {
+                    text,
+                    cut: false,
+                    spent: Some(spent),
+                })
+            }
+        }
+    };
+    let plan_with = |ratio: Option<f64>, times: f64| {
+        let mut inp = input(&m, budget, &e);
+        inp.summary_ratio = ratio;
+        let plan = run(Strategy::Structured, &inp, &settings, summary_with(times)).unwrap();
+        assert_eq!(plan.strategy, Strategy::Structured, "{:?}", plan.fallback);
+        validate(&m, &plan).unwrap();
+        assert!(plan.tokens_after <= budget);
+        plan
+    };
+    let summary_tokens = |plan: &Plan| e.text(plan.summary.as_deref().unwrap());
+    let plain = plan_with(None, 2.5);
+    let dense = plan_with(Some(1.0), 2.5);
+    // As the provider counts it, the denser summary fits; the plain one would not.
+    let counted = |plan: &Plan| plan.tokens_after + summary_tokens(plan) * 3 / 2;
+    assert!(counted(&dense) <= budget, "{} > {budget}", counted(&dense));
+    assert!(counted(&plain) > budget, "{} <= {budget}", counted(&plain));
+    let repaired = &dense.verdict.as_ref().unwrap().repaired;
+    assert!(
+        repaired
+            .iter()
+            .any(|r| r.starts_with("trimmed to fit (counted at 2.5× its estimate")),
+        "{repaired:?}"
+    );
+    for (ratio, times, why) in [
+        (Some(1.0), 6.0, "not believable as the text's count"),
+        (Some(2.5), 2.5, "the conversation is counted as densely"),
+        (Some(1.0), 0.8, "sparser than the estimate"),
+    ] {
+        let plan = plan_with(ratio, times);
+        assert_eq!(plan.summary, plain.summary, "{why}");
+    }
+}
