@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::azure::{self, Deployment};
 use crate::compactor::{Reason, Turn};
-use crate::config::Anonymous;
+use crate::config::{Anonymous, CompactionMode};
 use crate::controls::Controls;
 use crate::formats::{Format, Request, Unparseable};
 use crate::headers::{Credentials, Provider};
@@ -33,6 +33,8 @@ pub struct Prepared {
     pub loaded: Option<Loaded>,
     /// Why it was not identified, when the client should know.
     pub note: Option<&'static str>,
+    /// A compacted request gets the recall tool (see [`recall_tool`]).
+    pub recall_tool: bool,
 }
 
 impl Prepared {
@@ -59,8 +61,22 @@ impl Prepared {
             payer: self.identified.as_ref().map(|i| i.payer),
             size: self.request.body().len(),
             format: self.request.format(),
+            recall_tool: self.recall_tool,
         }
     }
+}
+
+/// Whether `request`, once compacted, gets the recall tool: recall is on, compaction
+/// acts, the client did not turn recall off, the request lets the model choose its
+/// tools, and the provider has not refused the tool (see `proxy::recall`).
+fn recall_tool(state: &AppState, controls: &Controls, request: &Request) -> bool {
+    let config = state.config();
+    config.recall.enabled
+        && config.recall.max_rounds > 0
+        && config.compaction.mode == CompactionMode::On
+        && !controls.recall_off
+        && request.lets_the_model_choose_tools()
+        && !state.refuses_recall_tool()
 }
 
 /// Parses, identifies and loads. A body abridge does not understand is handed back,
@@ -124,6 +140,7 @@ pub async fn prepare(
         "no credential: forwarded without conversation state (identity.anonymous = none)",
     );
     Ok(Prepared {
+        recall_tool: recall_tool(state, &controls, &request),
         request,
         controls,
         credentials,

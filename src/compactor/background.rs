@@ -180,6 +180,7 @@ impl Compactor {
             credentials: &job.credentials,
             provider: job.provider,
             payer: Some(job.payer),
+            recall_tool: job.recall_tool,
         };
         let Some(attempt) = self.job_attempt(&turn, &job).await else {
             return false;
@@ -278,7 +279,7 @@ impl Compactor {
         let attempt = Attempt {
             strategy: job.strategy,
             previous: deepest,
-            budget: unscaled(target, ratio),
+            budget: unscaled(target, ratio).saturating_sub(decide::added(turn)),
             ratio,
             trigger: Trigger::Background,
             real: true,

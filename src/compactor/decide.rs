@@ -137,7 +137,8 @@ pub fn decide<'c>(
     let ceiling = ceiling.min(raised_at_most(threshold, growth));
     let budget = with_room(turn, budget, ceiling, decided.ratio);
     decided.action = Action::Compact {
-        budget: unscaled(budget, decided.ratio),
+        // The strategies plan the messages; the recall tool goes beside them.
+        budget: unscaled(budget, decided.ratio).saturating_sub(added(turn)),
         trigger,
     };
     decided
@@ -196,7 +197,7 @@ fn prepared<'c>(
 /// threshold, and [`raised_at_most`]): a fast-growing history on a small window must
 /// not aim so low that no summary or index fits.
 pub fn with_room(turn: &Turn<'_, '_>, budget: u64, ceiling: u64, ratio: f64) -> u64 {
-    let floor = scaled(essential(turn).saturating_add(REPLACEMENT_FLOOR), ratio);
+    let floor = scaled(essential(turn) + added(turn) + REPLACEMENT_FLOOR, ratio);
     budget.max(floor.min(ceiling))
 }
 
@@ -221,6 +222,17 @@ fn essential(turn: &Turn<'_, '_>) -> u64 {
         .map(|m| estimator.message(m))
         .sum::<u64>()
         + estimator.per_request()
+}
+
+/// abridge's estimate of what it adds to a compacted request of `turn`: the recall
+/// tool's definition, which the provider counts as prompt tokens (0 when the request
+/// does not get it).
+pub fn added(turn: &Turn<'_, '_>) -> u64 {
+    if turn.recall_tool {
+        crate::recall::wire::tool_tokens(turn.format)
+    } else {
+        0
+    }
 }
 
 /// What a compaction aims for: below the hard threshold by room for a few turns of
@@ -288,13 +300,15 @@ pub fn predict(
 /// differ: it reads 0.92–1.22 × the exact count, so below 0.7 × or above 1.4 × the
 /// threshold both sides agree.
 pub fn estimate(turn: &Turn<'_, '_>, applied: Option<&Checkpoint>, threshold: u64) -> u64 {
+    // With a checkpoint applied, the request carries the recall tool too.
+    let tool = applied.map_or(0, |_| added(turn));
     let cheap = forwarded_estimate(&Estimator::approx(), turn.format, turn.messages, applied);
     let exact = Estimator::for_model_ready(turn.model);
     let near = cheap >= threshold / 10 * 7 && cheap <= threshold / 10 * 14;
     if !exact.is_exact() || !near {
-        return cheap;
+        return cheap + tool;
     }
-    forwarded_estimate(&exact, turn.format, turn.messages, applied)
+    forwarded_estimate(&exact, turn.format, turn.messages, applied) + tool
 }
 
 /// Estimated prompt tokens of `messages` with `applied` applied.
@@ -334,7 +348,8 @@ pub fn calibration(turn: &Turn<'_, '_>, usage: Option<&Usage>, active: Option<&C
     };
     let n = (u.messages as usize).min(turn.messages.len());
     let estimator = Estimator::for_model_ready(turn.model);
-    let estimate = forwarded_estimate(&estimator, turn.format, &turn.messages[..n], active);
+    let estimate = forwarded_estimate(&estimator, turn.format, &turn.messages[..n], active)
+        + active.map_or(0, |_| added(turn));
     if estimate == 0 || u.tokens == 0 {
         return 1.0;
     }
@@ -431,77 +446,5 @@ impl Decision {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_target_leaves_room_for_the_growth_within_what_is_left() {
-        let config = CompactionConfig::default();
-        // Slow chat: the soft headroom (30 %) is the room.
-        assert_eq!(target(&config, 10_000, 7_000, 100), 7_000);
-        // 20 % a turn: room for three turns.
-        assert_eq!(target(&config, 10_000, 7_000, 2_000), 4_000);
-        // Faster than a third of the threshold a turn: as low as it goes.
-        assert_eq!(target(&config, 10_000, 7_000, 5_000), 0);
-    }
-
-    #[test]
-    fn growth_counts_a_burst_at_once_and_a_lull_slowly() {
-        let usage = |growth| Usage {
-            prefix: crate::identity::IdentityKey::new(crate::secret::Secret::new("k"))
-                .namespace(b"t", None),
-            messages: 3,
-            tokens: 1_000,
-            applied: None,
-            head_tokens: 0,
-            growth,
-            ratio_permille: 1000,
-            client_tokens: 0,
-            at_ms: 0,
-        };
-        assert_eq!(growth(None, 5_000, 1), 0);
-        assert_eq!(growth(Some(&usage(100)), 1_900, 1), 900, "a burst");
-        assert_eq!(growth(Some(&usage(800)), 1_100, 1), 450, "a lull halves it");
-        // The report is two answers old: two turns of 450, not one of 900.
-        assert_eq!(growth(Some(&usage(450)), 1_900, 2), 450, "a stale report");
-        assert_eq!(growth(Some(&usage(450)), 1_900, 0), 900, "at least one");
-    }
-
-    #[test]
-    fn round_trips_count_answers_not_items() {
-        let raw: Vec<Box<serde_json::value::RawValue>> = [
-            r#"{"role": "assistant", "content": null, "tool_calls": []}"#,
-            r#"{"role": "tool", "tool_call_id": "a", "content": "x"}"#,
-            r#"{"role": "assistant", "content": "one"}"#,
-            r#"{"role": "user", "content": "next"}"#,
-            r#"{"role": "assistant", "content": "two"}"#,
-            r#"{"role": "assistant", "content": "still two"}"#,
-            r#"{"role": "user", "content": "last"}"#,
-        ]
-        .into_iter()
-        .map(|m| serde_json::value::RawValue::from_string(m.to_owned()).unwrap())
-        .collect();
-        let items: Vec<Item<'_>> = raw.iter().filter_map(|m| Format::Chat.item(m)).collect();
-        assert_eq!(items.len(), 7);
-        assert_eq!(round_trips(&items), 3);
-        assert_eq!(round_trips(&items[6..]), 1, "no answer yet: one turn");
-        assert_eq!(round_trips(&[]), 1);
-    }
-
-    #[test]
-    fn the_ratio_follows_what_the_provider_counts_for_appended_turns() {
-        assert_eq!(next_ratio(None, None, 100, 1_000), 1000);
-        // The provider counted 130 for an estimate of 100: half way from 1000 to 1300.
-        assert_eq!(
-            next_ratio(Some((1_000, 1000, None)), None, 100, 1_130),
-            1150
-        );
-        // Another checkpoint applied: not comparable, the old ratio stands.
-        assert_eq!(
-            next_ratio(Some((1_000, 1200, None)), Some(3), 100, 1_500),
-            1200
-        );
-        // Clamped.
-        assert_eq!(next_ratio(Some((0, 4000, None)), None, 100, 100_000), 4000);
-    }
-}
+#[path = "decide_tests.rs"]
+mod tests;

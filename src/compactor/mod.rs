@@ -270,9 +270,10 @@ impl Compactor {
         let dry = reason == Reason::Preview;
         let mut result = self.compact_now(turn, attempt).await;
         if let Err(CannotCompact::TooLarge { estimate, .. }) = result {
+            let sent_as = scaled(estimate + decide::added(turn), ratio);
             let fits = match reason {
-                Reason::Overflow { sent } => scaled(estimate, ratio) < sent,
-                _ => scaled(estimate, ratio) <= threshold,
+                Reason::Overflow { sent } => sent_as < sent,
+                _ => sent_as <= threshold,
             };
             if fits {
                 attempt.budget = estimate;
@@ -321,11 +322,51 @@ impl Compactor {
                     case.why()
                 ));
             }
+            Err(cannot @ CannotCompact::NoSmaller { .. }) if !observe => {
+                self.no_deeper(turn, decided, (decision, dry), &cannot);
+            }
             Err(cannot) => {
                 self.use_checkpoint(decision, active, (decided.predicted, ratio), dry);
                 decision.report.add_note(format!("not compacted: {cannot}"));
             }
         }
+    }
+
+    /// No plan goes deeper than this history's deepest checkpoint: the request goes with
+    /// that one — not with a shallower one in force, nor whole. (The checkpoint in force
+    /// is the one the history's last reported request was sent with; when requests were
+    /// refused, or their usage never came, the deepest can be ahead of it.)
+    fn no_deeper(
+        &self,
+        turn: &Turn<'_, '_>,
+        decided: &Decided<'_>,
+        (decision, dry): (&mut Decision, bool),
+        cannot: &CannotCompact,
+    ) {
+        let ratio = decided.ratio;
+        let deeper = decided
+            .deepest
+            .filter(|d| decided.active.is_none_or(|a| a.through < d.through));
+        let Some(deepest) = deeper else {
+            self.use_checkpoint(decision, decided.active, (decided.predicted, ratio), dry);
+            let further = if decision.apply.is_some() {
+                " further"
+            } else {
+                ""
+            };
+            decision
+                .report
+                .add_note(format!("not compacted{further}: {cannot}"));
+            return;
+        };
+        let estimate = scaled(
+            decide::estimate(turn, Some(deepest), decided.threshold),
+            ratio,
+        );
+        self.use_checkpoint(decision, Some(deepest), (estimate, ratio), dry);
+        decision
+            .report
+            .add_note(format!("not compacted further: {cannot}"));
     }
 
     /// `estimate`: the forwarded request's, in the provider's units (`ratio`: the

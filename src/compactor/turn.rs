@@ -39,6 +39,9 @@ pub struct Turn<'t, 'a> {
     pub size: usize,
     /// The wire format the request came in.
     pub format: Format,
+    /// A compacted request gets the recall tool, which the provider counts: compactions
+    /// aim lower by its tokens (see `decide::added`).
+    pub recall_tool: bool,
 }
 
 /// Why the plan stage is asked.
@@ -118,6 +121,8 @@ pub struct Followup {
     pub credentials: Credentials,
     pub deployment: Option<Deployment>,
     pub provider: Provider,
+    /// Its compacted requests get the recall tool.
+    pub recall_tool: bool,
     pub payer: Fingerprint,
     /// The body's share of `limits.max_inflight_body_bytes`, kept while a background
     /// job holds the body.

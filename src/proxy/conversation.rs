@@ -229,7 +229,7 @@ async fn forward(
     exchange: &mut Exchange,
 ) -> Result<(Upstream, Watch, Option<Bytes>), Error> {
     let request = &*prepared.request;
-    let mut recalling = recall::wanted(state, prepared, decision);
+    let mut recalling = recall::wanted(prepared, decision);
     let tool = recall::tool(prepared, recalling);
     let (outgoing, mut watch) = rewrite(state, request, decision.apply.as_ref(), tool);
     let mut sent = outgoing.clone();
@@ -421,5 +421,6 @@ fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
         credentials: prepared.credentials.clone(),
         deployment: prepared.deployment.clone(),
         provider: prepared.provider,
+        recall_tool: prepared.recall_tool,
     })
 }

@@ -18,7 +18,6 @@ use http::{StatusCode, Uri};
 
 use crate::accounting::{self, Tally};
 use crate::compactor::Decision;
-use crate::config::CompactionMode;
 use crate::identity::Fingerprint;
 use crate::prepare::Prepared;
 use crate::prices::Price;
@@ -31,16 +30,8 @@ use super::recall_stream::Streamed;
 use super::{Exchange, Upstream, first_answer};
 
 /// Whether this request gets the recall tool (see the module docs).
-pub(super) fn wanted(state: &AppState, prepared: &Prepared, decision: &Decision) -> bool {
-    let config = state.config();
-    config.recall.enabled
-        && config.recall.max_rounds > 0
-        && config.compaction.mode == CompactionMode::On
-        && decision.active
-        && decision.apply.is_some()
-        && !prepared.controls.recall_off
-        && prepared.request.lets_the_model_choose_tools()
-        && !state.refuses_recall_tool()
+pub(super) fn wanted(prepared: &Prepared, decision: &Decision) -> bool {
+    prepared.recall_tool && decision.active && decision.apply.is_some()
 }
 
 /// The recall tool in `prepared`'s format, when `recall` says it is added.

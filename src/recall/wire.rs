@@ -40,6 +40,12 @@ pub fn tool(format: Format) -> &'static str {
     }
 }
 
+/// abridge's estimate of the tool's tokens in `format`: what a provider counts for its
+/// definition in every compacted request.
+pub fn tool_tokens(format: Format) -> u64 {
+    crate::tokens::approx_text(tool(format))
+}
+
 /// A recall call in a provider's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {

@@ -148,6 +148,13 @@ async fn a_revoked_key_stops_spending_summaries_at_once() {
     for turns in 6..12 {
         let answer = chat(&proxy, &[k1, force], &history(400, turns)).await;
         assert_eq!(answer.status(), 401, "the provider's own answer");
+        // Recency, as deep as it goes; never whole because the usage of the refused
+        // requests (and so the checkpoint in force) never came.
+        assert_eq!(
+            answer.headers()["x-abridge-compacted"],
+            "true",
+            "turn {turns}"
+        );
     }
     // The first refused request's summary was asked before its refusal came; nothing
     // after it.

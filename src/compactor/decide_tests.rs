@@ -1,0 +1,155 @@
+//! Tests of the decision: targets, growth, calibration, what abridge adds.
+
+use super::*;
+
+#[test]
+fn the_target_leaves_room_for_the_growth_within_what_is_left() {
+    let config = CompactionConfig::default();
+    // Slow chat: the soft headroom (30 %) is the room.
+    assert_eq!(target(&config, 10_000, 7_000, 100), 7_000);
+    // 20 % a turn: room for three turns.
+    assert_eq!(target(&config, 10_000, 7_000, 2_000), 4_000);
+    // Faster than a third of the threshold a turn: as low as it goes.
+    assert_eq!(target(&config, 10_000, 7_000, 5_000), 0);
+}
+
+#[test]
+fn growth_counts_a_burst_at_once_and_a_lull_slowly() {
+    let usage = |growth| Usage {
+        prefix: crate::identity::IdentityKey::new(crate::secret::Secret::new("k"))
+            .namespace(b"t", None),
+        messages: 3,
+        tokens: 1_000,
+        applied: None,
+        head_tokens: 0,
+        growth,
+        ratio_permille: 1000,
+        client_tokens: 0,
+        at_ms: 0,
+    };
+    assert_eq!(growth(None, 5_000, 1), 0);
+    assert_eq!(growth(Some(&usage(100)), 1_900, 1), 900, "a burst");
+    assert_eq!(growth(Some(&usage(800)), 1_100, 1), 450, "a lull halves it");
+    // The report is two answers old: two turns of 450, not one of 900.
+    assert_eq!(growth(Some(&usage(450)), 1_900, 2), 450, "a stale report");
+    assert_eq!(growth(Some(&usage(450)), 1_900, 0), 900, "at least one");
+}
+
+#[test]
+fn round_trips_count_answers_not_items() {
+    let raw: Vec<Box<serde_json::value::RawValue>> = [
+        r#"{"role": "assistant", "content": null, "tool_calls": []}"#,
+        r#"{"role": "tool", "tool_call_id": "a", "content": "x"}"#,
+        r#"{"role": "assistant", "content": "one"}"#,
+        r#"{"role": "user", "content": "next"}"#,
+        r#"{"role": "assistant", "content": "two"}"#,
+        r#"{"role": "assistant", "content": "still two"}"#,
+        r#"{"role": "user", "content": "last"}"#,
+    ]
+    .into_iter()
+    .map(|m| serde_json::value::RawValue::from_string(m.to_owned()).unwrap())
+    .collect();
+    let items: Vec<Item<'_>> = raw.iter().filter_map(|m| Format::Chat.item(m)).collect();
+    assert_eq!(items.len(), 7);
+    assert_eq!(round_trips(&items), 3);
+    assert_eq!(round_trips(&items[6..]), 1, "no answer yet: one turn");
+    assert_eq!(round_trips(&[]), 1);
+}
+
+/// A request compacted with the recall tool carries the tool's definition, which the
+/// provider counts: the strategies' budget is lower by its tokens, and an applied
+/// checkpoint is estimated with them.
+#[test]
+fn a_compaction_aims_lower_by_the_recall_tool_it_adds() {
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "Be brief."})];
+    for n in 0..30 {
+        let text = format!("Turn {n}: {}", "tell me about the old harbour. ".repeat(12));
+        messages.push(serde_json::json!({"role": "user", "content": text}));
+        messages.push(serde_json::json!({"role": "assistant", "content": text}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "And now?"}));
+    let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
+    let parsed = crate::formats::chat::parse(body.as_bytes()).unwrap();
+    let (controls, credentials) = (Default::default(), Default::default());
+    let turn = |recall_tool| Turn {
+        messages: &parsed.messages,
+        prefixes: &[],
+        conversation: None,
+        loaded: None,
+        controls: &controls,
+        model: "m",
+        deployment: None,
+        credentials: &credentials,
+        provider: Default::default(),
+        payer: None,
+        size: body.len(),
+        format: Format::Chat,
+        recall_tool,
+    };
+    let whole = Estimator::approx().messages(&parsed.messages);
+    let threshold = whole * 4 / 5;
+    let budget = |recall_tool| match decide(
+        &CompactionConfig::default(),
+        threshold,
+        &turn(recall_tool),
+        super::super::Reason::Request,
+    )
+    .action
+    {
+        Action::Compact { budget, .. } => budget,
+        other => panic!("{other:?}"),
+    };
+    let tool = crate::recall::wire::tool_tokens(Format::Chat);
+    assert!(tool > 100, "{tool}");
+    assert_eq!(added(&turn(true)), tool);
+    assert_eq!(added(&turn(false)), 0);
+    assert_eq!(budget(false) - budget(true), tool);
+    // Nothing applied, nothing added; a checkpoint applied, the tool with it.
+    assert_eq!(
+        estimate(&turn(true), None, threshold),
+        estimate(&turn(false), None, threshold)
+    );
+    let checkpoint = Checkpoint {
+        through: 40,
+        prefix: crate::identity::IdentityKey::new(crate::secret::Secret::new("k"))
+            .namespace(b"t", None),
+        head: 1,
+        replacement: vec![
+            serde_json::value::RawValue::from_string(
+                r#"{"role":"user","content":"Summary of 40 messages."}"#.to_owned(),
+            )
+            .unwrap(),
+        ],
+        kept: Vec::new(),
+        summary: None,
+        strategy: crate::strategies::Strategy::Recency,
+        fallback: None,
+        tokens_before: 0,
+        tokens_after: 0,
+        tokens_sent: 0,
+        created_ms: 0,
+        gate: None,
+    };
+    assert_eq!(
+        estimate(&turn(true), Some(&checkpoint), threshold)
+            - estimate(&turn(false), Some(&checkpoint), threshold),
+        tool
+    );
+}
+
+#[test]
+fn the_ratio_follows_what_the_provider_counts_for_appended_turns() {
+    assert_eq!(next_ratio(None, None, 100, 1_000), 1000);
+    // The provider counted 130 for an estimate of 100: half way from 1000 to 1300.
+    assert_eq!(
+        next_ratio(Some((1_000, 1000, None)), None, 100, 1_130),
+        1150
+    );
+    // Another checkpoint applied: not comparable, the old ratio stands.
+    assert_eq!(
+        next_ratio(Some((1_000, 1200, None)), Some(3), 100, 1_500),
+        1200
+    );
+    // Clamped.
+    assert_eq!(next_ratio(Some((0, 4000, None)), None, 100, 100_000), 4000);
+}
