@@ -16,7 +16,8 @@
 //!   appended, rejected only for inventing. A summary keeping fewer than
 //!   `min_identifier_ratio` of the covered messages' identifiers is asked for once more,
 //!   listing what it dropped; the better answer is used. An answer cut at the token cap
-//!   keeps its complete lines; one over the budget is trimmed by section ([`super::fit`]).
+//!   keeps its complete lines; one over the budget is trimmed by section ([`super::fit`]),
+//!   counted as the provider counts it where its reported length tells ([`density`]).
 //!   A rejected summary, an empty answer, any summariser error or timeout, or no room
 //!   for even a minimal summary: the caller gets recency instead, with the reason in
 //!   [`super::Plan::fallback`].
@@ -141,7 +142,7 @@ fn fitted(
 ) -> Result<Plan, Fallback> {
     let budget = ctx.input.budget;
     let tokens = |text: &str| denser(ctx.estimator().text(text), density);
-    // What the summary costs beyond its estimate, as the provider counts it.
+    // The plan as the provider counts it: the summary at its density.
     let cost = |plan: &Plan, summary: &str| {
         plan.tokens_after + denser(ctx.estimator().text(summary), density)
             - ctx.estimator().text(summary)
