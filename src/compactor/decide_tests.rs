@@ -109,27 +109,16 @@ fn a_compaction_aims_lower_by_the_recall_tool_it_adds() {
         estimate(&turn(true), None, threshold),
         estimate(&turn(false), None, threshold)
     );
-    let checkpoint = Checkpoint {
-        through: 40,
-        prefix: crate::identity::IdentityKey::new(crate::secret::Secret::new("k"))
-            .namespace(b"t", None),
-        head: 1,
-        replacement: vec![
+    let checkpoint = Checkpoint::sample(
+        (1, 40),
+        crate::identity::IdentityKey::new(crate::secret::Secret::new("k")).namespace(b"t", None),
+        vec![
             serde_json::value::RawValue::from_string(
                 r#"{"role":"user","content":"Summary of 40 messages."}"#.to_owned(),
             )
             .unwrap(),
         ],
-        kept: Vec::new(),
-        summary: None,
-        strategy: crate::strategies::Strategy::Recency,
-        fallback: None,
-        tokens_before: 0,
-        tokens_after: 0,
-        tokens_sent: 0,
-        created_ms: 0,
-        gate: None,
-    };
+    );
     assert_eq!(
         estimate(&turn(true), Some(&checkpoint), threshold)
             - estimate(&turn(false), Some(&checkpoint), threshold),

@@ -1,6 +1,5 @@
 use super::*;
 use crate::identity::Fingerprint;
-use crate::strategies::Strategy;
 
 fn body(messages: &[serde_json::Value]) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap()
@@ -9,10 +8,6 @@ fn body(messages: &[serde_json::Value]) -> Vec<u8> {
 /// A checkpoint that condensed `head..=through`, forwarding `kept` unchanged.
 fn condensed(head: u32, through: u32, kept: &[u32]) -> Checkpoint {
     Checkpoint {
-        through,
-        prefix: Fingerprint::from_hex(&"0".repeat(64)).unwrap(),
-        head,
-        replacement: vec![serde_json::value::RawValue::from_string("{}".to_owned()).unwrap()],
         kept: kept
             .iter()
             .enumerate()
@@ -21,14 +16,11 @@ fn condensed(head: u32, through: u32, kept: &[u32]) -> Checkpoint {
                 of,
             })
             .collect(),
-        summary: None,
-        strategy: Strategy::Recency,
-        fallback: None,
-        tokens_before: 0,
-        tokens_after: 0,
-        tokens_sent: 0,
-        created_ms: 0,
-        gate: None,
+        ..Checkpoint::sample(
+            (head, through),
+            Fingerprint::from_hex(&"0".repeat(64)).unwrap(),
+            vec![serde_json::value::RawValue::from_string("{}".to_owned()).unwrap()],
+        )
     }
 }
 

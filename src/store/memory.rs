@@ -431,21 +431,11 @@ mod tests {
 
     fn checkpoint(through: u32, bytes: usize) -> Checkpoint {
         let text = serde_json::to_string(&"x".repeat(bytes)).unwrap_or_default();
-        Checkpoint {
-            through,
-            prefix: id(200),
-            head: 1,
-            replacement: vec![RawValue::from_string(text).unwrap_or_else(|_| unreachable!())],
-            kept: Vec::new(),
-            summary: None,
-            strategy: crate::strategies::Strategy::Recency,
-            fallback: None,
-            tokens_before: 0,
-            tokens_after: 0,
-            tokens_sent: 0,
-            created_ms: 0,
-            gate: None,
-        }
+        Checkpoint::sample(
+            (1, through),
+            id(200),
+            vec![RawValue::from_string(text).unwrap_or_else(|_| unreachable!())],
+        )
     }
 
     #[test]

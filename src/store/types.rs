@@ -50,6 +50,33 @@ pub struct Checkpoint {
     pub gate: Option<crate::strategies::Verdict>,
 }
 
+#[cfg(test)]
+impl Checkpoint {
+    /// For tests: a recency checkpoint of `head..=through` under `prefix`, written as
+    /// `replacement`, with nothing kept and no figures.
+    pub(crate) fn sample(
+        (head, through): (u32, u32),
+        prefix: Fingerprint,
+        replacement: Vec<Box<RawValue>>,
+    ) -> Self {
+        Self {
+            through,
+            prefix,
+            head,
+            replacement,
+            kept: Vec::new(),
+            summary: None,
+            strategy: Strategy::Recency,
+            fallback: None,
+            tokens_before: 0,
+            tokens_after: 0,
+            tokens_sent: 0,
+            created_ms: 0,
+            gate: None,
+        }
+    }
+}
+
 /// One message of a checkpoint's replacement, in order.
 #[derive(Debug, Clone, Copy)]
 pub enum Piece<'c> {
