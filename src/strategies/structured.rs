@@ -142,24 +142,28 @@ fn fitted(
 ) -> Result<Plan, Fallback> {
     let budget = ctx.input.budget;
     let tokens = |text: &str| denser(ctx.estimator().text(text), density);
-    // The plan as the provider counts it: the summary at its density.
-    let cost = |plan: &Plan, summary: &str| {
-        plan.tokens_after + denser(ctx.estimator().text(summary), density)
-            - ctx.estimator().text(summary)
+    // The plan as the provider counts it: the summary at its density (only ever above 1
+    // with the calibrated estimate, which adds up by the byte: body and appendix apart).
+    let counted = |plan: &Plan, body: &str, appendix: &str| {
+        if density <= 1.0 {
+            return plan.tokens_after;
+        }
+        let summary = ctx.estimator().text(body) + ctx.estimator().text(appendix);
+        plan.tokens_after + denser(summary, density) - summary
     };
-    let mut summary = format!("{body}{appendix}");
-    let mut plan = framed(ctx, strategy, edges, summary.clone());
+    let mut plan = framed(ctx, strategy, edges, format!("{body}{appendix}"));
     let (mut body, mut appendix) = (body, appendix);
+    let mut cost = counted(&plan, &body, &appendix);
     let mut taken: Vec<(String, usize)> = Vec::new();
     let mut appendix_trimmed = false;
     // Each round trims what the estimate says is over; bounded (each round takes at
     // least a line, and the appendix it may bring back is trimmed in the end).
     for _ in 0..24 {
-        if cost(&plan, &summary) <= budget {
+        if cost <= budget {
             break;
         }
         // A line's own estimate can be a little under what it costs in the plan.
-        let over = cost(&plan, &summary) - budget;
+        let over = cost - budget;
         let over = over + over / 8 + 2;
         if let Some(trimmed) = fit::trim_body(&body, over, &tokens) {
             body = trimmed.body;
@@ -176,12 +180,12 @@ fn fitted(
         } else {
             break;
         }
-        summary = format!("{body}{appendix}");
-        plan = framed(ctx, strategy, edges, summary.clone());
+        plan = framed(ctx, strategy, edges, format!("{body}{appendix}"));
+        cost = counted(&plan, &body, &appendix);
     }
-    if cost(&plan, &summary) > budget {
+    if cost > budget {
         return Err(Fallback::OverBudget {
-            estimate: cost(&plan, &summary),
+            estimate: cost,
             budget,
         });
     }
