@@ -101,6 +101,13 @@ fn identity(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("sha256_of_body", n), &body, |b, body| {
             b.iter(|| Sha256::digest(body.as_bytes()))
         });
+        // The validating pass alone: abridge's own, and serde_json's.
+        group.bench_with_input(BenchmarkId::new("validate", n), &body, |b, body| {
+            b.iter(|| abridge::json::top(body).unwrap())
+        });
+        group.bench_with_input(BenchmarkId::new("validate_serde", n), &body, |b, body| {
+            b.iter(|| serde_json::from_str::<serde::de::IgnoredAny>(body).unwrap())
+        });
         group.bench_with_input(BenchmarkId::new("parse", n), &body, |b, body| {
             b.iter(|| parse(body.as_bytes()).unwrap().messages.len())
         });

@@ -13,13 +13,14 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
+
+use crate::json::Raw;
 
 /// One item of a conversation.
 #[derive(Debug, Clone)]
 pub struct Item<'a> {
     /// The item's exact bytes in the request.
-    pub raw: &'a RawValue,
+    pub raw: Raw<'a>,
     pub role: Role,
     pub content: Content<'a>,
     /// A participant's name (chat's `name`), when given and not empty.
@@ -32,7 +33,7 @@ pub struct Item<'a> {
     pub opaque: Opaque,
     /// Bytes that carry meaning but abridge does not model (a shape of tool calls it
     /// does not know, an unknown block or item type): part of identity, counted by size.
-    pub extra: Option<&'a RawValue>,
+    pub extra: Option<Raw<'a>>,
 }
 
 /// The same bytes and the same view (what the fast and the reference parse of a format
@@ -46,7 +47,7 @@ impl PartialEq for Item<'_> {
             && self.calls == other.calls
             && self.results == other.results
             && self.opaque == other.opaque
-            && self.extra.map(RawValue::get) == other.extra.map(RawValue::get)
+            && self.extra.map(Raw::get) == other.extra.map(Raw::get)
     }
 }
 
@@ -102,7 +103,7 @@ pub enum Content<'a> {
     Text(Cow<'a, str>),
     Parts(Vec<Part<'a>>),
     /// Any other JSON value; forwarded as is.
-    Other(&'a RawValue),
+    Other(Raw<'a>),
 }
 
 /// One element of a content array.
@@ -111,7 +112,7 @@ pub enum Part<'a> {
     /// A text part, whatever the format calls it (`text`, `input_text`, `output_text`).
     Text(Cow<'a, str>),
     /// Images, audio, files, refusals...: kept raw.
-    Other(&'a RawValue),
+    Other(Raw<'a>),
 }
 
 /// One tool call.

@@ -8,10 +8,23 @@ use abridge::formats::chat;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // The validating pass accepts and refuses the bodies serde_json does (objects at
+    // the top: the rest is left to serde).
+    if let Ok(text) = std::str::from_utf8(data) {
+        let serde = serde_json::from_str::<&serde_json::value::RawValue>(text).is_ok()
+            && text.trim_start().starts_with('{');
+        assert_eq!(abridge::json::top(text).is_some(), serde, "{text:?}");
+    }
+    // The top level found by the validating pass reads as serde reads it (the same
+    // request and items, or the same error).
+    assert_eq!(
+        format!("{:?}", chat::parse(data)),
+        format!("{:?}", chat::parse_by_serde(data)),
+    );
     // Each message is read by a walk over its bytes: it must read what serde reads
     // (the same item, or a refusal where serde refuses).
     if let Ok(request) = serde_json::from_slice::<chat::ChatRequest<'_>>(data) {
-        for raw in &request.messages {
+        for &raw in &request.messages {
             assert_eq!(
                 chat::item(raw).ok(),
                 chat::item_by_serde(raw).ok(),

@@ -7,14 +7,21 @@
 
 use abridge::conversation::Role;
 use abridge::formats::{Author, messages};
+use abridge::json::Raw;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    // The top level found by the validating pass reads as serde reads it (the same
+    // request and items, or the same error).
+    assert_eq!(
+        format!("{:?}", messages::parse(data)),
+        format!("{:?}", messages::parse_by_serde(data)),
+    );
     // Each message is read by a walk over its bytes: it must read what serde reads
     // (the same item, or a refusal where serde refuses).
     if let Ok(fields) = serde_json::from_slice::<messages::Fields<'_>>(data) {
-        let raw: Vec<&serde_json::value::RawValue> = fields
+        let raw: Vec<Raw<'_>> = fields
             .messages
             .and_then(|m| serde_json::from_str(m.get()).ok())
             .unwrap_or_default();
@@ -34,12 +41,15 @@ fuzz_target!(|data: &[u8]| {
     let _ = messages::untouchable(&parsed);
     let summary = messages::authored(Author::User, "[summary]");
     let mut kept: Vec<_> = parsed.items.iter().map(|i| i.raw).step_by(2).collect();
-    kept.insert(kept.len().min(1), &summary);
+    kept.insert(kept.len().min(1), Raw::from(&*summary));
     let Some(out) = messages::with_messages(&body, &parsed, &kept) else {
         return;
     };
     let again = messages::parse(&out).unwrap_or_else(|e| {
-        panic!("the spliced body does not parse: {e}\n{}", String::from_utf8_lossy(&out))
+        panic!(
+            "the spliced body does not parse: {e}\n{}",
+            String::from_utf8_lossy(&out)
+        )
     });
     // Every kept message is there, in order; fillers are all that was added.
     let got: Vec<&str> = again.items.iter().map(|i| i.raw.get()).collect();
@@ -65,7 +75,10 @@ fuzz_target!(|data: &[u8]| {
         .position(|i| i.raw.get() == summary.get());
     if let Some(p) = mine {
         assert!(p == 0 || roles[p - 1] != roles[p], "{roles:?}");
-        assert!(p + 1 >= roles.len() || roles[p + 1] != roles[p], "{roles:?}");
+        assert!(
+            p + 1 >= roles.len() || roles[p + 1] != roles[p],
+            "{roles:?}"
+        );
     }
     // The forwarded conversation starts with a user message.
     assert!(roles.first().is_none_or(|r| *r == Role::User), "{roles:?}");

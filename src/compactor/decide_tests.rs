@@ -49,7 +49,10 @@ fn round_trips_count_answers_not_items() {
     .into_iter()
     .map(|m| serde_json::value::RawValue::from_string(m.to_owned()).unwrap())
     .collect();
-    let items: Vec<Item<'_>> = raw.iter().filter_map(|m| Format::Chat.item(m)).collect();
+    let items: Vec<Item<'_>> = raw
+        .iter()
+        .filter_map(|m| Format::Chat.item(crate::json::Raw::from(&**m)))
+        .collect();
     assert_eq!(items.len(), 7);
     assert_eq!(round_trips(&items), 3);
     assert_eq!(round_trips(&items[6..]), 1, "no answer yet: one turn");

@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use crate::config::{CompactionConfig, CompactionMode, Config};
 use crate::controls::{Compact, Report};
+use crate::json::Raw;
 use crate::offload::Offload;
 use crate::outcome::Trigger;
 use crate::outcome::Uncompactable;
@@ -420,7 +421,7 @@ impl Compactor {
 pub fn forwarded<'r>(
     messages: &'r [crate::conversation::Item<'r>],
     checkpoint: &'r Checkpoint,
-) -> Vec<&'r serde_json::value::RawValue> {
+) -> Vec<Raw<'r>> {
     let replacement = checkpoint.pieces().filter_map(|piece| match piece {
         Piece::Stored(raw) => Some(raw),
         Piece::Kept(k) => messages.get(k).map(|m| m.raw),

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use super::Author;
 use super::splice::{Edit, apply, array, span_of};
 use crate::conversation::{Content, Item, Opaque, Role, ToolCall};
-use crate::json;
+use crate::json::{self, Raw};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -27,20 +27,20 @@ pub struct ChatRequest<'a> {
     #[serde(borrow, default)]
     pub model: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    pub messages: Vec<&'a RawValue>,
+    pub messages: Vec<Raw<'a>>,
     #[serde(default)]
     pub stream: Option<bool>,
     /// `Some` whenever the key is present, `null` included (to edit it in place).
     #[serde(borrow, default, deserialize_with = "super::present")]
-    pub stream_options: Option<&'a RawValue>,
+    pub stream_options: Option<Raw<'a>>,
     /// The client's tools (`null` included, to replace it), `tool_choice` and legacy
     /// `functions`, as written (for what abridge adds: see [`crate::recall`]).
     #[serde(borrow, default, deserialize_with = "super::present")]
-    pub tools: Option<&'a RawValue>,
+    pub tools: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    pub tool_choice: Option<&'a RawValue>,
+    pub tool_choice: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    pub functions: Option<&'a RawValue>,
+    pub functions: Option<Raw<'a>>,
 }
 
 /// The message fields abridge reads, as serde_json reads them (the reference for
@@ -49,11 +49,11 @@ pub struct ChatRequest<'a> {
 struct MessageFields<'a> {
     role: Role,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<Raw<'a>>,
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
+    tool_calls: Option<Raw<'a>>,
     #[serde(borrow, default)]
     tool_call_id: Option<Cow<'a, str>>,
 }
@@ -73,7 +73,7 @@ struct Fields<'a> {
 /// are found by a walk over its bytes (`fields`) instead of a second serde pass over
 /// every string; a message the walk leaves to serde (a duplicate field, a role or name
 /// that is not a plain string) is read by serde, errors included.
-pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+pub fn item(raw: Raw<'_>) -> Result<Item<'_>, serde_json::Error> {
     match fields(raw.get()) {
         Some(f) => build(raw, f),
         None => item_by_serde(raw),
@@ -83,13 +83,13 @@ pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
 /// [`item`] through serde alone: what the walk must agree with (tests and fuzzing
 /// compare them).
 #[doc(hidden)]
-pub fn item_by_serde(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+pub fn item_by_serde(raw: Raw<'_>) -> Result<Item<'_>, serde_json::Error> {
     let f: MessageFields<'_> = serde_json::from_str(raw.get())?;
     let fields = Fields {
         role: f.role,
         content: f.content.map(|c| json::Member::unread(c.get())),
         name: f.name,
-        tool_calls: f.tool_calls.map(RawValue::get),
+        tool_calls: f.tool_calls.map(Raw::get),
         tool_call_id: f.tool_call_id,
     };
     build(raw, fields)
@@ -119,7 +119,7 @@ fn role_named(name: &str) -> Option<Role> {
     Role::deserialize(name).ok()
 }
 
-fn build<'a>(raw: &'a RawValue, f: Fields<'a>) -> Result<Item<'a>, serde_json::Error> {
+fn build<'a>(raw: Raw<'a>, f: Fields<'a>) -> Result<Item<'a>, serde_json::Error> {
     let (calls, extra) = match f.tool_calls {
         None => (Vec::new(), None),
         Some(text) => match tool_calls(text) {
@@ -170,13 +170,13 @@ pub fn authored(role: Author, text: &str) -> Box<RawValue> {
 
 /// The message `raw` with its `content` replaced by the string `text`, every other
 /// byte kept; `None` when it has no content to replace.
-pub fn with_content(raw: &RawValue, text: &str) -> Option<Box<RawValue>> {
+pub fn with_content(raw: Raw<'_>, text: &str) -> Option<Box<RawValue>> {
     let fields: MessageFields<'_> = serde_json::from_str(raw.get()).ok()?;
     super::splice::with_string(raw, fields.content?, text)
 }
 
 /// Whether two messages are the same JSON object apart from `content`.
-pub fn same_but_content(a: &RawValue, b: &RawValue) -> bool {
+pub fn same_but_content(a: Raw<'_>, b: Raw<'_>) -> bool {
     super::splice::same_except(a, b, "content")
 }
 
@@ -226,15 +226,61 @@ pub enum Unparseable {
     },
 }
 
+/// The body parsed: its top level found by the validating pass (serde reads what that
+/// leaves to it, and gives the errors), then every message read by its walk.
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
-    let request: ChatRequest<'_> = super::from_body(body).map_err(Unparseable::Body)?;
+    match super::body_top(body).and_then(|top| request(&top)) {
+        Some(request) => with_messages(request),
+        None => parse_by_serde(body),
+    }
+}
+
+/// [`parse`] with the top level read by serde alone: what the validating pass must agree
+/// with (tests and fuzzing compare them).
+#[doc(hidden)]
+pub fn parse_by_serde(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
+    with_messages(super::from_body(body).map_err(Unparseable::Body)?)
+}
+
+fn with_messages(request: ChatRequest<'_>) -> Result<Parsed<'_>, Unparseable> {
     let messages = request
         .messages
         .iter()
         .enumerate()
-        .map(|(index, raw)| item(raw).map_err(|error| Unparseable::Message { index, error }))
+        .map(|(index, &raw)| item(raw).map_err(|error| Unparseable::Message { index, error }))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Parsed { request, messages })
+}
+
+/// The request as the validating pass found its top level; `None` for whatever serde
+/// should read (its error is the one to give, or its reading the one to take).
+fn request<'a>(top: &json::Top<'a>) -> Option<ChatRequest<'a>> {
+    let [
+        model,
+        messages,
+        stream,
+        stream_options,
+        tools,
+        tool_choice,
+        functions,
+    ] = top.fields([
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "tools",
+        "tool_choice",
+        "functions",
+    ])?;
+    Some(ChatRequest {
+        model: json::optional_text(model)?,
+        messages: messages?.elements?.to_vec(),
+        stream: json::optional_flag(stream)?,
+        stream_options: stream_options.map(|v| v.raw),
+        tools: tools.map(|v| v.raw),
+        tool_choice: json::optional_raw(tool_choice),
+        functions: json::optional_raw(functions),
+    })
 }
 
 owned_request!("chat completions");
@@ -280,11 +326,7 @@ pub fn usage_edit(body: &[u8], request: &ChatRequest<'_>) -> Option<Edit> {
 /// The edit that replaces the `messages` array with `messages` (each the raw JSON of one
 /// message, spliced in as is). `None` if the request has no messages or the array cannot
 /// be located.
-pub fn messages_edit(
-    body: &[u8],
-    request: &ChatRequest<'_>,
-    messages: &[&RawValue],
-) -> Option<Edit> {
+pub fn messages_edit(body: &[u8], request: &ChatRequest<'_>, messages: &[Raw<'_>]) -> Option<Edit> {
     let first = span_of(body, request.messages.first()?.get())?;
     let last = span_of(body, request.messages.last()?.get())?;
     // Only whitespace may stand between the brackets and the first/last element.
@@ -310,7 +352,7 @@ pub fn messages_edit(
 pub fn outgoing(
     body: &Bytes,
     parsed: &Parsed<'_>,
-    (items, tool): (Option<&[&RawValue]>, Option<Edit>),
+    (items, tool): (Option<&[Raw<'_>]>, Option<Edit>),
     ask_usage: bool,
 ) -> (Option<Bytes>, bool) {
     let usage = ask_usage

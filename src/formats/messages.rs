@@ -36,6 +36,7 @@ use serde_json::value::RawValue;
 use super::Author;
 use super::splice::{Edit, apply, array, span_of};
 use crate::conversation::Item;
+use crate::json::{self, Raw};
 
 mod item;
 
@@ -48,9 +49,9 @@ pub struct Fields<'a> {
     #[serde(borrow, default)]
     pub model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub messages: Option<&'a RawValue>,
+    pub messages: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    pub context_management: Option<&'a RawValue>,
+    pub context_management: Option<Raw<'a>>,
     #[serde(borrow, default)]
     pub metadata: Option<Metadata<'a>>,
     #[serde(default)]
@@ -58,9 +59,9 @@ pub struct Fields<'a> {
     /// The client's tools (`null` included, to replace it) and `tool_choice`, as
     /// written (see [`crate::recall`]).
     #[serde(borrow, default, deserialize_with = "super::present")]
-    pub tools: Option<&'a RawValue>,
+    pub tools: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    pub tool_choice: Option<&'a RawValue>,
+    pub tool_choice: Option<Raw<'a>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -91,21 +92,88 @@ pub enum Unparseable {
     },
 }
 
+/// The body parsed: its top level and the messages found by the validating pass (serde
+/// reads what that leaves to it, and gives the errors), then every message read by its
+/// walk.
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
-    let fields: Fields<'_> = super::from_body(body).map_err(Unparseable::Body)?;
-    let raw: Vec<&RawValue> = match fields.messages {
-        None => Vec::new(),
-        Some(m) if m.get().starts_with('[') => {
-            serde_json::from_str(m.get()).map_err(Unparseable::Body)?
-        }
-        Some(_) => return Err(Unparseable::NotAnArray),
-    };
+    match super::body_top(body).and_then(|top| walked(&top)) {
+        Some(read) => with_items(read),
+        None => parse_by_serde(body),
+    }
+}
+
+/// [`parse`] with the top level read by serde alone: what the validating pass must agree
+/// with (tests and fuzzing compare them).
+#[doc(hidden)]
+pub fn parse_by_serde(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
+    with_items(by_serde(body)?)
+}
+
+fn with_items<'a>((fields, raw): (Fields<'a>, Vec<Raw<'a>>)) -> Result<Parsed<'a>, Unparseable> {
     let items = raw
         .into_iter()
         .enumerate()
         .map(|(index, raw)| item(raw).map_err(|error| Unparseable::Message { index, error }))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Parsed { fields, items })
+}
+
+/// The top level and the messages as the validating pass found them; `None` for
+/// whatever serde should read (`messages` not an array among it).
+fn walked<'a>(top: &json::Top<'a>) -> Option<(Fields<'a>, Vec<Raw<'a>>)> {
+    let [
+        model,
+        messages,
+        context_management,
+        metadata,
+        stream,
+        tools,
+        tool_choice,
+    ] = top.fields([
+        "model",
+        "messages",
+        "context_management",
+        "metadata",
+        "stream",
+        "tools",
+        "tool_choice",
+    ])?;
+    let raw = match json::optional_raw(messages) {
+        None => Vec::new(),
+        Some(_) => messages?.elements?.to_vec(),
+    };
+    let metadata = match json::optional_raw(metadata) {
+        None => None,
+        Some(m) => {
+            let [user_id] = json::fields(m.get(), ["user_id"])?;
+            Some(Metadata {
+                user_id: json::optional_string(user_id)?,
+            })
+        }
+    };
+    let fields = Fields {
+        model: json::optional_text(model)?,
+        messages: json::optional_raw(messages),
+        context_management: json::optional_raw(context_management),
+        metadata,
+        stream: json::optional_flag(stream)?,
+        tools: tools.map(|v| v.raw),
+        tool_choice: json::optional_raw(tool_choice),
+    };
+    Some((fields, raw))
+}
+
+/// The same read by serde (the reference, and the errors).
+fn by_serde(body: &[u8]) -> Result<(Fields<'_>, Vec<Raw<'_>>), Unparseable> {
+    let fields: Fields<'_> = super::from_body(body).map_err(Unparseable::Body)?;
+    let raw = match fields.messages {
+        None => Vec::new(),
+        Some(m) if m.get().starts_with('[') => {
+            serde_json::from_str(m.get()).map_err(Unparseable::Body)?
+        }
+        Some(_) => return Err(Unparseable::NotAnArray),
+    };
+    Ok((fields, raw))
 }
 
 /// A message abridge writes: role `user`, one text block.
@@ -124,7 +192,7 @@ const ASSISTANT_FILLER: &str =
 
 /// The role of a forwarded message for alternation (`None`: a `system` message, which
 /// alternation skips, or one abridge cannot read).
-fn turn_role(raw: &RawValue) -> Option<bool> {
+fn turn_role(raw: Raw<'_>) -> Option<bool> {
     let f: MessageFields<'_> = serde_json::from_str(raw.get()).ok()?;
     match f.role.as_ref() {
         "user" => Some(true),
@@ -136,15 +204,16 @@ fn turn_role(raw: &RawValue) -> Option<bool> {
 /// `items` as they go upstream: where a message abridge wrote (one not borrowed from
 /// `body`) stands next to one of the same role, a filler of the other role goes between
 /// them; a conversation that would start with an assistant message gets a user filler.
-fn alternating<'r>(body: &[u8], items: &[&'r RawValue]) -> Vec<Cow<'r, RawValue>> {
-    let filler = |user: bool| -> Cow<'r, RawValue> {
-        let text = if user { USER_FILLER } else { ASSISTANT_FILLER };
-        Cow::Owned(
+fn alternating<'r>(body: &[u8], items: &[Raw<'r>]) -> Vec<Raw<'r>> {
+    static FILLERS: std::sync::OnceLock<[Box<RawValue>; 2]> = std::sync::OnceLock::new();
+    let fillers = FILLERS.get_or_init(|| {
+        [USER_FILLER, ASSISTANT_FILLER].map(|text| {
             RawValue::from_string(text.to_owned())
-                .unwrap_or_else(|_| unreachable!("a constant JSON object")),
-        )
-    };
-    let mut out: Vec<Cow<'r, RawValue>> = Vec::with_capacity(items.len() + 2);
+                .unwrap_or_else(|_| unreachable!("a constant JSON object"))
+        })
+    });
+    let filler = |user: bool| Raw::from(&*fillers[usize::from(!user)]);
+    let mut out: Vec<Raw<'r>> = Vec::with_capacity(items.len() + 2);
     // The last message that counts for alternation: its role, and whether abridge wrote it.
     let mut last: Option<(bool, bool)> = None;
     for &raw in items {
@@ -161,26 +230,24 @@ fn alternating<'r>(body: &[u8], items: &[&'r RawValue]) -> Vec<Cow<'r, RawValue>
             }
             last = Some((user, authored));
         }
-        out.push(Cow::Borrowed(raw));
+        out.push(raw);
     }
     out
 }
 
 /// The body with its `messages` array replaced by `items` (made to alternate where
 /// abridge's own messages meet the client's), every other byte kept.
-pub fn with_messages(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Bytes> {
+pub fn with_messages(body: &Bytes, parsed: &Parsed<'_>, items: &[Raw<'_>]) -> Option<Bytes> {
     apply(body, vec![messages_edit(body, parsed, items)?])
 }
 
 /// The edit [`with_messages`] makes.
-pub fn messages_edit(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Edit> {
+pub fn messages_edit(body: &Bytes, parsed: &Parsed<'_>, items: &[Raw<'_>]) -> Option<Edit> {
     let messages = parsed.fields.messages?;
     let span = span_of(body, messages.get())?;
-    let forwarded = alternating(body, items);
-    let refs: Vec<&RawValue> = forwarded.iter().map(|c| &**c).collect();
     Some(Edit {
         span,
-        bytes: array(&refs),
+        bytes: array(&alternating(body, items)),
     })
 }
 
@@ -201,7 +268,7 @@ pub fn untouchable(parsed: &Parsed<'_>) -> Option<&'static str> {
         #[serde(borrow, rename = "type")]
         kind: Cow<'a, str>,
         #[serde(borrow, default)]
-        keep: Option<&'a RawValue>,
+        keep: Option<Raw<'a>>,
     }
     let raw = parsed.fields.context_management?;
     if raw.get() == "null" {

@@ -6,6 +6,13 @@
 //! and the outgoing body, with the forwarded items spliced in. Nothing outside a format
 //! module knows its field names.
 //!
+//! A body is read in one validating pass ([`crate::json::top`], as strict as serde_json),
+//! which finds the top-level fields and the conversation's items on its way; each item
+//! is then read by a walk over its validated bytes. Whatever the pass or a walk leaves
+//! (a body serde refuses, a field of the wrong type, a duplicate) serde reads, so what is
+//! understood, and every error, is as serde decides (each format's `parse_by_serde` is
+//! the reference the tests and fuzz targets compare with).
+//!
 //! Closed sets, so enums: [`Format`] names a format, [`Request`] holds a parsed body of
 //! one; both dispatch to the module.
 
@@ -57,11 +64,13 @@ use serde_json::value::RawValue;
 use std::borrow::Cow;
 
 use crate::conversation::{Content, Item, Part};
+use crate::json::Raw;
 
-/// A body's top level, deserialised by serde: its UTF-8 checked once for the whole body,
-/// so that serde need not check again every message it hands over as raw JSON. Bytes
-/// that are not UTF-8 (serde accepts them in strings it skips) are left to serde, so
-/// what is understood and what is refused is as serde decides.
+/// A body's top level, deserialised by serde (the reference read, and the errors): its
+/// UTF-8 checked once for the whole body, so that serde need not check again every
+/// message it hands over as raw JSON. Bytes that are not UTF-8 (serde accepts them in
+/// strings it skips) are left to serde, so what is understood and what is refused is as
+/// serde decides.
 fn from_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, serde_json::Error> {
     match std::str::from_utf8(body) {
         Ok(text) => serde_json::from_str(text),
@@ -69,12 +78,17 @@ fn from_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, serde_j
     }
 }
 
+/// A body's top level as abridge's validating pass finds it (`None` when the body is not
+/// UTF-8, not JSON as serde_json reads it, or not an object: serde reads it then, and
+/// gives its error).
+fn body_top(body: &[u8]) -> Option<crate::json::Top<'_>> {
+    crate::json::top(std::str::from_utf8(body).ok()?)
+}
+
 /// `Some(raw)` for any present value, `null` included (serde maps `null` to `None`): for
 /// a member abridge may edit in place.
-fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<&'a RawValue>, D::Error> {
-    <&'a RawValue as serde::Deserialize>::deserialize(d).map(Some)
+fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Raw<'a>>, D::Error> {
+    <Raw<'a> as serde::Deserialize>::deserialize(d).map(Some)
 }
 
 /// A content value as the chat and Responses formats write it (`value`: its JSON text,
@@ -100,18 +114,18 @@ pub(crate) fn content<'a>(
                 .map(Content::Text)
                 .or_else(|_| other()),
         },
-        Some(b'[') => match serde_json::from_str::<Vec<&RawValue>>(raw) {
-            Ok(parts) => Ok(Content::Parts(
+        Some(b'[') => match crate::json::elements(raw) {
+            Some(parts) => Ok(Content::Parts(
                 parts.into_iter().map(|p| part(p, text_kinds)).collect(),
             )),
-            Err(_) => other(),
+            None => other(),
         },
         Some(b'n') if raw == "null" => Ok(Content::None),
         _ => other(),
     }
 }
 
-fn part<'a>(raw: &'a RawValue, text_kinds: &[&str]) -> Part<'a> {
+fn part<'a>(raw: Raw<'a>, text_kinds: &[&str]) -> Part<'a> {
     match part_walked(raw.get()).or_else(|| part_by_serde(raw.get())) {
         Some((kind, Some(text))) if text_kinds.contains(&kind.as_ref()) => Part::Text(text),
         _ => Part::Other(raw),
@@ -145,9 +159,10 @@ pub(crate) mod walk_check {
     use serde_json::value::RawValue;
 
     use crate::conversation::Item;
+    use crate::json::Raw;
 
     /// How a format reads an item (the walk, or serde alone).
-    pub type Read = for<'a> fn(&'a RawValue) -> Result<Item<'a>, serde_json::Error>;
+    pub type Read = for<'a> fn(Raw<'a>) -> Result<Item<'a>, serde_json::Error>;
 
     /// The object of `members` (keys written as given, values as raw JSON).
     pub fn object<K: AsRef<str>, V: AsRef<str>>(members: &[(K, V)]) -> String {
@@ -174,12 +189,15 @@ pub(crate) mod walk_check {
         let Ok(raw) = serde_json::from_str::<&RawValue>(text) else {
             return Ok(());
         };
-        let walked = walk(raw).map_err(|e| e.to_string());
-        let by_serde = serde(raw).map_err(|e| e.to_string());
+        let walked = walk(raw.into()).map_err(|e| e.to_string());
+        let by_serde = serde(raw.into()).map_err(|e| e.to_string());
         prop_assert_eq!(walked, by_serde, "{}", text);
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod top_tests;
 
 #[cfg(test)]
 mod part_tests {
@@ -268,7 +286,7 @@ impl Format {
     }
 
     /// One item of this format (a replacement message, to check or count it).
-    pub fn item<'a>(self, raw: &'a RawValue) -> Option<Item<'a>> {
+    pub fn item<'a>(self, raw: Raw<'a>) -> Option<Item<'a>> {
         match self {
             Format::Chat => chat::item(raw).ok(),
             Format::Responses => responses::item(raw).ok(),
@@ -297,7 +315,7 @@ impl Format {
     }
 
     /// Whether `digest` is `original` with only its output replaced.
-    pub fn is_digest_of(self, digest: &RawValue, original: &RawValue) -> bool {
+    pub fn is_digest_of(self, digest: Raw<'_>, original: Raw<'_>) -> bool {
         match self {
             Format::Chat => chat::same_but_content(digest, original),
             Format::Responses => responses::same_but_output(digest, original),
@@ -418,7 +436,7 @@ impl Request {
     /// `ask_usage` allows — the ask for usage in streams.
     pub fn outgoing(
         &self,
-        items: Option<&[&RawValue]>,
+        items: Option<&[Raw<'_>]>,
         tool: Option<&str>,
         ask_usage: bool,
     ) -> Outgoing {
@@ -449,7 +467,7 @@ impl Request {
     }
 
     /// The client's `tools`, as written.
-    fn tools(&self) -> Option<&RawValue> {
+    fn tools(&self) -> Option<Raw<'_>> {
         match self {
             Request::Chat(r) => r.parsed().request.tools,
             Request::Responses(r) => r.parsed().fields.tools,
@@ -458,7 +476,7 @@ impl Request {
     }
 
     /// The client's `tool_choice`, as written.
-    pub fn tool_choice(&self) -> Option<&RawValue> {
+    pub fn tool_choice(&self) -> Option<Raw<'_>> {
         match self {
             Request::Chat(r) => r.parsed().request.tool_choice,
             Request::Responses(r) => r.parsed().fields.tool_choice,
@@ -484,11 +502,7 @@ impl Request {
         {
             return false;
         }
-        let Some(choice) = self
-            .tool_choice()
-            .map(RawValue::get)
-            .filter(|c| *c != "null")
-        else {
+        let Some(choice) = self.tool_choice().map(Raw::get).filter(|c| *c != "null") else {
             return true;
         };
         match self {

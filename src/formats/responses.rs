@@ -32,6 +32,7 @@ use serde_json::value::RawValue;
 use super::Author;
 use super::splice::{Edit, apply, array, span_of};
 use crate::conversation::Item;
+use crate::json::{self, Raw};
 
 mod item;
 
@@ -44,23 +45,23 @@ pub struct Fields<'a> {
     #[serde(borrow, default)]
     pub model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub input: Option<&'a RawValue>,
+    pub input: Option<Raw<'a>>,
     #[serde(default)]
     pub stream: Option<bool>,
     #[serde(borrow, default)]
-    pub previous_response_id: Option<&'a RawValue>,
+    pub previous_response_id: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    pub conversation: Option<&'a RawValue>,
+    pub conversation: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    pub context_management: Option<&'a RawValue>,
+    pub context_management: Option<Raw<'a>>,
     #[serde(borrow, default)]
     pub prompt_cache_key: Option<Cow<'a, str>>,
     /// The client's tools (`null` included, to replace it) and `tool_choice`, as
     /// written (see [`crate::recall`]).
     #[serde(borrow, default, deserialize_with = "super::present")]
-    pub tools: Option<&'a RawValue>,
+    pub tools: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    pub tool_choice: Option<&'a RawValue>,
+    pub tool_choice: Option<Raw<'a>>,
 }
 
 /// A parsed request: the top level and the `input` items (empty when `input` is a
@@ -68,7 +69,7 @@ pub struct Fields<'a> {
 #[derive(Debug)]
 pub struct Parsed<'a> {
     pub fields: Fields<'a>,
-    pub raw_items: Vec<&'a RawValue>,
+    pub raw_items: Vec<Raw<'a>>,
     pub items: Vec<Item<'a>>,
     /// Why the request is forwarded untouched, if it is (see [`Request::untouchable`]).
     pub untouchable: Option<&'static str>,
@@ -86,9 +87,27 @@ pub enum Unparseable {
     },
 }
 
+/// The body parsed: its top level and the `input` items found by the validating pass
+/// (serde reads what that leaves to it, and gives the errors), then every item read by
+/// its walk.
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
-    let fields: Fields<'_> = super::from_body(body).map_err(Unparseable::Body)?;
-    let present = |v: Option<&RawValue>| v.is_some_and(|v| v.get() != "null");
+    match super::body_top(body).and_then(|top| walked(&top)) {
+        Some(read) => with_items(read),
+        None => parse_by_serde(body),
+    }
+}
+
+/// [`parse`] with the top level read by serde alone: what the validating pass must agree
+/// with (tests and fuzzing compare them).
+#[doc(hidden)]
+pub fn parse_by_serde(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
+    with_items(by_serde(body)?)
+}
+
+fn with_items<'a>(
+    (fields, raw_items): (Fields<'a>, Vec<Raw<'a>>),
+) -> Result<Parsed<'a>, Unparseable> {
+    let present = |v: Option<Raw<'_>>| v.is_some_and(|v| v.get() != "null");
     let mut untouchable = if present(fields.previous_response_id) {
         Some(
             "previous_response_id: the conversation's state lives on the provider; forwarded untouched",
@@ -102,15 +121,9 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
     } else {
         None
     };
-    let raw_items: Vec<&RawValue> = match fields.input {
-        Some(input) if input.get().trim_start().starts_with('[') => {
-            serde_json::from_str(input.get()).map_err(Unparseable::Body)?
-        }
-        _ => Vec::new(),
-    };
     let mut items = Vec::with_capacity(raw_items.len());
     for (index, raw) in raw_items.iter().enumerate() {
-        let (item, kind) = item_of(raw).map_err(|error| Unparseable::Item { index, error })?;
+        let (item, kind) = item_of(*raw).map_err(|error| Unparseable::Item { index, error })?;
         match kind {
             Kind::Reference if untouchable.is_none() => {
                 untouchable =
@@ -135,6 +148,57 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
 
 /// A message item abridge writes: one `input_text` part (the system role is
 /// `developer`, as the Responses API names the operator's voice).
+/// The top level and the `input` items as the validating pass found them; `None` for
+/// whatever serde should read.
+fn walked<'a>(top: &json::Top<'a>) -> Option<(Fields<'a>, Vec<Raw<'a>>)> {
+    let [
+        model,
+        input,
+        stream,
+        previous_response_id,
+        conversation,
+        context_management,
+        prompt_cache_key,
+        tools,
+        tool_choice,
+    ] = top.fields([
+        "model",
+        "input",
+        "stream",
+        "previous_response_id",
+        "conversation",
+        "context_management",
+        "prompt_cache_key",
+        "tools",
+        "tool_choice",
+    ])?;
+    let items = input.and_then(|i| i.elements).unwrap_or_default().to_vec();
+    let fields = Fields {
+        model: json::optional_text(model)?,
+        input: json::optional_raw(input),
+        stream: json::optional_flag(stream)?,
+        previous_response_id: json::optional_raw(previous_response_id),
+        conversation: json::optional_raw(conversation),
+        context_management: json::optional_raw(context_management),
+        prompt_cache_key: json::optional_text(prompt_cache_key)?,
+        tools: tools.map(|v| v.raw),
+        tool_choice: json::optional_raw(tool_choice),
+    };
+    Some((fields, items))
+}
+
+/// The same read by serde (the reference, and the errors).
+fn by_serde(body: &[u8]) -> Result<(Fields<'_>, Vec<Raw<'_>>), Unparseable> {
+    let fields: Fields<'_> = super::from_body(body).map_err(Unparseable::Body)?;
+    let items = match fields.input {
+        Some(input) if input.get().starts_with('[') => {
+            serde_json::from_str(input.get()).map_err(Unparseable::Body)?
+        }
+        _ => Vec::new(),
+    };
+    Ok((fields, items))
+}
+
 pub fn authored(role: Author, text: &str) -> Box<RawValue> {
     let role = match role {
         Author::User => "user",
@@ -150,23 +214,23 @@ pub fn authored(role: Author, text: &str) -> Box<RawValue> {
 }
 
 /// The result item `raw` with its `output` replaced by the string `text`.
-pub fn with_output(raw: &RawValue, text: &str) -> Option<Box<RawValue>> {
+pub fn with_output(raw: Raw<'_>, text: &str) -> Option<Box<RawValue>> {
     let f: ItemFields<'_> = serde_json::from_str(raw.get()).ok()?;
     super::splice::with_string(raw, f.output?, text)
 }
 
 /// Whether two items are the same JSON object apart from `output`.
-pub fn same_but_output(a: &RawValue, b: &RawValue) -> bool {
+pub fn same_but_output(a: Raw<'_>, b: Raw<'_>) -> bool {
     super::splice::same_except(a, b, "output")
 }
 
 /// The body with its `input` array replaced by `items`, every other byte kept.
-pub fn with_input(body: &Bytes, parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Bytes> {
+pub fn with_input(body: &Bytes, parsed: &Parsed<'_>, items: &[Raw<'_>]) -> Option<Bytes> {
     apply(body, vec![input_edit(body, parsed, items)?])
 }
 
 /// The edit [`with_input`] makes.
-pub fn input_edit(body: &[u8], parsed: &Parsed<'_>, items: &[&RawValue]) -> Option<Edit> {
+pub fn input_edit(body: &[u8], parsed: &Parsed<'_>, items: &[Raw<'_>]) -> Option<Edit> {
     let input = parsed.fields.input?;
     Some(Edit {
         span: span_of(body, input.get())?,
@@ -280,13 +344,17 @@ mod tests {
         assert_eq!(again.items.len(), 2);
         // Digests replace the output only.
         let digest = with_output(parsed.raw_items[4], "[elided]").unwrap();
-        assert!(same_but_output(&digest, parsed.raw_items[4]));
+        assert!(same_but_output(Raw::from(&*digest), parsed.raw_items[4]));
         assert_eq!(
-            item(&digest).unwrap().content.as_text().as_deref(),
+            item(Raw::from(&*digest))
+                .unwrap()
+                .content
+                .as_text()
+                .as_deref(),
             Some("[elided]")
         );
         let authored = authored(Author::User, "summary");
-        assert!(item(&authored).unwrap().is_ask());
+        assert!(item(Raw::from(&*authored)).unwrap().is_ask());
     }
 
     /// A value of an item field, in the shapes clients send and a few they should not.

@@ -6,6 +6,8 @@ use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::json::Raw;
+
 /// One change to a body: the bytes at `span` (of the original body) become `bytes`.
 /// Edits computed from one parse never overlap; [`apply`] makes them in one copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +49,7 @@ pub fn span_of(body: &[u8], part: &str) -> Option<Range<usize>> {
 }
 
 /// A JSON array of `items`, each spliced in as is.
-pub fn array(items: &[&serde_json::value::RawValue]) -> Vec<u8> {
+pub fn array(items: &[Raw<'_>]) -> Vec<u8> {
     let mut out = Vec::with_capacity(2 + items.iter().map(|m| m.get().len() + 1).sum::<usize>());
     out.push(b'[');
     for (i, m) in items.iter().enumerate() {
@@ -63,8 +65,8 @@ pub fn array(items: &[&serde_json::value::RawValue]) -> Vec<u8> {
 /// `whole` with its member value `part` (a slice borrowed from it) replaced by the JSON
 /// string `text`, every other byte kept.
 pub fn with_string(
-    whole: &serde_json::value::RawValue,
-    part: &serde_json::value::RawValue,
+    whole: Raw<'_>,
+    part: Raw<'_>,
     text: &str,
 ) -> Option<Box<serde_json::value::RawValue>> {
     let outer = whole.get();
@@ -75,13 +77,9 @@ pub fn with_string(
 }
 
 /// Whether two JSON objects are equal apart from their member `key`.
-pub fn same_except(
-    a: &serde_json::value::RawValue,
-    b: &serde_json::value::RawValue,
-    key: &str,
-) -> bool {
+pub fn same_except(a: Raw<'_>, b: Raw<'_>, key: &str) -> bool {
     type Object = serde_json::Map<String, serde_json::Value>;
-    let parse = |r: &serde_json::value::RawValue| serde_json::from_str::<Object>(r.get()).ok();
+    let parse = |r: Raw<'_>| serde_json::from_str::<Object>(r.get()).ok();
     match (parse(a), parse(b)) {
         (Some(mut a), Some(mut b)) => {
             a.remove(key);
@@ -96,11 +94,7 @@ pub fn same_except(
 /// its value as written), or adds `"tools": [tool]` at the end of the top-level object
 /// when there is none (or it is `null`). `None` when `tools` is not an array or the
 /// body does not end its object where expected.
-pub fn append_tool(
-    body: &[u8],
-    tools: Option<&serde_json::value::RawValue>,
-    tool: &str,
-) -> Option<Edit> {
+pub fn append_tool(body: &[u8], tools: Option<Raw<'_>>, tool: &str) -> Option<Edit> {
     match tools {
         // `"tools": null`: an array in its place.
         Some(tools) if tools.get() == "null" => {

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 
+use super::raw::Raw;
 use super::text::string_at;
 
 /// The walk could not go on: not JSON, or a key with an escape only the parser reads.
@@ -71,6 +72,32 @@ pub fn optional_string(value: Option<Member<'_>>) -> Option<Option<Cow<'_, str>>
     match value {
         None => Some(None),
         Some(v) => v.text.map(Some),
+    }
+}
+
+/// The elements of the JSON array `raw`, each as its raw JSON; `None` when `raw` is not
+/// an array. For JSON already validated (a member of a validated value), as every walk
+/// here: the elements are [`Raw`] values on that ground.
+pub fn elements(raw: &str) -> Option<Vec<Raw<'_>>> {
+    let b = raw.as_bytes();
+    let mut at = skip_space(b, 0);
+    if b.get(at) != Some(&b'[') {
+        return None;
+    }
+    let mut out = Vec::new();
+    at = skip_space(b, at + 1);
+    if b.get(at) == Some(&b']') {
+        return Some(out);
+    }
+    loop {
+        let end = value_end(b, at)?;
+        out.push(Raw::trusted(raw.get(at..end)?));
+        at = skip_space(b, end);
+        match b.get(at)? {
+            b',' => at = skip_space(b, at + 1),
+            b']' => return Some(out),
+            _ => return None,
+        }
     }
 }
 
@@ -298,8 +325,32 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// Any array serde writes, compact or pretty: its elements are the raw values
+        /// serde hands over.
+        #[test]
+        fn splits_arrays_as_serde_does(
+            values in prop::collection::vec(json_value(), 0..6),
+            pretty in any::<bool>(),
+            pad in space(),
+        ) {
+            let array = serde_json::Value::from(values);
+            let text = if pretty {
+                serde_json::to_string_pretty(&array).unwrap()
+            } else {
+                serde_json::to_string(&array).unwrap()
+            };
+            let text = format!("{pad}{text}{pad}");
+            let serde: Vec<&RawValue> = serde_json::from_str(&text).unwrap();
+            let walked: Vec<&str> = elements(&text).unwrap().into_iter().map(Raw::get).collect();
+            prop_assert_eq!(walked, serde.into_iter().map(RawValue::get).collect::<Vec<_>>());
+        }
+    }
+
     #[test]
     fn what_it_refuses() {
+        assert!(elements("{}").is_none());
+        assert_eq!(elements(" [ ] ").map(|e| e.len()), Some(0));
         assert!(members("[1]").is_none());
         assert!(members("\"x\"").is_none());
         assert_eq!(walked("{}"), Ok(vec![]));

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use super::NAME;
 use crate::formats::Format;
 use crate::formats::splice::{Edit, apply, span_of};
+use crate::json::Raw;
 
 const DESCRIPTION: &str = "The earlier part of this conversation was condensed to fit the context window: a summary or an index stands in for the original messages, which are named by ids such as m12. Call this tool to read the exact original text of what was condensed, when you need a detail that is no longer in full view (a path, a command, a number, an error, what the user asked). Give `id` (an id from the summary or index, or a range such as m3-m9) or `query` (words to search the condensed messages for).";
 
@@ -177,11 +178,11 @@ pub fn follow_up(format: Format, forwarded: &[u8], items: &[Value], last: bool) 
     #[derive(serde::Deserialize)]
     struct Top<'a> {
         #[serde(borrow, default)]
-        messages: Option<&'a serde_json::value::RawValue>,
+        messages: Option<Raw<'a>>,
         #[serde(borrow, default)]
-        input: Option<&'a serde_json::value::RawValue>,
+        input: Option<Raw<'a>>,
         #[serde(borrow, default)]
-        tool_choice: Option<&'a serde_json::value::RawValue>,
+        tool_choice: Option<Raw<'a>>,
     }
     let text = std::str::from_utf8(forwarded).ok()?;
     let top: Top<'_> = serde_json::from_str(text).ok()?;

@@ -6,6 +6,7 @@ use serde_json::value::RawValue;
 
 use super::StoreError;
 use crate::identity::Fingerprint;
+use crate::json::Raw;
 pub use crate::strategies::Kept;
 use crate::strategies::Strategy;
 
@@ -81,7 +82,7 @@ impl Checkpoint {
 #[derive(Debug, Clone, Copy)]
 pub enum Piece<'c> {
     /// Written by abridge, as stored.
-    Stored(&'c RawValue),
+    Stored(Raw<'c>),
     /// The conversation's message at this index, as the client sent it.
     Kept(usize),
 }
@@ -94,7 +95,7 @@ impl Checkpoint {
         (0..self.replacement.len() + self.kept.len()).filter_map(move |pos| {
             match kept.next_if(|k| k.at as usize == pos) {
                 Some(k) => Some(Piece::Kept(k.of as usize)),
-                None => stored.next().map(|r| Piece::Stored(r)),
+                None => stored.next().map(|r| Piece::Stored(Raw::from(&**r))),
             }
         })
     }

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use serde_json::value::RawValue;
 
 use crate::conversation::Item;
+use crate::json::Raw;
 use crate::tokens::Estimator;
 
 use super::layout::{Layout, is_user};
@@ -134,7 +135,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
             self.settings.summary_role,
             &recency::marker_text((n, n), n, n, n),
         );
-        self.raw_tokens(&marker)
+        self.raw_tokens(Raw::from(&*marker))
     }
 
     /// Chooses the head and the start of the verbatim end for a replacement of about
@@ -360,7 +361,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
             .iter()
             .map(|(raw, origin)| match origin {
                 Origin::Verbatim(k) => self.cost(*k..*k + 1),
-                Origin::Authored | Origin::Digest(_) => self.raw_tokens(raw),
+                Origin::Authored | Origin::Digest(_) => self.raw_tokens(Raw::from(&**raw)),
             })
             .sum();
         let tokens_after = self.estimator().per_request()
@@ -387,7 +388,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
                 tokens_sent.saturating_sub(before(p.head..p.through + 1))
                     + p.replacement
                         .iter()
-                        .map(|r| self.raw_tokens(r))
+                        .map(|r| self.raw_tokens(Raw::from(&**r)))
                         .sum::<u64>()
                     + p.kept
                         .iter()
@@ -416,7 +417,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
         }
     }
 
-    fn raw_tokens(&self, raw: &RawValue) -> u64 {
+    fn raw_tokens(&self, raw: Raw<'_>) -> u64 {
         match self.input.format.item(raw).ok_or(()) {
             Ok(m) => self.estimator().message(&m),
             Err(_) => crate::tokens::approx_text(raw.get()),

@@ -83,6 +83,7 @@ use serde_json::value::RawValue;
 
 use crate::conversation::Item;
 use crate::formats::{Author, Format};
+use crate::json::Raw;
 use crate::tokens::Estimator;
 
 pub(crate) use ctx::{Ctx, Edges, Tail};
@@ -466,12 +467,12 @@ pub struct Plan {
 
 impl Plan {
     /// What to forward: the head, the replacement, then `messages[through + 1..]`.
-    pub fn forwarded<'r>(&'r self, messages: &[Item<'r>]) -> Vec<&'r RawValue> {
+    pub fn forwarded<'r>(&'r self, messages: &[Item<'r>]) -> Vec<Raw<'r>> {
         splice(
             messages,
             self.head,
             self.through,
-            self.replacement.iter().map(|r| &**r),
+            self.replacement.iter().map(|r| Raw::from(&**r)),
         )
     }
 }
@@ -482,8 +483,8 @@ pub fn splice<'r>(
     messages: &[Item<'r>],
     head: usize,
     through: usize,
-    replacement: impl Iterator<Item = &'r RawValue>,
-) -> Vec<&'r RawValue> {
+    replacement: impl Iterator<Item = Raw<'r>>,
+) -> Vec<Raw<'r>> {
     let kept_head = messages.iter().take(head).map(|m| m.raw);
     let tail = messages.iter().skip(through + 1).map(|m| m.raw);
     kept_head.chain(replacement).chain(tail).collect()

@@ -17,6 +17,7 @@ use super::index;
 use super::text::{first_line, thousands, truncate_chars};
 use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
 use crate::conversation::{Content, Item, Role};
+use crate::json::Raw;
 
 /// The marker's text for `elided` messages starting at history index `first`, of which
 /// `users` user messages, `assistants` assistant messages and `results` tool results.
@@ -162,9 +163,12 @@ fn index_budget(ctx: &Ctx<'_, '_>) -> u64 {
     floor.max((elided / 8).min(budget / 2)).min(room)
 }
 
-/// A byte-identical copy of a message.
+/// A byte-identical copy of a message. (A message is valid JSON; were it not, the copy
+/// would be `null`, which the plan's validation refuses as not verbatim.)
 fn copy(m: &Item<'_>) -> Box<RawValue> {
-    m.raw.to_owned()
+    m.raw
+        .to_boxed()
+        .unwrap_or_else(|| RawValue::NULL.to_owned())
 }
 
 /// For a tool result longer than `tool_prune_chars`: the message with its content
@@ -215,7 +219,7 @@ fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)> {
     let tokens = ctx
         .input
         .format
-        .item(&raw)
+        .item(Raw::from(&*raw))
         .map(|d| ctx.estimator().message(&d))?;
     Some((raw, tokens))
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use super::{FRAME, Layout, Origin, Plan, is_result};
 use crate::conversation::{Item, Role};
+use crate::json::Raw;
 
 /// What is wrong with a plan.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,10 +113,12 @@ fn check_copies(messages: &[Item<'_>], plan: &Plan) -> Result<BTreeMap<usize, us
     let mut copied_at: BTreeMap<usize, usize> = BTreeMap::new();
     let mut last: Option<usize> = None;
     for (position, (raw, origin)) in plan.replacement.iter().zip(&plan.origin).enumerate() {
-        let parsed = format.item(raw).ok_or_else(|| Violation::Unreadable {
-            position,
-            reason: "not an item of the conversation's format".to_owned(),
-        })?;
+        let parsed = format
+            .item(Raw::from(&**raw))
+            .ok_or_else(|| Violation::Unreadable {
+                position,
+                reason: "not an item of the conversation's format".to_owned(),
+            })?;
         let index = match *origin {
             Origin::Authored => {
                 let framed = parsed
@@ -140,7 +143,8 @@ fn check_copies(messages: &[Item<'_>], plan: &Plan) -> Result<BTreeMap<usize, us
                 return Err(Violation::NotVerbatim { position, index });
             }
             Origin::Digest(_)
-                if !is_result(original) || !format.is_digest_of(raw, original.raw) =>
+                if !is_result(original)
+                    || !format.is_digest_of(Raw::from(&**raw), original.raw) =>
             {
                 return Err(Violation::Digest { position, index });
             }

@@ -2,6 +2,7 @@
 //! failover; a conversation keeps the checkpoint it had before its master died. The
 //! same over TLS (sentinels, master and replica TLS-only, with mutual TLS).
 
+use abridge::json::Raw;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,6 @@ use abridge::store::Checkpoint;
 use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider};
 use serde_json::json;
-use serde_json::value::RawValue;
 
 use crate::common::redis::{RedisSentinel, SENTINEL_MASTER, command};
 use crate::common::redis_tls::{ServerTls, pki};
@@ -136,7 +136,11 @@ async fn abridge_follows_a_sentinel_failover_and_keeps_the_checkpoints() {
             .map(|v| serde_json::from_str(v).unwrap())
             .collect()
     };
-    let replacement: Vec<&RawValue> = stored[0].replacement.iter().map(|r| &**r).collect();
+    let replacement: Vec<Raw<'_>> = stored[0]
+        .replacement
+        .iter()
+        .map(|r| Raw::from(&**r))
+        .collect();
     assert!(
         forwarded_before.contains(&replacement[0].get().to_owned()),
         "the replacement forwarded is the stored one"

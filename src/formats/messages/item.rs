@@ -7,17 +7,16 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use crate::conversation::{Content, Item, Opaque, Part, Role, ToolCall};
-use crate::json;
+use crate::json::{self, Raw};
 
 #[derive(Deserialize)]
 pub(super) struct MessageFields<'a> {
     #[serde(borrow)]
     pub(super) role: Cow<'a, str>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<Raw<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -31,11 +30,11 @@ struct Block<'a> {
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
+    input: Option<Raw<'a>>,
     #[serde(borrow, default)]
     tool_use_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<Raw<'a>>,
 }
 
 /// A block's fields, the values abridge keeps raw as JSON text (`null` is absent).
@@ -53,7 +52,7 @@ struct BlockFields<'a> {
 type ReadBlock = for<'a> fn(&'a str) -> Result<BlockFields<'a>, serde_json::Error>;
 
 /// One message as a conversation item.
-pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+pub fn item(raw: Raw<'_>) -> Result<Item<'_>, serde_json::Error> {
     let walked = json::fields(raw.get(), ["role", "content"]).and_then(|[role, content]| {
         let role = role?.text()?;
         build(raw, &role, content, walked_block).ok()
@@ -67,7 +66,7 @@ pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
 /// [`item`] through serde alone: what the walk must agree with (tests and fuzzing
 /// compare them).
 #[doc(hidden)]
-pub fn item_by_serde(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+pub fn item_by_serde(raw: Raw<'_>) -> Result<Item<'_>, serde_json::Error> {
     let f: MessageFields<'_> = serde_json::from_str(raw.get())?;
     let content = f.content.map(|c| json::Member::unread(c.get()));
     build(raw, &f.role, content, serde_block)
@@ -80,7 +79,7 @@ fn serde_block(text: &str) -> Result<BlockFields<'_>, serde_json::Error> {
         text: b.text,
         id: b.id,
         name: b.name,
-        input: b.input.map(RawValue::get),
+        input: b.input.map(Raw::get),
         tool_use_id: b.tool_use_id,
         content: b.content.map(|c| json::Member::unread(c.get())),
     })
@@ -116,7 +115,7 @@ fn walked_block(text: &str) -> Result<BlockFields<'_>, serde_json::Error> {
 }
 
 fn build<'a>(
-    raw: &'a RawValue,
+    raw: Raw<'a>,
     role: &str,
     content: Option<json::Member<'a>>,
     read: ReadBlock,
@@ -157,7 +156,8 @@ fn build<'a>(
         item.content = Content::Other(serde_json::from_str(text)?);
         return Ok(item);
     }
-    let blocks: Vec<&RawValue> = serde_json::from_str(text)?;
+    let blocks = json::elements(text)
+        .ok_or_else(|| <serde_json::Error as serde::de::Error>::custom("not an array"))?;
     let mut parts = Vec::with_capacity(blocks.len());
     for block in blocks {
         let b = read(block.get())?;
@@ -194,7 +194,7 @@ fn result_text(value: json::Member<'_>, read: ReadBlock) -> Option<Cow<'_, str>>
             .or_else(|| json::string_text(raw))
             .or_else(|| serde_json::from_str(raw).ok());
     }
-    let blocks: Vec<&RawValue> = serde_json::from_str(raw).ok()?;
+    let blocks = json::elements(raw)?;
     // Every block read first (serde refuses the array for one bad block); what the walk
     // cannot read, serde reads.
     let all = |read: ReadBlock| -> Result<Vec<BlockFields<'_>>, serde_json::Error> {

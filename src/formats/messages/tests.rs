@@ -1,5 +1,6 @@
 use super::*;
 use crate::conversation::{Content, Part, Role};
+use crate::json::Raw;
 
 const BODY: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,
     "system":[{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],
@@ -47,7 +48,7 @@ fn a_moved_cache_breakpoint_does_not_change_the_view() {
     let without = r#"{"role":"user","content":[{"type":"text","text":"hi"}]}"#;
     let raw = |s: &str| RawValue::from_string(s.to_owned()).unwrap();
     let (a, b) = (raw(with), raw(without));
-    let (a, b) = (item(&a).unwrap(), item(&b).unwrap());
+    let (a, b) = (item(Raw::from(&*a)).unwrap(), item(Raw::from(&*b)).unwrap());
     assert_eq!(a.content, b.content);
     assert_eq!(
         crate::identity::hash_message(&a),
@@ -59,10 +60,10 @@ fn a_moved_cache_breakpoint_does_not_change_the_view() {
 fn spliced_messages_alternate_and_everything_else_is_kept() {
     let body = Bytes::from_static(BODY.as_bytes());
     let parsed = parse(&body).unwrap();
-    let raw: Vec<&RawValue> = parsed.items.iter().map(|i| i.raw).collect();
+    let raw: Vec<Raw<'_>> = parsed.items.iter().map(|i| i.raw).collect();
     let summary = authored(Author::System, "[summary]");
     // Head (user, system), the summary, then the last assistant answer and the ask.
-    let kept = [raw[0], raw[1], &*summary, raw[4], raw[5]];
+    let kept = [raw[0], raw[1], Raw::from(&*summary), raw[4], raw[5]];
     let out = with_messages(&body, &parsed, &kept).unwrap();
     let text = std::str::from_utf8(&out).unwrap();
     assert!(text.starts_with(r#"{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,"#));
@@ -78,7 +79,7 @@ fn spliced_messages_alternate_and_everything_else_is_kept() {
     );
 
     // A summary after a tool result and before the ask: a filler on both sides.
-    let kept = [raw[0], raw[1], raw[2], raw[3], &*summary, raw[5]];
+    let kept = [raw[0], raw[1], raw[2], raw[3], Raw::from(&*summary), raw[5]];
     let again = with_messages(&body, &parsed, &kept).unwrap();
     let roles: Vec<Role> = parse(&again)
         .unwrap()

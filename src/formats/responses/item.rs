@@ -7,10 +7,9 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use crate::conversation::{Content, Item, Opaque, Role, ToolCall};
-use crate::json;
+use crate::json::{self, Raw};
 
 /// What kind of item, where it matters beyond the neutral view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +26,7 @@ pub(super) struct ItemFields<'a> {
     #[serde(borrow, default)]
     role: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<Raw<'a>>,
     #[serde(borrow, default)]
     call_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -37,9 +36,9 @@ pub(super) struct ItemFields<'a> {
     #[serde(borrow, default)]
     input: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub(super) output: Option<&'a RawValue>,
+    pub(super) output: Option<Raw<'a>>,
     #[serde(borrow, default)]
-    action: Option<&'a RawValue>,
+    action: Option<Raw<'a>>,
 }
 
 /// The same fields with the values abridge keeps raw as JSON text (`null` is absent).
@@ -56,12 +55,12 @@ struct Values<'a> {
 }
 
 /// One input item as a conversation item (see the parent module's docs).
-pub fn item(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+pub fn item(raw: Raw<'_>) -> Result<Item<'_>, serde_json::Error> {
     item_of(raw).map(|(item, _)| item)
 }
 
 /// The item and its kind: walked when the walk reads it, else by serde.
-pub(super) fn item_of(raw: &RawValue) -> Result<(Item<'_>, Kind), serde_json::Error> {
+pub(super) fn item_of(raw: Raw<'_>) -> Result<(Item<'_>, Kind), serde_json::Error> {
     match walked(raw.get()).map(|values| build(raw, values)) {
         Some(Ok(read)) => Ok(read),
         _ => by_serde(raw),
@@ -71,11 +70,11 @@ pub(super) fn item_of(raw: &RawValue) -> Result<(Item<'_>, Kind), serde_json::Er
 /// [`item`] through serde alone: what the walk must agree with (tests and fuzzing
 /// compare them).
 #[doc(hidden)]
-pub fn item_by_serde(raw: &RawValue) -> Result<Item<'_>, serde_json::Error> {
+pub fn item_by_serde(raw: Raw<'_>) -> Result<Item<'_>, serde_json::Error> {
     by_serde(raw).map(|(item, _)| item)
 }
 
-fn by_serde(raw: &RawValue) -> Result<(Item<'_>, Kind), serde_json::Error> {
+fn by_serde(raw: Raw<'_>) -> Result<(Item<'_>, Kind), serde_json::Error> {
     let f: ItemFields<'_> = serde_json::from_str(raw.get())?;
     let values = Values {
         kind: f.kind,
@@ -86,7 +85,7 @@ fn by_serde(raw: &RawValue) -> Result<(Item<'_>, Kind), serde_json::Error> {
         arguments: f.arguments,
         input: f.input,
         output: f.output.map(|o| json::Member::unread(o.get())),
-        action: f.action.map(RawValue::get),
+        action: f.action.map(Raw::get),
     };
     build(raw, values)
 }
@@ -128,7 +127,7 @@ fn walked(text: &str) -> Option<Values<'_>> {
     })
 }
 
-fn build<'a>(raw: &'a RawValue, f: Values<'a>) -> Result<(Item<'a>, Kind), serde_json::Error> {
+fn build<'a>(raw: Raw<'a>, f: Values<'a>) -> Result<(Item<'a>, Kind), serde_json::Error> {
     let mut item = Item {
         raw,
         role: Role::Assistant,

@@ -1,10 +1,10 @@
 //! Reading the outcome of the scale-out run from the outside: the keys and memory in
 //! Redis, and the conversations and messages in the requests the provider received.
 
+use abridge::json::Raw;
 use std::collections::BTreeSet;
 
 use abridge::store::Checkpoint;
-use serde_json::value::RawValue;
 
 pub(super) fn node(url: &str) -> redis::Connection {
     redis::Client::open(url).unwrap().get_connection().unwrap()
@@ -67,7 +67,11 @@ pub(super) fn raw_messages(body: &[u8]) -> Vec<String> {
 
 /// `sent` with `checkpoint` applied: head + replacement + the rest, as raw messages.
 pub(super) fn applied(sent: &[String], checkpoint: &Checkpoint) -> Vec<String> {
-    let replacement: Vec<&RawValue> = checkpoint.replacement.iter().map(|r| &**r).collect();
+    let replacement: Vec<Raw<'_>> = checkpoint
+        .replacement
+        .iter()
+        .map(|r| Raw::from(&**r))
+        .collect();
     let (head, through) = (checkpoint.head as usize, checkpoint.through as usize);
     sent[..head]
         .iter()
