@@ -11,6 +11,11 @@ that dominate (exclusive cost, as callgrind_annotate prints them).
     python3 scripts/bench/callgrind.py                 # every case, abridge and nginx
     python3 scripts/bench/callgrind.py --cases 2k --top 40 --targets abridge
     python3 scripts/bench/callgrind.py --cases 2k --targets abridge,abridge-redis
+    python3 scripts/bench/callgrind.py --cases 200k,200k-messages,200k-responses --targets abridge
+
+Cases: 2k, 2k-stream, 2k-stream-strip, 200k and long are chat-completions bodies;
+200k-messages (Anthropic's Messages API, POST /v1/messages) and 200k-responses (OpenAI's
+Responses API, POST /v1/responses) are 200k's conversation in the other two wire formats.
 
 Needs valgrind (apt-get install valgrind) and the release binaries
 (`cargo build --release -p abridge -p fake-provider`); nginx is measured when installed.
@@ -31,26 +36,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load  # noqa: E402  (the bodies and process helpers of the load benchmark)
 
 CASES = {
-    # name: (body, requests)
-    "2k": ("2k", 200),
-    "2k-stream": ("2k-stream", 200),
-    "2k-stream-strip": ("2k-stream-strip", 200),
-    "200k": ("200k", 50),
-    "long": ("long", 50),
+    # name: (body, requests, API)
+    "2k": ("2k", 200, "chat"),
+    "2k-stream": ("2k-stream", 200, "chat"),
+    "2k-stream-strip": ("2k-stream-strip", 200, "chat"),
+    "200k": ("200k", 50, "chat"),
+    "long": ("long", 50, "chat"),
+    "200k-messages": ("200k-messages", 50, "messages"),
+    "200k-responses": ("200k-responses", 50, "responses"),
+}
+
+# Per API: the path and the headers its clients send (Anthropic's SDKs put the key in
+# x-api-key and require anthropic-version; the fake provider refuses a Messages request
+# without it).
+APIS = {
+    "chat": ("/v1/chat/completions", {"authorization": "Bearer sk-bench-not-a-real-key"}),
+    "responses": ("/v1/responses", {"authorization": "Bearer sk-bench-not-a-real-key"}),
+    "messages": ("/v1/messages", {"x-api-key": "sk-bench-not-a-real-key",
+                                  "anthropic-version": "2023-06-01"}),
 }
 
 
-def send(port, body, n):
+def send(port, api, body, n):
     """`n` POSTs over one keep-alive connection; every answer must be 200."""
+    path, api_headers = APIS[api]
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    headers = {"content-type": "application/json",
-               "authorization": "Bearer sk-bench-not-a-real-key"}
+    headers = {"content-type": "application/json", **api_headers}
     for _ in range(n):
-        conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        conn.request("POST", path, body=body, headers=headers)
         response = conn.getresponse()
-        response.read()
+        response_body = response.read()
         if response.status != 200:
-            raise RuntimeError(f"answered {response.status}")
+            raise RuntimeError(f"{path} answered {response.status}: {response_body[:300]!r}")
     conn.close()
 
 
@@ -102,7 +119,7 @@ def short(name):
 
 
 def profile(args, bench, target, fake_base, case, workdir, bodies):
-    body_name, n = CASES[case]
+    body_name, n, api = CASES[case]
     if args.requests:
         n = args.requests
     body = bodies[body_name].read_bytes()
@@ -126,8 +143,10 @@ def profile(args, bench, target, fake_base, case, workdir, bodies):
         admin = load.free_port()
         config = workdir / "abridge.toml"
         config.write_text(f'[compaction.context_windows]\n"{load.LONG_MODEL}" = 16000\n')
+        # Anthropic's routes go to `anthropic_upstream` when it is set (one abridge for
+        # OpenAI clients and Claude Code at once): here the same fake, which answers every API.
         env = {"ABRIDGE_LISTEN": f"127.0.0.1:{port}", "ABRIDGE_ADMIN__LISTEN": f"127.0.0.1:{admin}",
-               "ABRIDGE_UPSTREAM": fake_base}
+               "ABRIDGE_UPSTREAM": fake_base, "ABRIDGE_ANTHROPIC_UPSTREAM": fake_base}
         if target == "abridge-redis":
             redis_proc, redis_url = bench.redis()
             if not redis_proc:
@@ -138,10 +157,10 @@ def profile(args, bench, target, fake_base, case, workdir, bodies):
         ready = f"http://127.0.0.1:{admin}/healthz"
     try:
         load.wait_ready(ready, proc, timeout=120)
-        send(port, body, args.warmup)  # pools, lazy tables, the checkpoint of `long`
+        send(port, api, body, args.warmup)  # pools, lazy tables, the checkpoint of `long`
         settle(proc.pid)  # abridge loads its tokenizer tables in the background at start
         control(proc.pid, "-i", "on")
-        send(port, body, n)
+        send(port, api, body, n)
         time.sleep(0.5)  # the record stage runs after the response
         control(proc.pid, "-i", "off")
         control(proc.pid, "-d")

@@ -46,6 +46,7 @@ RELEASE = ROOT / "target" / "release"
 LUA = Path(__file__).resolve().parent / "post.lua"
 MODEL = "bench-model"  # not an OpenAI family: abridge uses its calibrated estimate
 LONG_MODEL = "bench-long"  # a 16k context window in abridge's config: compacted
+CLAUDE_MODEL = "claude-sonnet-4-5"  # the Messages body: a model Claude Code sends
 
 
 def log(*args):
@@ -102,6 +103,63 @@ def conversation(rng, target_bytes, message_bytes):
     return messages
 
 
+def as_messages(conversation):
+    """A chat conversation as Claude Code sends it to Anthropic's Messages API: the system
+    prompt as the top-level `system`, text and tool calls as content blocks, a tool result
+    as a user message's `tool_result` block. Anthropic wants the turns to alternate,
+    starting and ending with the user: an assistant's text and the tool call after it
+    become one message, a tool result and the user text after it another (as Claude Code
+    sends them)."""
+    system = None
+    turns = []
+    for m in conversation:
+        if m["role"] == "system":
+            system = m["content"]
+            continue
+        if m["role"] == "tool":
+            role, blocks = "user", [{"type": "tool_result", "tool_use_id": tool_use_id(m["tool_call_id"]),
+                                     "content": m["content"]}]
+        else:
+            role = m["role"]
+            blocks = [{"type": "text", "text": m["content"]}] if m["content"] else []
+            blocks += [{"type": "tool_use", "id": tool_use_id(call["id"]), "name": call["function"]["name"],
+                        "input": json.loads(call["function"]["arguments"])}
+                       for call in m.get("tool_calls", ())]
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] += blocks
+        else:
+            turns.append({"role": role, "content": blocks})
+    assert turns[0]["role"] == "user" and turns[-1]["role"] == "user"
+    return system, turns
+
+
+def tool_use_id(call_id):
+    """Anthropic's spelling of a tool call's id (`toolu_…`, where chat has `call_…`)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def as_responses_input(conversation):
+    """A chat conversation as `input` items of OpenAI's Responses API (as Codex sends it,
+    without server-side state): the system prompt as a developer message, text as message
+    items (`input_text` from the user, `output_text` from the assistant), a tool call as a
+    `function_call` item and its result as a `function_call_output` item."""
+    items = []
+    for m in conversation:
+        if m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"],
+                          "output": m["content"]})
+            continue
+        if m["content"]:
+            role = "developer" if m["role"] == "system" else m["role"]
+            part = "output_text" if role == "assistant" else "input_text"
+            items.append({"type": "message", "role": role,
+                          "content": [{"type": part, "text": m["content"]}]})
+        items += [{"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                   "arguments": call["function"]["arguments"]}
+                  for call in m.get("tool_calls", ())]
+    return items
+
+
 def write_bodies(directory):
     """The request bodies of every row, as files for wrk."""
     rng = random.Random(7)
@@ -118,6 +176,12 @@ def write_bodies(directory):
                         "stream_options": {"include_usage": True}},
         "long": {"model": LONG_MODEL, "messages": long_conv},
     }
+    # The 200 KB conversation in the two other wire formats abridge speaks, converted
+    # from `large` (no further draws: the bodies above stay the same from run to run).
+    system, turns = as_messages(large)
+    bodies["200k-messages"] = {"model": CLAUDE_MODEL, "max_tokens": 1024, "system": system,
+                               "messages": turns}
+    bodies["200k-responses"] = {"model": MODEL, "store": False, "input": as_responses_input(large)}
     paths = {}
     for name, body in bodies.items():
         path = directory / f"{name}.json"
