@@ -1,7 +1,8 @@
 //! Conversation identity on the hot path: hashing every prefix of a request's messages
 //! (10 / 100 / 1,000 messages of ~1 KB, so up to ~1 MB), parsing alone (the same
-//! conversation in the chat, Messages and Responses formats), parsing + hashing
-//! together, and the floor — SHA-256 over the body's bytes once.
+//! conversation in the chat, Messages and Responses formats), the validating pass alone
+//! (abridge's, and serde_json's beside it), parsing + hashing together, and the floor —
+//! SHA-256 over the body's bytes once.
 
 #![allow(
     clippy::unwrap_used,
