@@ -254,7 +254,7 @@ fn with_messages(request: ChatRequest<'_>) -> Result<Parsed<'_>, Unparseable> {
 
 /// The request as the validating pass found its top level; `None` for whatever serde
 /// should read (its error is the one to give, or its reading the one to take).
-fn request<'a>(top: &json::Top<'a>) -> Option<ChatRequest<'a>> {
+pub(super) fn request<'a>(top: &json::Top<'a>) -> Option<ChatRequest<'a>> {
     let [
         model,
         messages,

@@ -120,7 +120,7 @@ fn with_items<'a>((fields, raw): (Fields<'a>, Vec<Raw<'a>>)) -> Result<Parsed<'a
 
 /// The top level and the messages as the validating pass found them; `None` for
 /// whatever serde should read (`messages` not an array among it).
-fn walked<'a>(top: &json::Top<'a>) -> Option<(Fields<'a>, Vec<Raw<'a>>)> {
+pub(super) fn walked<'a>(top: &json::Top<'a>) -> Option<(Fields<'a>, Vec<Raw<'a>>)> {
     let [
         model,
         messages,

@@ -146,11 +146,9 @@ fn with_items<'a>(
     })
 }
 
-/// A message item abridge writes: one `input_text` part (the system role is
-/// `developer`, as the Responses API names the operator's voice).
 /// The top level and the `input` items as the validating pass found them; `None` for
 /// whatever serde should read.
-fn walked<'a>(top: &json::Top<'a>) -> Option<(Fields<'a>, Vec<Raw<'a>>)> {
+pub(super) fn walked<'a>(top: &json::Top<'a>) -> Option<(Fields<'a>, Vec<Raw<'a>>)> {
     let [
         model,
         input,
@@ -199,6 +197,8 @@ fn by_serde(body: &[u8]) -> Result<(Fields<'_>, Vec<Raw<'_>>), Unparseable> {
     Ok((fields, items))
 }
 
+/// A message item abridge writes: one `input_text` part (the system role is
+/// `developer`, as the Responses API names the operator's voice).
 pub fn authored(role: Author, text: &str) -> Box<RawValue> {
     let role = match role {
         Author::User => "user",

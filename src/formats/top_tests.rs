@@ -11,10 +11,13 @@ const KEYS: &[&str] = &[
     "model",
     "m\\u006fdel",
     "messages",
+    "m\\u0065ssages",
     "input",
+    "\\u0069nput",
     "stream",
     "stream_options",
     "tools",
+    "t\\u006fols",
     "tool_choice",
     "functions",
     "metadata",
@@ -42,6 +45,11 @@ fn value() -> impl Strategy<Value = String> {
         ),
         Just(r#"{"user_id":"u"}"#.to_owned()),
         Just(r#"{"user_id":1}"#.to_owned()),
+        Just(r#"{"user_id":null}"#.to_owned()),
+        Just("{}".to_owned()),
+        Just(r#"{"user_id":"a","user_id":"b"}"#.to_owned()),
+        Just(r#"{"user_id":"\ud800"}"#.to_owned()),
+        Just(r#"{"user_\u0069d":"u"}"#.to_owned()),
         Just(r#"{"include_usage":true}"#.to_owned()),
         escaped_text(),
     ]
@@ -89,4 +97,35 @@ fn bodies_serde_refuses_get_serde_s_error() {
         assert!(serde.starts_with("Err"), "{serde}");
         assert_eq!(format!("{:?}", chat::parse(body)), serde);
     }
+}
+
+/// The bodies real clients send take the validating pass's path, not serde's (both read
+/// them alike, so only this shows the pass is used at all).
+#[test]
+fn the_bodies_clients_send_take_the_pass() {
+    let top = |body: &'static str| crate::json::top(body).unwrap();
+    let chat = r#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},
+        "messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"hi"}],
+        "tools":[{"type":"function","function":{"name":"f","parameters":{}}}]}"#;
+    let request = chat::request(&top(chat)).unwrap();
+    assert_eq!(request.messages.len(), 2);
+    assert_eq!(request.stream, Some(true));
+    let codex = r#"{"model":"gpt-5","store":false,"stream":true,"prompt_cache_key":"t-1",
+        "input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]},
+        {"type":"function_call","call_id":"c1","name":"exec","arguments":"{}"}],
+        "tools":[],"tool_choice":"auto"}"#;
+    let (fields, items) = responses::walked(&top(codex)).unwrap();
+    assert_eq!(
+        (items.len(), fields.prompt_cache_key.as_deref()),
+        (2, Some("t-1"))
+    );
+    let claude = r#"{"model":"claude-sonnet-4-5","max_tokens":1024,"system":[{"type":"text","text":"x"}],
+        "messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],
+        "metadata":{"user_id":"{\"session_id\":\"s\"}"},"stream":true}"#;
+    let (fields, items) = messages::walked(&top(claude)).unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(
+        fields.metadata.and_then(|m| m.user_id).as_deref(),
+        Some(r#"{"session_id":"s"}"#)
+    );
 }

@@ -14,4 +14,6 @@ mod valid;
 pub use object::{Member, elements, fields, optional_string};
 pub use raw::Raw;
 pub use text::string_text;
-pub use valid::{Top, TopValue, optional_flag, optional_raw, optional_text, top};
+pub use valid::{
+    Top, TopValue, agrees_with_serde, optional_flag, optional_raw, optional_text, top,
+};

@@ -1,8 +1,9 @@
 //! A JSON object's members in one walk: each key's text and its value's raw JSON, in
 //! order, duplicates included, found by skipping strings with `memchr` instead of
 //! parsing them — and the text of the string values asked for, decoded in the same
-//! pass. For JSON serde_json has validated (a message inside a parsed body); on anything
-//! else it stops with [`Malformed`] — never a panic, never a wrong member.
+//! pass. For JSON already validated (a message inside a body the validating pass or serde
+//! read); on anything else it stops with [`Malformed`] — never a panic, never a wrong
+//! member.
 
 use std::borrow::Cow;
 
@@ -148,7 +149,7 @@ impl<'a> Members<'a> {
 }
 
 /// The first byte at or after `at` that is not JSON whitespace.
-fn skip_space(b: &[u8], at: usize) -> usize {
+pub(super) fn skip_space(b: &[u8], at: usize) -> usize {
     let rest = b.get(at..).unwrap_or_default();
     at + rest
         .iter()

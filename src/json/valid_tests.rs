@@ -156,6 +156,7 @@ proptest! {
     #[test]
     fn any_text_gets_serde_s_verdict(text in "(?s)[{}\\[\\]\",:\\\\ a-z0-9.eE+\\-\n\u{1}é]{0,40}") {
         prop_assert_eq!(top(&text).is_some(), serde_accepts(&text), "{}", text);
+        prop_assert!(agrees_with_serde(&text));
     }
 }
 
@@ -183,6 +184,8 @@ fn what_it_refuses_as_serde_does() {
         r#"{"a":"\u12"}"#,
         r#"{"a":"\u12g4"}"#,
         "{\"a\":\"tab\there\"}",
+        "{\"a\":\"past the first eight bytes \u{1f} a control byte\"}",
+        "{\"a\":\"past the first eight bytes, é and \u{80}, then \\u00e9\"}",
         "{\"a\":\"line\nbreak\"}",
         r#"{"a":1}x"#,
         r#"{"a":1}{}"#,

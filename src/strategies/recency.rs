@@ -164,7 +164,7 @@ fn index_budget(ctx: &Ctx<'_, '_>) -> u64 {
 }
 
 /// A byte-identical copy of a message. (A message is valid JSON; were it not, the copy
-/// would be `null`, which the plan's validation refuses as not verbatim.)
+/// would be `null`, which the plan's validation refuses as unreadable.)
 fn copy(m: &Item<'_>) -> Box<RawValue> {
     m.raw
         .to_boxed()
