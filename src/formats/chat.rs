@@ -229,10 +229,8 @@ pub enum Unparseable {
 /// The body parsed: its top level found by the validating pass (serde reads what that
 /// leaves to it, and gives the errors), then every message read by its walk.
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
-    match super::body_top(body).and_then(|top| request(&top)) {
-        Some(request) => with_messages(request),
-        None => parse_by_serde(body),
-    }
+    let by_serde = |body| super::from_body(body).map_err(Unparseable::Body);
+    with_messages(super::read_top(body, request, by_serde)?)
 }
 
 /// [`parse`] with the top level read by serde alone: what the validating pass must agree

@@ -96,10 +96,7 @@ pub enum Unparseable {
 /// reads what that leaves to it, and gives the errors), then every message read by its
 /// walk.
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, Unparseable> {
-    match super::body_top(body).and_then(|top| walked(&top)) {
-        Some(read) => with_items(read),
-        None => parse_by_serde(body),
-    }
+    with_items(super::read_top(body, walked, by_serde)?)
 }
 
 /// [`parse`] with the top level read by serde alone: what the validating pass must agree

@@ -78,11 +78,20 @@ fn from_body<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, serde_j
     }
 }
 
-/// A body's top level as abridge's validating pass finds it (`None` when the body is not
-/// UTF-8, not JSON as serde_json reads it, or not an object: serde reads it then, and
-/// gives its error).
-fn body_top(body: &[u8]) -> Option<crate::json::Top<'_>> {
-    crate::json::top(std::str::from_utf8(body).ok()?)
+/// A body's top level read by `walked` from what abridge's validating pass found; where
+/// the pass leaves it (a body not UTF-8, not JSON as serde_json reads it, not an object)
+/// or `walked` does (a wrong type, a duplicate), by `by_serde`, which gives serde's
+/// reading and its errors.
+fn read_top<'a, R, E>(
+    body: &'a [u8],
+    walked: impl FnOnce(&crate::json::Top<'a>) -> Option<R>,
+    by_serde: impl FnOnce(&'a [u8]) -> Result<R, E>,
+) -> Result<R, E> {
+    let top = std::str::from_utf8(body).ok().and_then(crate::json::top);
+    match top.and_then(|top| walked(&top)) {
+        Some(read) => Ok(read),
+        None => by_serde(body),
+    }
 }
 
 /// `Some(raw)` for any present value, `null` included (serde maps `null` to `None`): for

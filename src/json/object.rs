@@ -213,13 +213,14 @@ fn container_end(b: &[u8], open: usize) -> Option<usize> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::value::RawValue;
 
-    /// What serde_json's own map walk reads: every member in order, duplicates kept.
-    struct Pairs<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+    /// What serde_json's own map walk reads: every member in order, duplicates kept (the
+    /// reference of this walk's tests and of the validating pass's).
+    pub(in crate::json) struct Pairs<'a>(pub(in crate::json) Vec<(Cow<'a, str>, &'a RawValue)>);
 
     impl<'de> serde::Deserialize<'de> for Pairs<'de> {
         fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -6,6 +6,8 @@ use proptest::prelude::*;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
+use crate::json::object::tests::Pairs;
+
 /// serde_json's verdict on `text` as a body the pass reads: JSON, an object at the top.
 fn serde_accepts(text: &str) -> bool {
     serde_json::from_str::<IgnoredAny>(text).is_ok() && text.trim_start().starts_with('{')
@@ -16,30 +18,7 @@ fn serde_accepts(text: &str) -> bool {
 type Read<'a> = Vec<(String, &'a str, Option<Vec<&'a str>>)>;
 
 fn serde_read(text: &str) -> Option<Read<'_>> {
-    struct Pairs<'a>(Vec<(String, &'a RawValue)>);
-    impl<'de> serde::Deserialize<'de> for Pairs<'de> {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct Visit;
-            impl<'de> serde::de::Visitor<'de> for Visit {
-                type Value = Pairs<'de>;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("an object")
-                }
-                fn visit_map<A: serde::de::MapAccess<'de>>(
-                    self,
-                    mut map: A,
-                ) -> Result<Pairs<'de>, A::Error> {
-                    let mut pairs = Vec::new();
-                    while let Some(pair) = map.next_entry::<String, &'de RawValue>()? {
-                        pairs.push(pair);
-                    }
-                    Ok(Pairs(pairs))
-                }
-            }
-            d.deserialize_map(Visit)
-        }
-    }
-    // A key with a lone surrogate is no `String`: nothing to compare.
+    // serde refuses a key with a lone surrogate: nothing to compare.
     let pairs: Pairs<'_> = serde_json::from_str(text).ok()?;
     let read = pairs
         .0
@@ -49,7 +28,7 @@ fn serde_read(text: &str) -> Option<Read<'_>> {
                 let all: Vec<&RawValue> = serde_json::from_str(v.get()).unwrap();
                 all.into_iter().map(RawValue::get).collect()
             });
-            (k, v.get(), elements)
+            (k.into_owned(), v.get(), elements)
         })
         .collect();
     Some(read)
