@@ -80,23 +80,36 @@ pub fn optional_string(value: Option<Member<'_>>) -> Option<Option<Cow<'_, str>>
 /// an array. For JSON already validated (a member of a validated value), as every walk
 /// here: the elements are [`Raw`] values on that ground.
 pub fn elements(raw: &str) -> Option<Vec<Raw<'_>>> {
-    let b = raw.as_bytes();
-    let mut at = skip_space(b, 0);
-    if b.get(at) != Some(&b'[') {
+    let open = skip_space(raw.as_bytes(), 0);
+    if raw.as_bytes().get(open) != Some(&b'[') {
         return None;
     }
     let mut out = Vec::new();
-    at = skip_space(b, at + 1);
+    split_array(raw, open, &mut out, value_end)?;
+    Some(out)
+}
+
+/// Just past the array that opens at `open` in `text`, each element pushed to `out`;
+/// `end_of` finds where an element ends (this walk's [`value_end`] for validated JSON,
+/// the validating pass's own skip for a body not yet validated).
+pub(super) fn split_array<'a>(
+    text: &'a str,
+    open: usize,
+    out: &mut Vec<Raw<'a>>,
+    end_of: fn(&[u8], usize) -> Option<usize>,
+) -> Option<usize> {
+    let b = text.as_bytes();
+    let mut at = skip_space(b, open + 1);
     if b.get(at) == Some(&b']') {
-        return Some(out);
+        return Some(at + 1);
     }
     loop {
-        let end = value_end(b, at)?;
-        out.push(Raw::trusted(raw.get(at..end)?));
+        let end = end_of(b, at)?;
+        out.push(Raw::trusted(text.get(at..end)?));
         at = skip_space(b, end);
         match b.get(at)? {
             b',' => at = skip_space(b, at + 1),
-            b']' => return Some(out),
+            b']' => return Some(at + 1),
             _ => return None,
         }
     }
@@ -371,14 +384,18 @@ pub(super) mod tests {
         }
     }
 
-    #[test]
-    fn deep_nesting_costs_no_stack() {
-        let depth = 2_000_000;
-        let text = format!(
+    /// `{"a":[[…1…]],"b":2}`, `depth` arrays deep.
+    pub(in crate::json) fn deeply_nested(depth: usize) -> String {
+        format!(
             r#"{{"a":{}1{},"b":2}}"#,
             "[".repeat(depth),
             "]".repeat(depth)
-        );
+        )
+    }
+
+    #[test]
+    fn deep_nesting_costs_no_stack() {
+        let text = deeply_nested(2_000_000);
         let walk = walked(&text).unwrap();
         assert_eq!(walk.len(), 2);
         assert_eq!(walk[1], (Cow::Borrowed("b"), "2"));

@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use super::object::skip_space;
+use super::object::{skip_space, split_array};
 use super::raw::Raw;
 use super::text::string_text;
 
@@ -60,7 +60,7 @@ pub fn top(text: &str) -> Option<Top<'_>> {
             let (end, elements) = if b.get(start) == Some(&b'[') {
                 let first = top.elements.len();
                 (
-                    array(text, start, &mut top.elements)?,
+                    split_array(text, start, &mut top.elements, skip_value)?,
                     Some(first..top.elements.len()),
                 )
             } else {
@@ -149,25 +149,6 @@ fn key(b: &[u8], at: usize) -> Option<(usize, usize)> {
     let end = string_end(b, at)?;
     let colon = skip_space(b, end);
     (b.get(colon) == Some(&b':')).then(|| (end, skip_space(b, colon + 1)))
-}
-
-/// Just past the array that opens at `open`, each element pushed to `out`.
-fn array<'a>(text: &'a str, open: usize, out: &mut Vec<Raw<'a>>) -> Option<usize> {
-    let b = text.as_bytes();
-    let mut at = skip_space(b, open + 1);
-    if b.get(at) == Some(&b']') {
-        return Some(at + 1);
-    }
-    loop {
-        let end = skip_value(b, at)?;
-        out.push(Raw::trusted(text.get(at..end)?));
-        at = skip_space(b, end);
-        match b.get(at)? {
-            b',' => at = skip_space(b, at + 1),
-            b']' => return Some(at + 1),
-            _ => return None,
-        }
-    }
 }
 
 /// Just past the valid JSON value that starts at `at`; `None` when there is none.

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
-use crate::json::object::tests::Pairs;
+use crate::json::object::tests::{Pairs, deeply_nested};
 
 /// serde_json's verdict on `text` as a body the pass reads: JSON, an object at the top.
 fn serde_accepts(text: &str) -> bool {
@@ -203,12 +203,7 @@ fn any_depth_costs_no_stack() {
             "depth {depth}"
         );
     }
-    let depth = 1_000_000;
-    let deep = format!(
-        r#"{{"a":{}1{},"b":2}}"#,
-        "[".repeat(depth),
-        "]".repeat(depth)
-    );
+    let deep = deeply_nested(1_000_000);
     let top = top(&deep).unwrap();
     assert_eq!(top.members.len(), 2);
     assert_eq!(top.members[1].1.get(), "2");
