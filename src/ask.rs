@@ -7,8 +7,10 @@
 //! Off the request path (the caller spawns it), for a model whose window abridge does not
 //! know, once per (upstream, model) and process (see `Compactor::should_ask`). Bounded:
 //! each ask has [`ASK_TIMEOUT`] for its whole answer and reads at most [`MAX_ANSWER`]
-//! bytes; only the request's own credential headers go along (the same provider they
-//! were sent to), with a `user-agent` of `abridge/<version> (context window ask)`. A
+//! bytes; only the credential the provider reads goes along (the request's own, to the
+//! same provider it was sent to: see `headers::Credentials::for_provider`), with a
+//! `user-agent` of `abridge/<version> (context window ask)`. Each endpoint is asked where
+//! the configured base serves it (under its prefix, see `Upstream::beside_api`). A
 //! server that answers none of them teaches nothing, and nothing is retried. The hosted
 //! APIs, whose models the built-in table knows and which state no window at these
 //! paths, are not asked ([`is_hosted`]).
@@ -35,20 +37,6 @@ const USER_AGENT: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (context window ask)"
 );
-/// The credential headers an ask carries, when the request had them.
-const CREDENTIALS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
-
-/// The credential headers of a request's `headers`, for its asks.
-pub fn credentials(headers: &HeaderMap) -> HeaderMap {
-    CREDENTIALS
-        .iter()
-        .filter_map(|name| {
-            let value = headers.get(*name)?.clone();
-            Some((header::HeaderName::from_static(name), value))
-        })
-        .collect()
-}
-
 /// Hosts of hosted APIs (and their subdomains): never asked.
 const HOSTED: &[&str] = &[
     "api.openai.com",
@@ -86,7 +74,7 @@ pub async fn ask(
     let asks: [(Method, Result<Uri, _>, Option<String>, Read); 3] = [
         (
             Method::GET,
-            upstream.at_root(provider, "/props"),
+            upstream.beside_api(provider, "/props"),
             None,
             Read::Props,
         ),
@@ -98,7 +86,7 @@ pub async fn ask(
         ),
         (
             Method::POST,
-            upstream.at_root(provider, "/api/show"),
+            upstream.beside_api(provider, "/api/show"),
             Some(show),
             Read::Show,
         ),

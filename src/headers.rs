@@ -208,6 +208,29 @@ impl Credentials {
         out
     }
 
+    /// The credential header `provider` reads, and its first value (see
+    /// [`Credentials::payer`]).
+    fn read_by(&self, provider: Provider, azure: bool) -> Option<(&HeaderName, &HeaderValue)> {
+        let names: &[&HeaderName] = match provider {
+            Provider::Anthropic => &[&X_API_KEY, &header::AUTHORIZATION],
+            Provider::Main if azure => &[&API_KEY, &header::AUTHORIZATION],
+            Provider::Main => &[&header::AUTHORIZATION],
+        };
+        names
+            .iter()
+            .find_map(|name| Some((*name, self.headers.get(*name)?)))
+    }
+
+    /// Only the credential `provider` reads (see [`Credentials::payer`]), for a request
+    /// abridge makes on the client's behalf to that same provider (a window ask): no
+    /// other header the client sent goes along.
+    pub fn for_provider(&self, provider: Provider, azure: bool) -> HeaderMap {
+        self.read_by(provider, azure)
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .into_iter()
+            .collect()
+    }
+
     /// The payer's bytes: the credential `provider` authenticates a request by — for
     /// Anthropic `x-api-key`, else `Authorization` (OAuth); for Azure (`azure`) `api-key`,
     /// else `Authorization`; for any other upstream `Authorization` — its first value,
@@ -216,16 +239,8 @@ impl Credentials {
     /// A request that carries none of them has its tenant (every credential header it
     /// has) as its payer: empty only for a request without any credential.
     pub fn payer(&self, provider: Provider, azure: bool) -> Vec<u8> {
-        let names: &[&HeaderName] = match provider {
-            Provider::Anthropic => &[&X_API_KEY, &header::AUTHORIZATION],
-            Provider::Main if azure => &[&API_KEY, &header::AUTHORIZATION],
-            Provider::Main => &[&header::AUTHORIZATION],
-        };
         let mut out = Vec::new();
-        match names
-            .iter()
-            .find_map(|name| Some((*name, self.headers.get(*name)?)))
-        {
+        match self.read_by(provider, azure) {
             Some((name, value)) => {
                 frame(&mut out, name.as_str().as_bytes());
                 // `Bearer K`, `bearer K` and `Bearer  K` are one key.
@@ -321,6 +336,20 @@ mod tests {
         assert!(credentials(&[]).tenant().is_empty());
         // Values never print.
         assert!(!format!("{anthropic:?}").contains('K'));
+    }
+
+    #[test]
+    fn a_request_on_the_clients_behalf_carries_only_the_credential_the_provider_reads() {
+        let both = credentials(&[("authorization", "Bearer K"), ("x-api-key", "A")]);
+        let main = both.for_provider(Provider::Main, false);
+        assert_eq!(main.len(), 1);
+        assert_eq!(main["authorization"], "Bearer K");
+        let claude = both.for_provider(Provider::Anthropic, false);
+        assert_eq!(claude.len(), 1);
+        assert_eq!(claude["x-api-key"], "A");
+        let azure = credentials(&[("api-key", "Z"), ("x-api-key", "A")]);
+        assert_eq!(azure.for_provider(Provider::Main, true)["api-key"], "Z");
+        assert!(azure.for_provider(Provider::Main, false).is_empty());
     }
 
     #[test]

@@ -142,7 +142,28 @@ struct CaseLabel {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ModelLabel {
-    model: String,
+    model: Escaped,
+}
+
+/// A label value a client chose (a model name): escaped as the text format requires
+/// (prometheus-client writes label values as they are), so no name can end the value
+/// and write lines of its own into `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Escaped(String);
+
+impl EncodeLabelValue for Escaped {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -494,7 +515,7 @@ impl Stats {
         self.context_overflows.inc();
         self.overflows_by_model
             .get_or_create(&ModelLabel {
-                model: model.to_owned(),
+                model: Escaped(model.to_owned()),
             })
             .inc();
     }

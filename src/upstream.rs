@@ -96,10 +96,18 @@ impl Upstream {
         build(base, format!("{}{path}", base.path))
     }
 
-    /// `<scheme>://<authority><path>` of `provider`'s base: a server's own endpoints
-    /// beside its API (llama-server's `/props`, Ollama's `/api/show`).
-    pub fn at_root(&self, provider: Provider, path: &str) -> Result<Uri, Error> {
-        build(self.base_of(provider), path.to_owned())
+    /// A server's own endpoint beside its API (llama-server's `/props`, Ollama's
+    /// `/api/show`): `provider`'s base without its trailing `/v1`, then `path` — so a
+    /// server the configuration reaches under a prefix (`http://gw/llama/v1`) is asked
+    /// under that prefix (`http://gw/llama/props`), never at the host's root.
+    pub fn beside_api(&self, provider: Provider, path: &str) -> Result<Uri, Error> {
+        let base = self.base_of(provider);
+        let prefix = base.path.trim_end_matches('/');
+        let prefix = match prefix.len().checked_sub(3) {
+            Some(at) if prefix[at..].eq_ignore_ascii_case("/v1") => &prefix[..at],
+            _ => prefix,
+        };
+        build(base, format!("{prefix}{path}"))
     }
 
     /// `<classic root><path>` (`path` starts with `/`), for requests abridge makes itself
@@ -394,6 +402,30 @@ mod tests {
             super::tests::target("https://api.openai.com/v1", "/v1/messages").unwrap(),
             "https://api.openai.com/v1/messages"
         );
+    }
+
+    #[test]
+    fn a_servers_own_endpoints_are_beside_its_api_under_the_configured_prefix() {
+        let beside = |base: &str| {
+            upstream(base)
+                .beside_api(Provider::Main, "/props")
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            beside("http://127.0.0.1:8080/v1"),
+            "http://127.0.0.1:8080/props"
+        );
+        assert_eq!(
+            beside("http://127.0.0.1:8080/v1/"),
+            "http://127.0.0.1:8080/props"
+        );
+        assert_eq!(
+            beside("http://gw:8080/llama/v1"),
+            "http://gw:8080/llama/props"
+        );
+        assert_eq!(beside("http://gw:8080/llama"), "http://gw:8080/llama/props");
+        assert_eq!(beside("http://gw:8080"), "http://gw:8080/props");
     }
 
     #[test]

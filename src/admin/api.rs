@@ -1,6 +1,6 @@
 //! The token-guarded admin API: stats, recent compactions, the conversation listing and
-//! one conversation's state and checkpoints, deletion, and scheduling a compaction for
-//! a conversation's next turn.
+//! one conversation's state and checkpoints, deletion, scheduling a compaction for a
+//! conversation's next turn, and the learned context windows (listed, forgotten).
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -44,8 +44,8 @@ pub(super) async fn stats(State(state): State<AppState>) -> Response {
             "threshold_tokens": state.config().compaction.threshold_tokens,
             "threshold_ratio": state.config().compaction.threshold_ratio,
         },
-        // Context windows learned from the providers: upstream, model, window, how
-        // (overflow, shrunk, asked) and when.
+        // Context windows learned from the providers: upstream, model, the tenant it
+        // holds for (none: confirmed), window, how (overflow, shrunk, asked) and when.
         "learned_windows": state.compactor().learned_windows(),
     });
     axum::Json(body).into_response()
@@ -260,6 +260,38 @@ pub(super) async fn delete_conversation(
         Ok(false) => no_such_conversation(),
         Err(e) => store_error(&e),
     }
+}
+
+/// `DELETE /admin/windows[?model=<name>]`'s query.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WindowsQuery {
+    model: Option<String>,
+}
+
+/// `GET /admin/windows`: the context windows learned from the providers (see
+/// [`crate::windows`]).
+pub(super) async fn windows(State(state): State<AppState>) -> Response {
+    axum::Json(json!({ "learned_windows": state.compactor().learned_windows() })).into_response()
+}
+
+/// `DELETE /admin/windows[?model=<name>]`: forgets the learned windows of one model (of
+/// every tenant, on every upstream), or all of them, here, in the store and — at their
+/// next refresh — on every replica.
+pub(super) async fn forget_windows(
+    State(state): State<AppState>,
+    Query(query): Query<WindowsQuery>,
+) -> Response {
+    let forgotten = state
+        .compactor()
+        .forget_windows(query.model.as_deref())
+        .await;
+    tracing::info!(
+        model = query.model.as_deref().unwrap_or("*"),
+        forgotten,
+        "learned context windows forgotten by an operator"
+    );
+    axum::Json(json!({ "forgotten": forgotten })).into_response()
 }
 
 #[derive(Deserialize, Default)]

@@ -16,11 +16,12 @@
 //!   address → 429 for its further wrong tokens for the rest of that minute (the right
 //!   token is never refused); no token configured → 403 saying how:
 //!   `GET stats`, `GET compactions`, `GET conversations`, `GET|DELETE conversations/{id}`,
-//!   `POST conversations/{id}/compact`, `POST preview`.
+//!   `POST conversations/{id}/compact`, `POST preview`, `GET|DELETE windows`
+//!   (`?model=<name>`: the learned context windows, one model's or all forgotten).
 //!
 //! This module: the router, the admin-token check and its per-address limiter. The
 //! handlers: [`metrics`] (health, readiness, `/metrics`, the dashboard page), [`api`]
-//! (stats, compactions, conversations, scheduling) and [`preview`].
+//! (stats, compactions, conversations, scheduling, learned windows) and [`preview`].
 
 mod api;
 mod metrics;
@@ -40,7 +41,8 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use self::api::{
-    compactions, conversation, conversations, delete_conversation, schedule_compaction, stats,
+    compactions, conversation, conversations, delete_conversation, forget_windows,
+    schedule_compaction, stats, windows,
 };
 use self::metrics::{dashboard, healthz, metrics, readyz, registry};
 use self::preview::preview;
@@ -62,6 +64,7 @@ pub fn router(state: AppState) -> Router {
             post(schedule_compaction),
         )
         .route("/admin/preview", post(preview))
+        .route("/admin/windows", get(windows).delete(forget_windows))
         .route_layer(middleware::from_fn_with_state(
             Admin {
                 state: state.clone(),

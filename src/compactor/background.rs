@@ -195,7 +195,7 @@ impl Compactor {
         // Not even the minimal plan fits the target: the minimal plan, if it fits the
         // threshold.
         if let Err(CannotCompact::TooLarge { estimate, .. }) = result
-            && scaled(estimate, ratio) <= self.threshold(job.provider, model)
+            && scaled(estimate, ratio) <= self.threshold(job.provider, model, Some(job.payer))
         {
             attempt.budget = estimate;
             result = self.compact_now(&turn, attempt).await;
@@ -243,7 +243,7 @@ impl Compactor {
         turn: &Turn<'t, '_>,
         job: &Followup,
     ) -> Option<(Attempt<'t>, f64)> {
-        let threshold = self.threshold(turn.provider, turn.model);
+        let threshold = self.threshold(turn.provider, turn.model, turn.payer);
         let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
         let loaded = turn.loaded?;
         let deepest = loaded

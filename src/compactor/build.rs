@@ -228,7 +228,11 @@ impl Compactor {
             focus: attempt.focus,
             estimator: &estimator,
             format: turn.format,
-            summary_window: Some(self.window(turn.provider, self.summariser.model_for(turn.model))),
+            summary_window: Some(self.window(
+                turn.provider,
+                self.summariser.model_for(turn.model),
+                turn.payer,
+            )),
             summary_ratio: (!estimator.is_exact() && self.summariser.counts_like(turn.model))
                 .then_some(attempt.ratio),
         };

@@ -115,7 +115,7 @@ impl Compactor {
     /// plan: decides (off the async workers for a large request) and carries the
     /// decision out (see [`decide`]).
     pub async fn plan(&self, turn: &Turn<'_, '_>, reason: Reason) -> Decision {
-        let threshold = self.threshold(turn.provider, turn.model);
+        let threshold = self.threshold(turn.provider, turn.model, turn.payer);
         let mut decision = self.decision(turn, threshold);
         if turn.controls.compact == Compact::Off || self.config.mode == CompactionMode::Off {
             decision.report.note = Some("compaction off".to_owned());
@@ -220,7 +220,9 @@ impl Compactor {
             return false;
         }
         let threshold = decided.threshold;
-        let window = self.window(turn.provider, turn.model).max(threshold);
+        let window = self
+            .window(turn.provider, turn.model, turn.payer)
+            .max(threshold);
         decided.predicted <= threshold + (window - threshold) / 2
     }
 

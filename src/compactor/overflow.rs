@@ -14,6 +14,13 @@
 //!   Fireworks (whose window is stated one short).
 //!
 //! Only the error body's code, type and message are read; nothing else of it is kept.
+//!
+//! Every overflow is retried, compacted harder; a window is learned only from what
+//! proves one ([`Overflow::proves`]): the family's own overflow error, never a bare 413
+//! (a gateway's byte limit needs no credential). A window read from the message's words
+//! comes with those words ([`Overflow::evidence`]), so that the caller can refuse a
+//! number the client's own request carries (a provider's "invalid value" error quotes
+//! the client's value back).
 
 use std::sync::OnceLock;
 
@@ -22,10 +29,28 @@ use regex::Regex;
 use serde_json::Value;
 
 /// What an overflow answer said.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Overflow {
     /// The model's context window, when the provider stated it.
     pub window: Option<u64>,
+    /// The words the window was read from (lower case, short), when it was read from a
+    /// message rather than a structured field (`n_ctx`).
+    pub evidence: Option<String>,
+    /// A family's own overflow error, which a window may be learned from (not a bare
+    /// 413, which is retried but teaches nothing).
+    pub proves: bool,
+}
+
+impl Overflow {
+    /// An overflow `body` reports (a family's own error).
+    fn of(body: &Value) -> Self {
+        let (window, evidence) = window_in(body).unzip();
+        Self {
+            window,
+            evidence: evidence.flatten(),
+            proves: true,
+        }
+    }
 }
 
 /// Phrases providers use in the message of a context overflow (lower case).
@@ -103,17 +128,20 @@ pub fn read(status: StatusCode, body: &[u8]) -> Option<Overflow> {
         if value.as_ref().is_some_and(is_rate_limit) {
             return None;
         }
-        return Some(Overflow {
-            window: value.as_ref().and_then(window_in),
+        return Some(match value.filter(is_overflow_body) {
+            Some(value) => Overflow::of(&value),
+            None => Overflow {
+                window: None,
+                evidence: None,
+                proves: false,
+            },
         });
     }
     if !matches!(status.as_u16(), 400 | 422) {
         return None;
     }
     let value = value?;
-    is_overflow_body(&value).then(|| Overflow {
-        window: window_in(&value),
-    })
+    is_overflow_body(&value).then(|| Overflow::of(&value))
 }
 
 /// An error event inside a 200 stream (`response.failed`, `event: error`, llama-server's
@@ -125,9 +153,7 @@ pub fn in_event(data: &Value) -> Option<Overflow> {
         .or_else(|| data.get("error"))
         .or_else(|| (data["type"] == "error").then_some(data))?;
     let wrapped = serde_json::json!({ "error": error });
-    is_overflow_body(&wrapped).then(|| Overflow {
-        window: window_in(&wrapped),
-    })
+    is_overflow_body(&wrapped).then(|| Overflow::of(&wrapped))
 }
 
 fn is_rate_limit(value: &Value) -> bool {
@@ -188,22 +214,33 @@ fn is_overflow_body(value: &Value) -> bool {
 }
 
 /// The window an overflow body states: llama-server's `n_ctx`, else the first number a
-/// family's text gives it by.
-fn window_in(value: &Value) -> Option<u64> {
+/// family's text gives it by, with the words it was read from.
+fn window_in(value: &Value) -> Option<(u64, Option<String>)> {
     let errors = errors(value);
     let stated = errors
         .iter()
-        .find_map(|e| e["n_ctx"].as_u64())
+        .find_map(|e| e["n_ctx"].as_u64().map(|n| (n, None)))
         .or_else(|| {
             errors.iter().find_map(|e| {
                 let message = message(e);
                 window_patterns().iter().find_map(|(re, add)| {
-                    let n: u64 = re.captures(&message)?.get(1)?.as_str().parse().ok()?;
-                    Some(n + add)
+                    let found = re.captures(&message)?;
+                    let n: u64 = found.get(1)?.as_str().parse().ok()?;
+                    Some((n + add, Some(found.get(0)?.as_str().to_owned())))
                 })
             })
         })?;
-    PLAUSIBLE.contains(&stated).then_some(stated)
+    PLAUSIBLE.contains(&stated.0).then_some(stated)
+}
+
+/// Whether `evidence` (lower case) is in the client's own `body`, in any case: then the
+/// provider may be quoting the client, and the number proves nothing.
+pub fn echoed(evidence: &str, body: &[u8]) -> bool {
+    regex::bytes::RegexBuilder::new(&regex::escape(evidence))
+        .case_insensitive(true)
+        .unicode(false)
+        .build()
+        .map_or(true, |re| re.is_match(body))
 }
 
 #[cfg(test)]

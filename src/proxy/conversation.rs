@@ -119,7 +119,7 @@ async fn stages(
         return untouched(state, (&parts, &target), body, note, exchange).await;
     }
     let turn = prepared.turn();
-    ask_window(state, &turn, &parts);
+    ask_window(state, &turn);
 
     // plan → rewrite → forward, with its retries.
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
@@ -178,15 +178,20 @@ fn relay(
 
 /// For a model whose window abridge does not know, asks its server in the background
 /// (see [`crate::ask`]); what it says applies from a later request on.
-fn ask_window(state: &AppState, turn: &Turn<'_, '_>, parts: &Parts) {
+fn ask_window(state: &AppState, turn: &Turn<'_, '_>) {
+    let Some(tenant) = turn.payer else { return };
     if state.config().compaction.mode == CompactionMode::Off
-        || !state.compactor().should_ask(turn.provider, turn.model)
+        || !state
+            .compactor()
+            .should_ask(turn.provider, turn.model, tenant)
     {
         return;
     }
     let (upstream, compactor) = (state.upstream().clone(), state.compactor().clone());
     let (provider, model) = (turn.provider, turn.model.to_owned());
-    let credentials = crate::ask::credentials(&parts.headers);
+    let credentials = turn
+        .credentials
+        .for_provider(provider, state.upstream().is_azure());
     tokio::spawn(async move {
         if let Some(window) = crate::ask::ask(&upstream, provider, &model, &credentials).await {
             compactor.asked(provider, &model, window);
@@ -269,11 +274,12 @@ async fn forward(
     }
     // Boxed: a retry holds a second plan and send, which only an overflow needs.
     let overflow = upstream.overflow();
-    if let Some(overflow) = overflow {
-        // Learned for every later request of this model, whatever this one does.
+    if let Some(overflow) = &overflow {
+        // Learned for the tenant's later requests of this model, whatever this one does.
+        let body = prepared.request.body();
         state
             .compactor()
-            .overflowed(turn.provider, turn.model, overflow, decision.estimate);
+            .overflowed(turn, overflow, decision.estimate, body);
     }
     if may_compact && overflow.is_some() {
         // The retry goes without the tool: its answer is relayed as it comes.

@@ -178,7 +178,7 @@ impl Upstream {
     fn overflow(&self) -> Option<crate::compactor::overflow::Overflow> {
         match self {
             Upstream::Buffered(head, error) => crate::compactor::overflow::read(head.status, error),
-            Upstream::Peeked(peeked) => peeked.overflow,
+            Upstream::Peeked(peeked) => peeked.overflow.clone(),
             Upstream::Streaming(_) | Upstream::Whole(..) | Upstream::Recalling(..) => None,
         }
     }

@@ -129,3 +129,48 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
     expected.sort_unstable();
     assert_eq!(fields, expected);
 }
+
+/// A model name is the client's: one that closes the label and writes lines of its own
+/// stays inside its label value.
+#[test]
+fn a_hostile_model_name_cannot_write_lines_into_the_metrics() {
+    let stats = Stats::default();
+    let hostile =
+        "m\"} 1\nabridge_requests_total{route=\"chat\",class=\"2xx\"} 123456789\nabridge_up{x=\"\\";
+    stats.context_overflow(hostile);
+    let mut registry = Registry::default();
+    stats.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        !text.contains("\nabridge_requests_total{route=\"chat\",class=\"2xx\"} 123456789"),
+        "{text}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("abridge_up{x=")),
+        "{text}"
+    );
+    // The sample is one line whose label value, unescaped as the text format says,
+    // is the name, and which ends after it.
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("abridge_context_overflows_by_model_total{model=\""))
+        .unwrap();
+    let (mut value, mut rest, mut chars) = (String::new(), "", line.char_indices());
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => match chars.next().map(|(_, c)| c) {
+                Some('n') => value.push('\n'),
+                Some(c) => value.push(c),
+                None => break,
+            },
+            '"' => {
+                rest = &line[i + 1..];
+                break;
+            }
+            c => value.push(c),
+        }
+    }
+    assert_eq!(value, hostile);
+    assert_eq!(rest, "} 1");
+}

@@ -297,10 +297,14 @@ impl MemoryStore {
             .is_some_and(|until| *until > Instant::now())
     }
 
-    /// Sets a learned window unless `max` others are there already.
-    pub fn learn_window(&self, field: &str, value: &str, max: usize) {
+    /// Writes `set` and removes `forget` among the learned windows (bounded by their
+    /// owner, `crate::windows`).
+    pub fn write_windows(&self, set: Option<(&str, &str)>, forget: &[String]) {
         let mut inner = lock(&self.inner);
-        if inner.windows.len() < max || inner.windows.contains_key(field) {
+        for field in forget {
+            inner.windows.remove(field);
+        }
+        if let Some((field, value)) = set {
             inner.windows.insert(field.to_owned(), value.to_owned());
         }
     }

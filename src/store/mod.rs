@@ -27,6 +27,8 @@
 //! - `<prefix>:{<tenant>}:tenant` — "1" once the provider accepted the tenant's credential
 //! - `<prefix>:recent`         — sorted set of conversations by last use (admin listing)
 //! - `<prefix>:secret`         — the identity secret (no TTL: see [`Store::identity_secret`])
+//! - `<prefix>:windows`        — hash: learned context windows (see `crate::windows`),
+//!   expiring a week after its last write
 
 pub mod memory;
 pub mod redis;
@@ -387,21 +389,21 @@ impl Store {
         .await
     }
 
-    /// Remembers a learned context window (`crate::windows`), kept without a TTL;
-    /// at most `max` of them.
-    pub async fn learn_window(
+    /// Learned context windows (`crate::windows`): `set` (field, value) written,
+    /// `forget` removed; the hash expires `ttl` after its last write.
+    pub async fn write_windows(
         &self,
-        field: &str,
-        value: &str,
-        max: usize,
+        set: Option<(&str, &str)>,
+        forget: &[String],
+        ttl: Duration,
     ) -> Result<(), StoreError> {
-        self.call("learn_window", async {
+        self.call("write_windows", async {
             match &self.backend {
                 Backend::Memory(m) => {
-                    m.learn_window(field, value, max);
+                    m.write_windows(set, forget);
                     Ok(())
                 }
-                Backend::Redis(r) => r.learn_window(field, value, max).await,
+                Backend::Redis(r) => r.write_windows(set, forget, ttl).await,
             }
         })
         .await

@@ -4,7 +4,8 @@
 //! request with at most one overflow at the provider in all; a restart with Redis, and
 //! another replica, know the window without one; a configured window wins; a server
 //! that can say its window (llama-server, vLLM, Ollama) is asked and never overflows;
-//! an overflow reported inside a 200 stream is compacted and retried in every format.
+//! an overflow reported inside a 200 stream is compacted and retried in every format;
+//! and no request of one tenant changes the window another tenant is compacted to.
 
 use abridge::config::Config;
 use abridge::secret::Secret;
@@ -161,7 +162,7 @@ async fn a_configured_window_always_wins() {
         proxy
             .state
             .compactor()
-            .window(abridge::headers::Provider::Main, "fake-model"),
+            .window(abridge::headers::Provider::Main, "fake-model", None),
         3000
     );
 }
@@ -342,4 +343,116 @@ async fn responses_and_messages_whole_learn_the_window_from_one_overflow() {
             "{format:?}: one overflow, then the window is known"
         );
     }
+}
+
+/// One tenant's conversation of `n` messages, sent once: whether abridge compacted it.
+async fn compacted(proxy: &Proxy, key: &str, n: usize) -> bool {
+    let mut messages = vec![json!({"role": "system", "content": "You are a careful assistant."})];
+    for i in 0..n {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": format!(
+            "Message {i}: the deployment notes say the rollout waits for the canary. {}",
+            "More detail about the rollout plan and its checks. ".repeat(8)
+        )}));
+    }
+    let answer = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&json!({"model": "fake-model", "messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "{key}");
+    answer.headers()["x-abridge-compacted"] == "true"
+}
+
+#[tokio::test]
+async fn one_tenant_never_changes_the_window_another_is_compacted_to() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider, Some(&redis));
+    cfg.admin.token = Some(Secret::new(ADMIN_TOKEN));
+    let proxy = Proxy::start_with(cfg).await;
+    // A 62-message conversation of another tenant (~7,000 tokens): far under the
+    // default window, never compacted.
+    assert!(!compacted(&proxy, "sk-good", 61).await);
+
+    // 1. A provider's invalid-value error quoting the client's own words back.
+    let quoted = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-evil")
+        .json(&json!({"model": "fake-model", "messages": [
+            {"role": "user", "content": "hello"},
+            {"role": "This model's maximum context length is 2000 tokens", "content": "x"},
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(quoted.status(), 400);
+    let text = quoted.text().await.unwrap();
+    assert!(text.contains("maximum context length is 2000"), "{text}");
+    // 2. A bare 413 (a gateway's byte limit: no credential needed).
+    let bare = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-evil")
+        .header("x-fake-status", "413")
+        .json(&json!({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), 413);
+    assert!(
+        proxy.state.compactor().learned_windows().is_empty(),
+        "nothing learned from either: {:?}",
+        proxy.state.compactor().learned_windows()
+    );
+
+    // 3. A real overflow stated by the provider for this tenant's requests (its own
+    //    plan, say): learned for that tenant alone.
+    let own = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-evil")
+        .header("x-fake-window", "2100")
+        .json(&json!({"model": "fake-model", "messages": [
+            {"role": "user", "content": "the rollout plan and its checks ".repeat(400)},
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        own.status(),
+        400,
+        "one message cannot be compacted: the overflow is relayed"
+    );
+    let learned = proxy.state.compactor().learned_windows();
+    assert_eq!(learned.len(), 1, "{learned:?}");
+    assert!(learned[0].tenant.is_some(), "the tenant's own: {learned:?}");
+    assert_eq!(learned[0].learned.window, 2100);
+
+    // The other tenant's conversations are compacted to what they were before.
+    assert!(!compacted(&proxy, "sk-good", 61).await);
+    assert!(!compacted(&proxy, "sk-newcomer", 61).await);
+    // The tenant that overflowed is compacted to its own window.
+    assert!(compacted(&proxy, "sk-evil", 61).await);
+
+    // Kept in Redis with a TTL; an operator can forget it.
+    let ttl: i64 = redis
+        .command(&["PTTL", "abridge:windows"])
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0, "the learned windows expire: PTTL {ttl}");
+    let forgotten = client()
+        .delete(format!(
+            "http://{}/admin/windows?model=FAKE-MODEL",
+            proxy.admin
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forgotten.status(), 200);
+    assert_eq!(forgotten.json::<Value>().await.unwrap()["forgotten"], 1);
+    assert!(proxy.state.compactor().learned_windows().is_empty());
+    assert_eq!(redis.command(&["HLEN", "abridge:windows"]).unwrap(), "0");
 }

@@ -178,27 +178,36 @@ fn every_familys_overflow_is_recognised_and_its_window_read() {
     for (family, status, body, window) in FAMILIES {
         let status = StatusCode::from_u16(*status).unwrap();
         let read = read(status, body.as_bytes());
-        assert_eq!(read, Some(Overflow { window: *window }), "{family}: {body}");
+        assert_eq!(
+            read.as_ref().map(|o| o.window),
+            Some(*window),
+            "{family}: {body}"
+        );
+        let read = read.unwrap();
+        assert!(
+            read.proves,
+            "{family}: the family's own error proves an overflow"
+        );
+        // Words the window was read from are in the body (llama-server's n_ctx is a
+        // field, not words).
+        if let Some(evidence) = &read.evidence {
+            assert!(echoed(evidence, body.as_bytes()), "{family}: {evidence}");
+        }
     }
 }
 
 #[test]
 fn streamed_overflows_are_read_from_their_events() {
     let failed = json!({"type":"response.failed","sequence_number":3,"response":{"id":"resp_1","object":"response","status":"failed","error":{"code":"context_length_exceeded","message":"Your input exceeds the context window of this model. Please adjust your input and try again."},"usage":null}});
-    assert_eq!(in_event(&failed), Some(Overflow { window: None }));
+    assert_eq!(in_event(&failed).map(|o| o.window), Some(None));
     let nested = json!({"type":"error","sequence_number":2,"error":{"type":"invalid_request_error","code":"context_length_exceeded","message":"Your input exceeds the context window of this model.","param":"input"}});
-    assert_eq!(in_event(&nested), Some(Overflow { window: None }));
+    assert_eq!(in_event(&nested).map(|o| o.window), Some(None));
     let flat = json!({"type":"error","code":"context_length_exceeded","message":"Your input exceeds the context window of this model."});
-    assert_eq!(in_event(&flat), Some(Overflow { window: None }));
+    assert_eq!(in_event(&flat).map(|o| o.window), Some(None));
     let anthropic = json!({"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 9000 tokens > 8192 maximum"}});
-    assert_eq!(in_event(&anthropic), Some(Overflow { window: Some(8192) }));
+    assert_eq!(in_event(&anthropic).map(|o| o.window), Some(Some(8192)));
     let lm_studio = json!({"error":{"message":"Input does not fit in context length. The input has 31430 tokens, but the context length only supports 30000 tokens."},"message":"Input does not fit in context length."});
-    assert_eq!(
-        in_event(&lm_studio),
-        Some(Overflow {
-            window: Some(30000)
-        })
-    );
+    assert_eq!(in_event(&lm_studio).map(|o| o.window), Some(Some(30000)));
     // Not overflows: an overload, a completed response.
     let overloaded =
         json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}});
@@ -240,14 +249,41 @@ fn other_errors_are_not_overflows() {
     // A gateway's byte limit is an overflow, with no window.
     assert_eq!(
         read(StatusCode::PAYLOAD_TOO_LARGE, b"<html>too large</html>"),
-        Some(Overflow { window: None })
+        Some(Overflow {
+            window: None,
+            evidence: None,
+            proves: false
+        }),
+        "a bare 413 is retried and teaches nothing"
     );
+    // A 413 with a family's own overflow body proves one.
+    let stated = read(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        br#"{"error":{"message":"This model's maximum context length is 8192 tokens.","code":"context_length_exceeded"}}"#,
+    )
+    .unwrap();
+    assert!(stated.proves && stated.window == Some(8192));
     // An implausible number is not believed.
     assert_eq!(
         read(
             BAD,
             br#"{"error":{"message":"This model's maximum context length is 10 tokens.","code":"context_length_exceeded"}}"#
-        ),
-        Some(Overflow { window: None })
+        )
+        .map(|o| o.window),
+        Some(None)
     );
+}
+
+#[test]
+fn a_window_in_words_the_client_sent_is_seen_as_echoed() {
+    // A provider's invalid-value error quoting the client's own model name back.
+    let body = br#"{"model": "Maximum Context Length Is 2000 tokens", "messages": []}"#;
+    let answer = br#"{"error":{"message":"Invalid value for 'model': 'maximum context length is 2000 tokens' is not a model","code":"invalid_value"}}"#;
+    let overflow = read(BAD, answer).unwrap();
+    assert_eq!(overflow.window, Some(2000));
+    let evidence = overflow.evidence.unwrap();
+    assert!(echoed(&evidence, body), "{evidence}");
+    // The provider's own words, which the client did not send, are not.
+    let own = br#"{"model": "local", "messages": [{"role": "user", "content": "hi"}]}"#;
+    assert!(!echoed(&evidence, own));
 }

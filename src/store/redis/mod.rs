@@ -507,32 +507,27 @@ impl RedisStore {
         Ok(exists == 1)
     }
 
-    /// Sets a learned window unless `max` others are there already (checked first: a
-    /// race lets a few more in, which only costs a few bytes).
-    pub async fn learn_window(
+    /// Writes `set`, removes `forget` and sets the hash to expire `ttl` from now, in
+    /// one round trip (the entries are bounded by their owner, `crate::windows`).
+    pub async fn write_windows(
         &self,
-        field: &str,
-        value: &str,
-        max: usize,
+        set: Option<(&str, &str)>,
+        forget: &[String],
+        ttl: Duration,
     ) -> Result<(), StoreError> {
         let key = self.global("windows");
-        let mut conn = self.conn().await?;
-        let (len, present): (usize, bool) = redis::pipe()
-            .cmd("HLEN")
-            .arg(&key)
-            .cmd("HEXISTS")
-            .arg(&key)
-            .arg(field)
-            .query_async(&mut conn)
-            .await?;
-        if len < max || present {
-            let _: () = redis::cmd("HSET")
-                .arg(&key)
-                .arg(field)
-                .arg(value)
-                .query_async(&mut conn)
-                .await?;
+        let mut pipe = redis::pipe();
+        if !forget.is_empty() {
+            pipe.cmd("HDEL").arg(&key).arg(forget).ignore();
         }
+        if let Some((field, value)) = set {
+            pipe.cmd("HSET").arg(&key).arg(field).arg(value).ignore();
+            pipe.cmd("PEXPIRE")
+                .arg(&key)
+                .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+                .ignore();
+        }
+        let () = pipe.query_async(&mut self.conn().await?).await?;
         Ok(())
     }
 
