@@ -12,6 +12,7 @@ use crate::identity::IdentityKey;
 use crate::ingress::BodyBudget;
 use crate::offload::Offload;
 use crate::prices::Prices;
+use crate::relay::decode::DecodeBudget;
 use crate::stats::Stats;
 use crate::store::{Store, StoreError};
 use crate::tenants::Tenants;
@@ -34,6 +35,9 @@ struct Inner {
     prices: Arc<Prices>,
     cpu: Offload,
     tenants: Arc<Tenants>,
+    /// Decoded chunks of compressed responses in flight
+    /// (`limits.max_inflight_decoded_bytes`).
+    decode_budget: DecodeBudget,
     /// Bytes of request bodies held at once (`limits.max_inflight_body_bytes`).
     body_budget: BodyBudget,
     /// The upstream refused `stream_options` once: abridge no longer adds it.
@@ -64,6 +68,7 @@ impl AppState {
         let summariser = Summariser::new(&config.summary, &upstream);
         let cpu = Offload::new(config.compaction.cpu_concurrency);
         let body_budget = BodyBudget::new(config.limits.max_inflight_body_bytes);
+        let decode_budget = DecodeBudget::new(config.limits.max_inflight_decoded_bytes);
         let tenants = Arc::new(Tenants::new(
             store.clone(),
             crate::tenants::Budget {
@@ -97,6 +102,7 @@ impl AppState {
                 prices,
                 cpu,
                 tenants,
+                decode_budget,
                 body_budget,
                 refuses_usage_option: AtomicBool::new(false),
                 refuses_recall_tool: AtomicBool::new(false),
@@ -214,6 +220,10 @@ impl AppState {
     /// The budget of request-body bytes held at once.
     pub fn body_budget(&self) -> &BodyBudget {
         &self.inner.body_budget
+    }
+
+    pub fn decode_budget(&self) -> &DecodeBudget {
+        &self.inner.decode_budget
     }
 
     /// Where CPU-heavy work on large requests runs.

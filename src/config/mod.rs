@@ -365,6 +365,10 @@ pub struct Limits {
     /// Most bytes a compressed provider response may decode to on the routes abridge
     /// reads; beyond it the response is cut as an upstream error.
     pub max_decoded_bytes: usize,
+    /// Decoded chunks of compressed provider responses in flight at once, in all (each
+    /// response holds at most one, about half a megabyte, until the client takes it);
+    /// a response that finds none free waits for one.
+    pub max_inflight_decoded_bytes: usize,
     /// Request bodies abridge holds at once (read whole, or kept for a background
     /// compaction), in bytes; beyond it, a request is answered 503.
     pub max_inflight_body_bytes: usize,
@@ -504,6 +508,7 @@ impl Default for Limits {
         Self {
             max_body_bytes: 32 * 1024 * 1024,
             max_decoded_bytes: 64 * 1024 * 1024,
+            max_inflight_decoded_bytes: 32 * 1024 * 1024,
             max_inflight_body_bytes: 512 * 1024 * 1024,
             max_connections: 8192,
             max_inflight_requests: 4096,

@@ -154,6 +154,7 @@ fn relay_bounds(state: &AppState) -> relay::Bounds {
         max_stream: state.config().timeouts.max_stream(),
         max_decoded: state.config().limits.max_decoded_bytes,
         budget: state.body_budget().clone(),
+        decoded: state.decode_budget().clone(),
     }
 }
 

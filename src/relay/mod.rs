@@ -18,17 +18,17 @@
 //! Compressed responses: abridge asks for `Accept-Encoding: identity` on the routes it
 //! reads, and if a provider compresses anyway (gzip or deflate) the relay decodes the
 //! stream for the client and drops `Content-Encoding`, so usage is still read and the
-//! client gets what its HTTP library would have decoded. Decoding is bounded: the
-//! compressed bytes go in a kilobyte at a time (deflate inflates at most ~1,032:1, so a
-//! step yields about a megabyte), and a response that decodes to more than
-//! `limits.max_decoded_bytes` is cut as an upstream error (a gzip bomb never grows
-//! abridge's memory past that). Other encodings pass untouched and their usage is not
-//! read (counted as `usage_unreadable`).
+//! client gets what its HTTP library would have decoded. Decoding is bounded per
+//! response and across the process ([`decode`]): a chunk at a time, at most
+//! `limits.max_decoded_bytes` a response (beyond: cut as an upstream error) and
+//! `limits.max_inflight_decoded_bytes` in flight in all. Other encodings pass untouched
+//! and their usage is not read (counted as `usage_unreadable`).
 //!
 //! When the body ends, errors or is dropped (client gone) the `on_done` callback gets
 //! the [`Outcome`] once — the "record" stage of the request path.
 
 mod burst;
+pub mod decode;
 pub mod events;
 pub mod sse;
 mod tap;
@@ -49,6 +49,7 @@ use tokio::time::{Instant, Sleep};
 use crate::headers;
 use crate::ingress::BodyBudget;
 use burst::Burst;
+use decode::{DecodeBudget, Decoding};
 use tap::Tap;
 pub use usage::Usage;
 
@@ -95,18 +96,17 @@ pub enum End {
 
 pub type OnDone = Box<dyn FnOnce(Outcome) + Send>;
 
-/// Compressed bytes given to the decoder at a time (see the module docs).
-const DECODE_STEP: usize = 1024;
-
 /// The relay's bounds: `timeouts.stream_idle_ms`, `timeouts.max_stream_ms`,
-/// `limits.max_decoded_bytes`, and the process's budget for what the taps buffer
-/// (`limits.max_inflight_body_bytes`, shared with the request bodies).
+/// `limits.max_decoded_bytes`, the process's budget for what the taps buffer
+/// (`limits.max_inflight_body_bytes`, shared with the request bodies) and for decoded
+/// chunks in flight (`limits.max_inflight_decoded_bytes`).
 #[derive(Debug, Clone)]
 pub struct Bounds {
     pub idle: Duration,
     pub max_stream: Option<Duration>,
     pub max_decoded: usize,
     pub budget: BodyBudget,
+    pub decoded: DecodeBudget,
 }
 
 /// Builds the client's response from the provider's.
@@ -137,7 +137,7 @@ pub fn respond_after(
     if let Watch::Usage { strip } = watch
         && parts.status.is_success()
     {
-        match Decoder::for_encoding(&parts.headers) {
+        match Decoding::for_encoding(&parts.headers, bounds.max_decoded, bounds.decoded.clone()) {
             Ok(d) => {
                 decoder = d;
                 tap = Tap::for_content_type(&parts.headers, strip);
@@ -164,7 +164,6 @@ pub fn respond_after(
         lifetime: bounds
             .max_stream
             .map(|d| (d, Box::pin(tokio::time::sleep(d)))),
-        decode_budget: bounds.max_decoded,
         last_data: Instant::now(),
         timer: None,
         decoder,
@@ -185,7 +184,7 @@ pub fn respond_after(
         }
     }
     // A response without a body (HEAD, 204, 304) may never be polled: it is complete now.
-    if !relay.ended && relay.inner.is_end_stream() {
+    if !relay.ended && relay.inner.is_end_stream() && !relay.decoding() {
         let _ = relay.finish();
     }
     Response::from_parts(parts, Body::new(relay))
@@ -237,98 +236,19 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("text/event-stream"))
 }
 
-/// Streaming decoder for a compressed provider response.
-enum Decoder {
-    Gzip(flate2::write::GzDecoder<Vec<u8>>),
-    Deflate(flate2::write::ZlibDecoder<Vec<u8>>),
-}
-
-impl Decoder {
-    /// `Ok(None)` for identity, `Err(encoding)` for an encoding abridge cannot decode.
-    fn for_encoding(headers: &HeaderMap) -> Result<Option<Decoder>, String> {
-        let Some(value) = headers.get(header::CONTENT_ENCODING) else {
-            return Ok(None);
-        };
-        let encoding = value.to_str().unwrap_or("").trim().to_ascii_lowercase();
-        match encoding.as_str() {
-            "" | "identity" => Ok(None),
-            "gzip" | "x-gzip" => Ok(Some(Decoder::Gzip(flate2::write::GzDecoder::new(
-                Vec::new(),
-            )))),
-            "deflate" => Ok(Some(Decoder::Deflate(flate2::write::ZlibDecoder::new(
-                Vec::new(),
-            )))),
-            _ => Err(encoding),
-        }
-    }
-
-    /// Decodes `data`, at most `budget` bytes of output in all (the budget shrinks by
-    /// what is produced); over it, an error and nothing more is decoded.
-    fn decode(&mut self, data: &[u8], budget: &mut usize) -> std::io::Result<Bytes> {
-        use std::io::Write;
-        let mut out: Vec<u8> = Vec::new();
-        for step in data.chunks(DECODE_STEP) {
-            let produced = match self {
-                Decoder::Gzip(d) => {
-                    d.write_all(step)?;
-                    d.flush()?;
-                    std::mem::take(d.get_mut())
-                }
-                Decoder::Deflate(d) => {
-                    d.write_all(step)?;
-                    d.flush()?;
-                    std::mem::take(d.get_mut())
-                }
-            };
-            take_budget(budget, produced.len())?;
-            if out.is_empty() {
-                out = produced;
-            } else {
-                out.extend_from_slice(&produced);
-            }
-        }
-        Ok(Bytes::from(out))
-    }
-
-    fn finish(&mut self, budget: &mut usize) -> std::io::Result<Bytes> {
-        let out = match self {
-            Decoder::Gzip(d) => {
-                d.try_finish()?;
-                std::mem::take(d.get_mut())
-            }
-            Decoder::Deflate(d) => {
-                d.try_finish()?;
-                std::mem::take(d.get_mut())
-            }
-        };
-        take_budget(budget, out.len())?;
-        Ok(Bytes::from(out))
-    }
-}
-
-/// Takes `n` bytes of the decode budget, or fails when there are not that many left.
-fn take_budget(budget: &mut usize, n: usize) -> std::io::Result<()> {
-    *budget = budget.checked_sub(n).ok_or_else(|| {
-        std::io::Error::other("the response decodes to more than limits.max_decoded_bytes")
-    })?;
-    Ok(())
-}
-
 /// The body sent to the client. See the module docs.
 pub struct RelayBody {
     inner: Incoming,
     idle: Duration,
     /// `timeouts.max_stream_ms` and its deadline, when set.
     lifetime: Option<(Duration, Pin<Box<Sleep>>)>,
-    /// Decoded bytes still allowed (`limits.max_decoded_bytes` at the start).
-    decode_budget: usize,
     /// When the upstream last sent a frame. The idle timer is not reset per frame (a
     /// timer-wheel update for every SSE event); when it fires it checks this and, if
     /// something came meanwhile, sleeps again until `last_data + idle`.
     last_data: Instant,
     /// Created the first time the upstream keeps the relay waiting.
     timer: Option<Pin<Box<Sleep>>>,
-    decoder: Option<Decoder>,
+    decoder: Option<Decoding>,
     tap: Tap,
     ended: bool,
     usage_unreadable: bool,
@@ -383,7 +303,7 @@ impl RelayBody {
     fn finish(&mut self) -> Result<Bytes, RelayError> {
         let mut tail = Bytes::new();
         if let Some(decoder) = &mut self.decoder {
-            match decoder.finish(&mut self.decode_budget) {
+            match decoder.finish() {
                 Ok(rest) => tail = self.tap.feed(rest),
                 Err(e) => {
                     self.abort(End::UpstreamError);
@@ -396,18 +316,23 @@ impl RelayBody {
         Ok(join(tail, held))
     }
 
-    /// One data frame from the provider → the bytes for the client.
+    /// Whether compressed input waits to be decoded.
+    fn decoding(&self) -> bool {
+        self.decoder.as_ref().is_some_and(Decoding::has_pending)
+    }
+
+    /// One data frame from the provider → the bytes for the client (compressed input
+    /// is only queued: the poll decodes it a chunk at a time, see [`decode`]).
     fn on_data(&mut self, data: Bytes) -> Result<Bytes, RelayError> {
-        let data = match &mut self.decoder {
-            None => data,
-            Some(decoder) => match decoder.decode(&data, &mut self.decode_budget) {
-                Ok(decoded) => decoded,
-                Err(e) => {
-                    self.abort(End::UpstreamError);
-                    return Err(e.into());
-                }
-            },
-        };
+        if let Some(decoder) = &mut self.decoder {
+            decoder.push(data);
+            return Ok(Bytes::new());
+        }
+        self.on_decoded(data)
+    }
+
+    /// Decoded bytes → the bytes for the client, through the tap.
+    fn on_decoded(&mut self, data: Bytes) -> Result<Bytes, RelayError> {
         let scanning = self.tap.scanning();
         let out = self.tap.feed(data);
         if scanning && !self.tap.scanning() {
@@ -419,10 +344,24 @@ impl RelayBody {
         }
         // With a known length the last frame is known: finish now, so usage is recorded
         // even if the server never polls again.
-        if self.inner.is_end_stream() {
+        if self.inner.is_end_stream() && !self.decoding() {
             return Ok(join(out, self.finish()?));
         }
         Ok(out)
+    }
+
+    /// The next decoded chunk, when compressed input waits: `None` when none waits;
+    /// `Some(Pending)` while no slot is free.
+    fn poll_decoded(&mut self, cx: &mut Context<'_>) -> Option<Poll<Result<Bytes, RelayError>>> {
+        let decoder = self.decoder.as_mut().filter(|d| d.has_pending())?;
+        Some(match decoder.poll_chunk(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(chunk)) => Poll::Ready(self.on_decoded(chunk)),
+            Poll::Ready(Err(e)) => {
+                self.abort(End::UpstreamError);
+                Poll::Ready(Err(e.into()))
+            }
+        })
     }
 }
 
@@ -482,6 +421,10 @@ impl HttpBody for RelayBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         let this = &mut *self;
+        // hyper asks again: the chunk handed on last was taken.
+        if let Some(decoder) = &mut this.decoder {
+            decoder.taken();
+        }
         loop {
             if std::mem::take(&mut this.flush_first) {
                 cx.waker().wake_by_ref();
@@ -501,6 +444,24 @@ impl HttpBody for RelayBody {
                 this.span
                     .in_scope(|| tracing::warn!(?limit, "stream cut at timeouts.max_stream_ms"));
                 return this.after_burst(Err(RelayError::TooLong(limit)));
+            }
+            match this.poll_decoded(cx) {
+                None => {}
+                Some(Poll::Ready(Ok(out))) => {
+                    this.burst.push(out);
+                    if let Some(bytes) = this.burst.take() {
+                        return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                    }
+                    continue;
+                }
+                Some(Poll::Ready(Err(e))) => return this.after_burst(Err(e)),
+                // No slot: what was gathered goes first; then wait for one.
+                Some(Poll::Pending) => {
+                    return match this.burst.take() {
+                        Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                        None => Poll::Pending,
+                    };
+                }
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
