@@ -350,6 +350,27 @@ impl RelayBody {
         Ok(out)
     }
 
+    /// What goes to the client when compressed input waits: the next decoded chunk
+    /// (after what was gathered), or — no slot free — what was gathered, else pending.
+    /// `None`: nothing waits (or it decoded to nothing); read from the provider.
+    fn poll_decoded_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Option<Poll<Option<Result<Frame<Bytes>, RelayError>>>> {
+        match self.poll_decoded(cx)? {
+            Poll::Ready(Ok(out)) => {
+                self.burst.push(out);
+                let bytes = self.burst.take()?;
+                Some(Poll::Ready(Some(Ok(Frame::data(bytes)))))
+            }
+            Poll::Ready(Err(e)) => Some(self.after_burst(Err(e))),
+            Poll::Pending => Some(match self.burst.take() {
+                Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                None => Poll::Pending,
+            }),
+        }
+    }
+
     /// The next decoded chunk, when compressed input waits: `None` when none waits;
     /// `Some(Pending)` while no slot is free.
     fn poll_decoded(&mut self, cx: &mut Context<'_>) -> Option<Poll<Result<Bytes, RelayError>>> {
@@ -445,23 +466,8 @@ impl HttpBody for RelayBody {
                     .in_scope(|| tracing::warn!(?limit, "stream cut at timeouts.max_stream_ms"));
                 return this.after_burst(Err(RelayError::TooLong(limit)));
             }
-            match this.poll_decoded(cx) {
-                None => {}
-                Some(Poll::Ready(Ok(out))) => {
-                    this.burst.push(out);
-                    if let Some(bytes) = this.burst.take() {
-                        return Poll::Ready(Some(Ok(Frame::data(bytes))));
-                    }
-                    continue;
-                }
-                Some(Poll::Ready(Err(e))) => return this.after_burst(Err(e)),
-                // No slot: what was gathered goes first; then wait for one.
-                Some(Poll::Pending) => {
-                    return match this.burst.take() {
-                        Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
-                        None => Poll::Pending,
-                    };
-                }
+            if let Some(decoded) = this.poll_decoded_frame(cx) {
+                return decoded;
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
