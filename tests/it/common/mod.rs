@@ -8,6 +8,7 @@
 )]
 
 pub mod agent;
+pub mod binary;
 pub mod claude;
 pub mod redis;
 pub mod redis_tls;
