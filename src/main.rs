@@ -1,7 +1,8 @@
 //! The `abridge` binary: read arguments and configuration, set up logging, bind the
 //! listeners and serve until SIGTERM/SIGINT.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use abridge::{AppState, Config, Listeners};
@@ -11,12 +12,17 @@ const USAGE: &str = "\
 abridge — OpenAI-compatible proxy that keeps long conversations inside the context window
 
 USAGE:
-    abridge [--config FILE] [--healthcheck | --check-config]
+    abridge [--config FILE] [--addr-file FILE] [--healthcheck | --check-config]
     abridge replay [--strategy S ...] [--threshold TOKENS] [--prices FILE] [--json] FILE...
                         (abridge replay --help says more)
 
 OPTIONS:
     -c, --config FILE   TOML configuration (see config/abridge.toml for every key)
+        --addr-file FILE
+                        once both listeners are bound, write their addresses to FILE
+                        (replaced atomically), two lines: `listen ADDR` and
+                        `admin ADDR`; with port 0 in listen or admin.listen, the
+                        port the system chose
         --check-config  validate the file and the environment as startup does, print
                         the effective configuration (secrets masked) and exit: 0 when
                         it is valid, 2 when not (like nginx -t)
@@ -30,7 +36,11 @@ e.g. ABRIDGE_UPSTREAM=http://127.0.0.1:8000/v1 or ABRIDGE_ADMIN__TOKEN=...";
 
 /// What the command line asks for.
 enum Command {
-    Run { config: Option<PathBuf>, mode: Mode },
+    Run {
+        config: Option<PathBuf>,
+        mode: Mode,
+        addr_file: Option<PathBuf>,
+    },
     Help,
     Version,
 }
@@ -47,10 +57,12 @@ fn parse_args() -> Result<Command, lexopt::Error> {
     use lexopt::prelude::*;
     let mut config = None;
     let mut mode = Mode::Serve;
+    let mut addr_file = None;
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
             Short('c') | Long("config") => config = Some(PathBuf::from(parser.value()?)),
+            Long("addr-file") => addr_file = Some(PathBuf::from(parser.value()?)),
             Long("healthcheck") if mode == Mode::Serve => mode = Mode::Healthcheck,
             Long("check-config") if mode == Mode::Serve => mode = Mode::CheckConfig,
             Long("healthcheck") | Long("check-config") => {
@@ -61,7 +73,14 @@ fn parse_args() -> Result<Command, lexopt::Error> {
             _ => return Err(arg.unexpected()),
         }
     }
-    Ok(Command::Run { config, mode })
+    if addr_file.is_some() && mode != Mode::Serve {
+        return Err("--addr-file is for serving, not --healthcheck or --check-config".into());
+    }
+    Ok(Command::Run {
+        config,
+        mode,
+        addr_file,
+    })
 }
 
 #[expect(clippy::print_stdout, reason = "--help and --version answer on stdout")]
@@ -73,8 +92,12 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "replay") {
         return replay();
     }
-    let (config_path, mode) = match parse_args() {
-        Ok(Command::Run { config, mode }) => (config, mode),
+    let (config_path, mode, addr_file) = match parse_args() {
+        Ok(Command::Run {
+            config,
+            mode,
+            addr_file,
+        }) => (config, mode, addr_file),
         Ok(Command::Help) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -111,7 +134,7 @@ fn main() -> ExitCode {
         Mode::Serve => {
             init_logging(&config);
             match runtime() {
-                Ok(runtime) => runtime.block_on(serve(config)),
+                Ok(runtime) => runtime.block_on(serve(config, addr_file.as_deref())),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the async runtime");
                     ExitCode::FAILURE
@@ -253,27 +276,16 @@ fn init_logging(config: &Config) {
     }
 }
 
-async fn serve(config: Config) -> ExitCode {
-    let proxy = match TcpListener::bind(config.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(listen = %config.listen, error = %e, "cannot bind the proxy listener (listen)");
-            return ExitCode::FAILURE;
-        }
-    };
-    let admin = match TcpListener::bind(config.admin.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(listen = %config.admin.listen, error = %e, "cannot bind the admin listener (admin.listen)");
-            return ExitCode::FAILURE;
-        }
+async fn serve(config: Config, addr_file: Option<&Path>) -> ExitCode {
+    let Some((proxy, admin, bound)) = bind(&config).await else {
+        return ExitCode::FAILURE;
     };
     tracing::info!(
-        listen = %config.listen,
-        admin = %config.admin.listen,
+        listen = %bound.listen,
+        admin = %bound.admin,
         upstream = %config.upstream,
         "abridge ready: point your SDK's base URL at http://{}/v1",
-        config.listen
+        bound.listen
     );
     let state = match AppState::new(config) {
         Ok(state) => state,
@@ -282,6 +294,12 @@ async fn serve(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(path) = addr_file
+        && let Err(e) = bound.write(path)
+    {
+        tracing::error!(path = %path.display(), error = %e, "cannot write the address file (--addr-file)");
+        return ExitCode::FAILURE;
+    }
     // Agree on the identity secret now rather than on the first request; if the store
     // is down this is retried per request, which go on uncompacted meanwhile.
     let identity = match (&state.config().identity.secret, state.identity_key().await) {
@@ -295,6 +313,64 @@ async fn serve(config: Config) -> ExitCode {
         Err(e) => {
             tracing::error!(error = %e, "server failed");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Where the listeners were bound: the configured addresses, with the port the system
+/// chose where one asked for port 0.
+struct Bound {
+    listen: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Bound {
+    /// `--addr-file`: `listen ADDR` and `admin ADDR` on two lines, written beside `path`
+    /// under a temporary name and renamed over it, so a reader sees all of it or none.
+    fn write(&self, path: &Path) -> std::io::Result<()> {
+        let name = path.file_name().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name")
+        })?;
+        let mut temp = std::ffi::OsString::from(".");
+        temp.push(name);
+        temp.push(format!(".{}.tmp", std::process::id()));
+        let temp = path.with_file_name(temp);
+        let text = format!("listen {}\nadmin {}\n", self.listen, self.admin);
+        std::fs::write(&temp, text)?;
+        std::fs::rename(&temp, path).inspect_err(|_| {
+            let _ = std::fs::remove_file(&temp);
+        })
+    }
+}
+
+/// Binds the proxy and the admin listeners; `None` (logged) when either cannot be.
+async fn bind(config: &Config) -> Option<(TcpListener, TcpListener, Bound)> {
+    let proxy = match TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(listen = %config.listen, error = %e, "cannot bind the proxy listener (listen)");
+            return None;
+        }
+    };
+    let admin = match TcpListener::bind(config.admin.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(listen = %config.admin.listen, error = %e, "cannot bind the admin listener (admin.listen)");
+            return None;
+        }
+    };
+    match (proxy.local_addr(), admin.local_addr()) {
+        (Ok(listen), Ok(admin_addr)) => Some((
+            proxy,
+            admin,
+            Bound {
+                listen,
+                admin: admin_addr,
+            },
+        )),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "cannot read the listeners' bound addresses");
+            None
         }
     }
 }

@@ -1,8 +1,15 @@
-//! The command line an operator scripts against: `--version`, and `--check-config`,
+//! The command line an operator scripts against: `--version`; `--check-config`,
 //! which validates the file and environment as startup does, prints the effective
-//! configuration with secrets masked and exits 0 or 2.
+//! configuration with secrets masked and exits 0 or 2; and `--addr-file`, which tells
+//! where listeners on port 0 were bound.
 
-use std::process::{Command, Output};
+use std::net::SocketAddr;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_provider::{Behavior, FakeProvider};
+
+use crate::common::{chat_body, client};
 
 fn abridge(args: &[&str], env: &[(&str, &str)], file: Option<&str>) -> Output {
     let dir = tempfile::tempdir().unwrap();
@@ -101,7 +108,92 @@ fn check_config_exits_2_naming_what_is_wrong() {
         "{}",
         text(&out.stderr)
     );
-    // Modes exclude each other.
+    // Modes exclude each other; an address file is for serving only.
     let out = abridge(&["--check-config", "--healthcheck"], &[], None);
     assert_eq!(out.status.code(), Some(2));
+    let out = abridge(&["--check-config", "--addr-file", "addrs"], &[], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--addr-file"));
+}
+
+/// Both listeners on port 0: `--addr-file` names the ports the system chose, in its two
+/// lines, and there the proxy and the admin API answer (each only its own routes); the
+/// ready line names them too.
+#[tokio::test]
+async fn on_port_0_the_addr_file_tells_where_each_listener_answers() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("abridge.toml");
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\nupstream = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        provider.url()
+    );
+    std::fs::write(&config, toml).unwrap();
+    let file = dir.path().join("addrs");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--addr-file")
+        .arg(&file)
+        .env_clear()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "abridge exited");
+        assert!(Instant::now() < deadline, "no address file");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let written = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = written.lines().collect();
+    let [listen, admin] = lines[..] else {
+        panic!("two lines: {written:?}")
+    };
+    let listen: SocketAddr = listen.strip_prefix("listen ").unwrap().parse().unwrap();
+    let admin: SocketAddr = admin.strip_prefix("admin ").unwrap().parse().unwrap();
+    for addr in [listen, admin] {
+        assert_eq!(addr.ip().to_string(), "127.0.0.1");
+        assert_ne!(addr.port(), 0, "the bound port, not the configured one");
+    }
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["abridge.toml", "addrs"], "no temporary file left");
+
+    let get = |url: String| async move { client().get(url).send().await.unwrap().status() };
+    assert_eq!(get(format!("http://{admin}/healthz")).await, 200);
+    assert_eq!(get(format!("http://{listen}/healthz")).await, 404);
+    let answer = client()
+        .post(format!("http://{listen}/v1/chat/completions"))
+        .body(chat_body(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(provider.requests().len(), 1, "proxied to the provider");
+
+    let kill = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().unwrap().to_string())
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("abridge exits on SIGTERM")
+        .unwrap();
+    let logs = text(&out.stderr);
+    let ready = logs
+        .lines()
+        .find(|l| l.contains("abridge ready"))
+        .unwrap_or_else(|| panic!("no ready line:\n{logs}"));
+    assert!(
+        ready.contains(&format!("http://{listen}/v1")) && ready.contains(&format!("admin={admin}")),
+        "{ready}"
+    );
 }

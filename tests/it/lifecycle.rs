@@ -3,13 +3,12 @@
 //! of its logs, warns about unverified TLS to Redis, and serves health on the admin
 //! listener only.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use fake_provider::{Behavior, FakeProvider};
 
+use crate::common::binary::{Binary, Launch};
 use crate::common::{Fetch, chat_body, client, closed_port, eventually, setup, setup_with};
 
 #[tokio::test]
@@ -87,102 +86,16 @@ async fn health_is_on_the_admin_listener_only() {
     );
 }
 
-/// The real `abridge` binary with only the given environment, stderr captured.
-struct Binary {
-    child: Child,
-    stderr: Arc<Mutex<String>>,
-    admin: std::net::SocketAddr,
-}
-
-impl Binary {
-    fn spawn(env: &[(&str, String)], args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_abridge"))
-            .args(args)
-            .env_clear()
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = stderr.clone();
-        let pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut s = sink.lock().unwrap();
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        let admin = env
-            .iter()
-            .find(|(k, _)| *k == "ABRIDGE_ADMIN__LISTEN")
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or_else(|| "127.0.0.1:9090".parse().unwrap());
-        Self {
-            child,
-            stderr,
-            admin,
-        }
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for exit, at most `timeout`; `None` if still running.
-    fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                // Let the reader thread take the last lines.
-                std::thread::sleep(Duration::from_millis(50));
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts the binary in front of `provider` and waits until its admin listener answers.
+/// The binary in front of `provider`, on port 0, with `extra` in its environment; its
+/// proxy's base URL.
 async fn start_binary(provider: &FakeProvider, extra: &[(&str, String)]) -> (Binary, String) {
-    let listen = closed_port().await;
-    let admin = closed_port().await;
-    let mut env = vec![
-        ("ABRIDGE_LISTEN", listen.to_string()),
-        ("ABRIDGE_ADMIN__LISTEN", admin.to_string()),
-        ("ABRIDGE_UPSTREAM", provider.url()),
-    ];
+    let mut env = vec![("ABRIDGE_UPSTREAM", provider.url())];
     env.extend(extra.iter().cloned());
-    let binary = Binary::spawn(&env, &[]);
-    let health = format!("http://{admin}/healthz");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while client().get(&health).send().await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "abridge did not start: {}",
-            binary.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    (binary, format!("http://{listen}"))
+    let binary = Launch::new(env!("CARGO_BIN_EXE_abridge"), env)
+        .start()
+        .await;
+    let base = format!("http://{}", binary.listen);
+    (binary, base)
 }
 
 #[tokio::test]
@@ -228,8 +141,8 @@ async fn sigterm_stops_accepting_and_drains_in_flight_streams() {
     let status = binary
         .wait(Duration::from_secs(5))
         .expect("abridge exits after draining");
-    assert!(status.success(), "{status:?}: {}", binary.stderr());
-    assert!(binary.stderr().contains("draining"), "{}", binary.stderr());
+    assert!(status.success(), "{status:?}: {}", binary.logs());
+    assert!(binary.logs().contains("draining"), "{}", binary.logs());
 }
 
 #[tokio::test]
@@ -283,9 +196,9 @@ async fn the_grace_period_bounds_the_drain() {
         .expect("abridge exits when the grace period ends");
     assert!(status.success());
     assert!(
-        binary.stderr().contains("grace period over"),
+        binary.logs().contains("grace period over"),
         "{}",
-        binary.stderr()
+        binary.logs()
     );
     stalled.abort();
 }
@@ -370,7 +283,7 @@ async fn traffic_logs(format: &str) -> String {
         .unwrap();
     binary.signal("TERM");
     binary.wait(Duration::from_secs(5)).unwrap();
-    binary.stderr()
+    binary.logs()
 }
 
 const SECRET: &str = "sk-live-Secret0042";
@@ -484,7 +397,7 @@ async fn unverified_tls_to_redis_is_warned_at_start_up() {
     assert_eq!(response.status(), 200);
     binary.signal("TERM");
     binary.wait(Duration::from_secs(5)).unwrap();
-    let logs = binary.stderr();
+    let logs = binary.logs();
     let warning = logs
         .lines()
         .find(|l| l.contains("store.tls.insecure"))
@@ -531,13 +444,13 @@ async fn the_requests_log_lines_carry_its_ids() {
         .unwrap()
         .to_owned();
     let _ = answered.bytes().await.unwrap();
-    let logged = |what: &str| binary.stderr().lines().any(|l| l.contains(what));
+    let logged = |what: &str| binary.logs().lines().any(|l| l.contains(what));
     assert!(
         crate::common::eventually(Duration::from_secs(5), || logged("usage")).await,
         "{}",
-        binary.stderr()
+        binary.logs()
     );
-    let logs = binary.stderr();
+    let logs = binary.logs();
     let line = |what: &str| {
         logs.lines()
             .find(|l| l.contains(what))

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use abridge::strategies::Strategy;
 
-use crate::common::{Proxy, client, closed_port, config_for};
+use crate::common::{Proxy, client, config_for};
 
 const THRESHOLD: u64 = 1500;
 
@@ -26,7 +26,7 @@ fn llama_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/llama"))
 }
 
-/// `llama-server` on a free port, killed when dropped.
+/// `llama-server` on a port it chose itself, killed when dropped.
 struct LlamaServer {
     child: tokio::process::Child,
     url: String,
@@ -37,7 +37,8 @@ impl LlamaServer {
         Self::with_window(4096).await
     }
 
-    /// Served with a context of `window` tokens.
+    /// Served with a context of `window` tokens, on port 0: the port it bound is read
+    /// from its log, so no other process can take it first.
     async fn with_window(window: u64) -> Self {
         let dir = llama_dir();
         let (binary, model) = (
@@ -48,11 +49,10 @@ impl LlamaServer {
             binary.exists() && model.exists(),
             "run scripts/setup-llama (scripts/test does) to build llama-server"
         );
-        let addr = closed_port().await;
-        let child = tokio::process::Command::new(binary)
+        let mut child = tokio::process::Command::new(binary)
             .arg("-m")
             .arg(model)
-            .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
+            .args(["--host", "127.0.0.1", "--port", "0"])
             // One thread for generation, two for the prompt: stable timings on 2 cores.
             .args([
                 "-c",
@@ -63,13 +63,27 @@ impl LlamaServer {
                 "2",
                 "--no-webui",
             ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let health = format!("http://{addr}/health");
+        let (sender, mut lines) = tokio::sync::mpsc::unbounded_channel();
+        forward(child.stdout.take().unwrap(), sender.clone());
+        forward(child.stderr.take().unwrap(), sender);
         let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = String::new();
+        let port = loop {
+            match tokio::time::timeout_at(deadline.into(), lines.recv()).await {
+                Ok(Some(line)) => match listening_port(&line) {
+                    Some(port) => break port,
+                    None => seen.push_str(&(line + "\n")),
+                },
+                Ok(None) => panic!("llama-server exited:\n{seen}"),
+                Err(_) => panic!("llama-server named no port within 60 s:\n{seen}"),
+            }
+        };
+        let health = format!("http://127.0.0.1:{port}/health");
         loop {
             if client()
                 .get(&health)
@@ -87,8 +101,53 @@ impl LlamaServer {
         }
         Self {
             child,
-            url: format!("http://{addr}/v1"),
+            url: format!("http://127.0.0.1:{port}/v1"),
         }
+    }
+}
+
+/// Sends `pipe`'s lines to `lines` until it closes; reading on after nobody listens
+/// keeps the server from blocking on a full pipe.
+fn forward(
+    pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    lines: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt;
+        let mut reader = tokio::io::BufReader::new(pipe).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            let _ = lines.send(line);
+        }
+    });
+}
+
+/// The port in llama-server's line saying it listens: `HTTP server is listening,
+/// hostname: 127.0.0.1, port: 41234, ...` (its versions all print it once bound, the
+/// port chosen for port 0), or `server is listening on http://127.0.0.1:41234 - ...`.
+fn listening_port(line: &str) -> Option<u16> {
+    if !line.contains("listening") {
+        return None;
+    }
+    let (_, rest) = line
+        .split_once("port: ")
+        .or_else(|| line.split_once("http://127.0.0.1:"))?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|&port| port != 0)
+}
+
+#[test]
+fn the_port_llama_server_bound_is_read_from_its_log() {
+    let lines = [
+        "main: HTTP server is listening, hostname: 127.0.0.1, port: 41234, http threads: 3",
+        "main: server is listening on http://127.0.0.1:41235 - starting the main loop",
+    ];
+    assert_eq!(lines.map(listening_port), [Some(41234), Some(41235)]);
+    for other in [
+        "main: binding port with default address family",
+        "srv  load_model: loading model 'SmolLM2.gguf' (port: 8080 in the docs)",
+        "main: HTTP server is listening, hostname: 127.0.0.1, port: 0",
+    ] {
+        assert_eq!(listening_port(other), None, "{other}");
     }
 }
 

@@ -1,6 +1,9 @@
-//! The Redis test support itself: real servers start on ephemeral ports, a real
-//! 3-node cluster forms, a stopped server comes back on the same port, and the TLS-only
-//! servers speak nothing but TLS.
+//! The Redis test support itself: real servers start on ephemeral ports, and on another
+//! when the one they were offered is taken (by a plain listener, by another Redis, or a
+//! cluster node's bus port); a real 3-node cluster forms, a stopped server comes back on
+//! the same port, and the TLS-only servers speak nothing but TLS.
+
+use std::net::TcpListener;
 
 use crate::common::redis::{
     RedisServer, command, shared, shared_cluster, shared_tls, shared_tls_cluster,
@@ -21,6 +24,40 @@ fn a_real_redis_answers_on_an_ephemeral_port() {
         .unwrap();
     assert!(ttl > 0 && ttl <= 60);
     assert!(redis.url().starts_with("redis://127.0.0.1:"));
+}
+
+/// The race a free port loses on a busy machine, made certain: the port offered first is
+/// held, and the server comes up on another.
+#[test]
+fn a_server_offered_a_taken_port_starts_on_another() {
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap().port();
+    let redis = RedisServer::start_trying(taken);
+    assert_ne!(redis.port, taken);
+    assert_eq!(command(redis.port, &["PING"]).unwrap(), "PONG");
+    assert!(
+        command(taken, &["PING"]).is_err(),
+        "still the test's listener"
+    );
+
+    // Another Redis on it: its answers are not taken for the new server's.
+    let other = shared();
+    let redis = RedisServer::start_trying(other.port);
+    assert_ne!(redis.port, other.port);
+    command(redis.port, &["SET", "only-here", "1"]).unwrap();
+    assert_eq!(command(other.port, &["EXISTS", "only-here"]).unwrap(), "0");
+}
+
+/// A cluster node needs its bus port (+10000) too: with that one held, the node starts
+/// on another pair.
+#[test]
+fn a_cluster_node_whose_bus_port_is_taken_starts_on_another() {
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let bus = held.local_addr().unwrap().port();
+    let node = RedisServer::start_cluster_node_trying(bus - 10_000);
+    assert_ne!(node.port, bus - 10_000);
+    let info = command(node.port, &["CLUSTER", "INFO"]).unwrap();
+    assert!(info.contains("cluster_state:"), "a cluster node: {info}");
 }
 
 #[test]

@@ -87,7 +87,9 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        tracing::info!("fake provider on http://{listen}/v1");
+        // The bound address: with port 0 the one the system chose.
+        let bound = listener.local_addr().unwrap_or(listen);
+        tracing::info!("fake provider on http://{bound}/v1");
         let shared = if bench {
             Shared::for_bench(behavior)
         } else {

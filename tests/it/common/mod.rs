@@ -8,6 +8,7 @@
 )]
 
 pub mod agent;
+pub mod binary;
 pub mod claude;
 pub mod redis;
 pub mod redis_tls;
@@ -171,7 +172,9 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> b
     check()
 }
 
-/// A local address nothing listens on.
+/// A local address nothing listens on: to connect to and be refused (a dead upstream).
+/// Never give it to a process that must listen on it: another process may take the
+/// port first (start such a process on port 0, or see [`redis`] for one that cannot).
 pub async fn closed_port() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();

@@ -1,6 +1,9 @@
 //! Real Redis for tests: a `redis-server` (or a 3-node Redis Cluster, or a master with a
 //! replica and a sentinel) on ephemeral loopback ports, in a temporary directory,
-//! without persistence.
+//! without persistence. redis-server cannot bind port 0 and say which it got, so a
+//! server is offered a port found free and, should another process take it first, is
+//! stopped and offered another (checked by its log and by the pid `INFO` answers with).
+//! [`resp`] speaks to a server by hand.
 //!
 //! Each server runs under a tiny `sh` watchdog that holds our end of a pipe: when the
 //! test binary exits for any reason, the pipe closes and the watchdog kills the server,
@@ -8,14 +11,18 @@
 //! binary on first use; tests that stop or pause Redis start their own with
 //! [`RedisServer::start`]. Each can be TLS-only instead ([`super::redis_tls`]).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::redis_tls::{self, ServerTls};
+
+mod resp;
+
+pub use resp::{command, command_calls, command_list, contents};
 
 pub struct RedisServer {
     pub port: u16,
@@ -42,6 +49,19 @@ enum Mode {
 /// The name the test sentinel monitors its master under.
 pub const SENTINEL_MASTER: &str = "abridge-test";
 
+/// How many ports a server is offered before the support gives up.
+const ATTEMPTS: usize = 10;
+
+/// What a server that did not get its port says: it cannot listen there (the port, or a
+/// cluster node's bus port, is another process's).
+const BIND_FAILED: [&str; 2] = ["Address already in use", "Failed listening on port"];
+
+/// A server that did not get its port: why, and the directory, for the next attempt.
+struct Refused {
+    why: String,
+    dir: tempfile::TempDir,
+}
+
 impl RedisServer {
     /// A standalone server on a free port.
     pub fn start() -> Self {
@@ -50,87 +70,68 @@ impl RedisServer {
 
     /// A standalone server on a free port, TLS-only when `tls` is set.
     pub fn start_with(tls: Option<ServerTls>) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        Self::spawn(free_port(false), Mode::Standalone, dir, tls)
+        Self::launch(None, Mode::Standalone, tls)
+    }
+
+    /// A standalone server offered `port` first (the support's own test of a taken one).
+    pub fn start_trying(port: u16) -> Self {
+        Self::launch(Some(port), Mode::Standalone, None)
+    }
+
+    /// A cluster node offered `port` first (its bus port is `port` + 10000).
+    pub fn start_cluster_node_trying(port: u16) -> Self {
+        Self::launch(Some(port), Mode::ClusterNode, None)
     }
 
     /// A cluster-enabled node (its bus port, +10000, is free too).
     fn start_cluster_node(tls: Option<ServerTls>) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        Self::spawn(free_port(true), Mode::ClusterNode, dir, tls)
+        Self::launch(None, Mode::ClusterNode, tls)
     }
 
-    fn spawn(port: u16, mode: Mode, dir: tempfile::TempDir, tls: Option<ServerTls>) -> Self {
-        let server = which("redis-server");
-        let mut args: Vec<String> = Vec::new();
-        if let Mode::Sentinel(master) = mode {
-            // Sentinel rewrites its configuration file, so it lives in the directory.
-            let conf = dir.path().join("sentinel.conf");
-            if !conf.exists() {
-                std::fs::write(
-                    &conf,
-                    format!(
-                        "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master} 1\n\
-                         sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
-                         sentinel failover-timeout {SENTINEL_MASTER} 5000\n"
-                    ),
-                )
-                .unwrap();
+    /// A server of `mode` on the first port it gets: `first`, then free ones. A port found
+    /// free can be taken by another process before the server binds it, so a server
+    /// that does not get its port is stopped and started on another, [`ATTEMPTS`] times.
+    fn launch(first: Option<u16>, mode: Mode, tls: Option<ServerTls>) -> Self {
+        let cluster = matches!(mode, Mode::ClusterNode);
+        let mut dir = tempfile::tempdir().unwrap();
+        let mut refused = Vec::new();
+        for attempt in 0..ATTEMPTS {
+            let port = match first {
+                Some(port) if attempt == 0 => port,
+                _ => free_port(cluster),
+            };
+            match Self::spawn(port, mode, dir, tls) {
+                Ok(server) => return server,
+                Err(r) => {
+                    refused.push(format!("port {port}: {}", r.why));
+                    dir = r.dir;
+                }
             }
-            args.extend([conf.display().to_string(), "--sentinel".into()]);
         }
-        match tls {
-            Some(tls) => args.extend(redis_tls::server_args(tls, port)),
-            None => args.extend(["--port".into(), port.to_string()]),
-        }
-        if tls.is_some() && matches!(mode, Mode::ClusterNode) {
-            args.extend(["--tls-cluster".into(), "yes".into()]);
-        }
-        args.extend([
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--dir".into(),
-            dir.path().display().to_string(),
-            "--logfile".into(),
-            dir.path().join("redis.log").display().to_string(),
-        ]);
-        if !matches!(mode, Mode::Sentinel(_)) {
-            // No persistence; a replica's first sync starts at once (not after 5 s).
-            args.extend(
-                [
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ]
-                .map(String::from),
-            );
-        }
-        if let Mode::Replica(master) = mode {
-            args.extend(["--replicaof".into(), "127.0.0.1".into(), master.to_string()]);
-        }
-        if let Mode::ClusterNode = mode {
-            args.extend(
-                [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ]
-                .map(String::from),
-            );
-        }
+        panic!(
+            "redis-server ({mode:?}) got none of {ATTEMPTS} ports:\n{}",
+            refused.join("\n")
+        );
+    }
+
+    /// Starts a server on `port` and waits until it answers as itself; `Err` (the server
+    /// stopped) when the port turned out to be another process's.
+    fn spawn(
+        port: u16,
+        mode: Mode,
+        dir: tempfile::TempDir,
+        tls: Option<ServerTls>,
+    ) -> Result<Self, Refused> {
+        let args = server_args(port, mode, dir.path(), tls);
+        // What an earlier life in the same directory logged is not this one's.
+        let log_from = std::fs::metadata(dir.path().join("redis.log")).map_or(0, |m| m.len());
         // Prints the server's pid, then kills it when our end of stdin closes.
         let script = r#"server="$1"; shift; "$server" "$@" & pid=$!; echo "$pid"; read -r _; kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; exit 0"#;
         let mut watchdog = Command::new("sh")
             .arg("-c")
             .arg(script)
             .arg("sh")
-            .arg(&server)
+            .arg(which("redis-server"))
             .args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -143,7 +144,7 @@ impl RedisServer {
             .read_line(&mut line)
             .unwrap();
         let pid: u32 = line.trim().parse().expect("redis-server pid");
-        let server = Self {
+        let mut server = Self {
             port,
             pid,
             watchdog,
@@ -152,8 +153,14 @@ impl RedisServer {
             mode,
             tls,
         };
-        server.wait_ready();
-        server
+        match server.wait_ready(log_from) {
+            Ok(()) => Ok(server),
+            Err(why) => {
+                server.stop();
+                let dir = std::mem::replace(&mut server.dir, tempfile::tempdir().unwrap());
+                Err(Refused { why, dir })
+            }
+        }
     }
 
     pub fn url(&self) -> String {
@@ -185,16 +192,48 @@ impl RedisServer {
         self.dir.path()
     }
 
-    fn wait_ready(&self) {
+    /// Waits until the server answers as itself (`INFO server` gives its pid). `Err`
+    /// when it did not get its port: its log says so, or another process answers there.
+    /// Panics when it exits for another reason or does not answer within 10 s.
+    fn wait_ready(&self, log_from: u64) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.command(&["PING"]).as_deref() == Ok("PONG") {
-                return;
+        loop {
+            let gone = exited(self.pid);
+            let log = self.log_since(log_from);
+            if let Some(line) = log
+                .lines()
+                .find(|l| BIND_FAILED.iter().any(|m| l.contains(m)))
+            {
+                return Err(line.to_owned());
             }
+            assert!(!gone, "redis-server on port {} exited:\n{log}", self.port);
+            if let Ok(info) = self.command(&["INFO", "server"]) {
+                let answering = info
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("process_id:"))
+                    .and_then(|p| p.parse::<u32>().ok());
+                return match answering {
+                    Some(pid) if pid == self.pid => Ok(()),
+                    other => Err(format!(
+                        "process {other:?} answers there, not ours ({})",
+                        self.pid
+                    )),
+                };
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not start:\n{log}",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
-        panic!("redis-server on port {} did not start:\n{log}", self.port);
+    }
+
+    /// What the server logged from byte `from` of its log on.
+    fn log_since(&self, from: u64) -> String {
+        let log = std::fs::read(self.dir.path().join("redis.log")).unwrap_or_default();
+        let from = usize::try_from(from).unwrap_or(usize::MAX).min(log.len());
+        String::from_utf8_lossy(&log[from..]).into_owned()
     }
 
     /// Stops the server (as if it crashed: no goodbye to clients) and waits for it.
@@ -204,11 +243,31 @@ impl RedisServer {
         let _ = self.watchdog.wait();
     }
 
-    /// Starts it again on the same port and data directory.
+    /// Starts it again on the same port and data directory. The port was free a moment
+    /// ago, but another process may have taken it meanwhile (an outgoing connection's
+    /// local port, soon closed): tried again for up to 10 s.
     pub fn restart(&mut self) {
         self.stop();
-        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        *self = Self::spawn(self.port, self.mode, dir, self.tls);
+        let mut dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::spawn(self.port, self.mode, dir, self.tls) {
+                Ok(server) => {
+                    *self = server;
+                    return;
+                }
+                Err(r) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "port {} stayed taken: {}",
+                        self.port,
+                        r.why
+                    );
+                    dir = r.dir;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
     }
 
     /// Starts it again on the same port and data directory, as a replica of `master`.
@@ -308,18 +367,8 @@ impl RedisSentinel {
     /// is set.
     pub fn start_with(tls: Option<ServerTls>) -> Self {
         let master = RedisServer::start_with(tls);
-        let replica = RedisServer::spawn(
-            free_port(false),
-            Mode::Replica(master.port),
-            tempfile::tempdir().unwrap(),
-            tls,
-        );
-        let sentinel = RedisServer::spawn(
-            free_port(false),
-            Mode::Sentinel(master.port),
-            tempfile::tempdir().unwrap(),
-            tls,
-        );
+        let replica = RedisServer::launch(None, Mode::Replica(master.port), tls);
+        let sentinel = RedisServer::launch(None, Mode::Sentinel(master.port), tls);
         let this = Self {
             master,
             replica,
@@ -381,6 +430,82 @@ impl RedisSentinel {
             .query::<Vec<redis::Value>>(&mut con)
             .map_or(0, |r| r.len())
     }
+}
+
+/// The server's command line: `mode` on `port`, in `dir`, without persistence.
+fn server_args(port: u16, mode: Mode, dir: &Path, tls: Option<ServerTls>) -> Vec<String> {
+    let mut args: Vec<String> = Vec::new();
+    if let Mode::Sentinel(master) = mode {
+        // Sentinel rewrites its configuration file, so it lives in the directory.
+        let conf = dir.join("sentinel.conf");
+        if !conf.exists() {
+            std::fs::write(
+                &conf,
+                format!(
+                    "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master} 1\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                     sentinel failover-timeout {SENTINEL_MASTER} 5000\n"
+                ),
+            )
+            .unwrap();
+        }
+        args.extend([conf.display().to_string(), "--sentinel".into()]);
+    }
+    match tls {
+        Some(tls) => args.extend(redis_tls::server_args(tls, port)),
+        None => args.extend(["--port".into(), port.to_string()]),
+    }
+    if tls.is_some() && matches!(mode, Mode::ClusterNode) {
+        args.extend(["--tls-cluster".into(), "yes".into()]);
+    }
+    args.extend([
+        "--bind".into(),
+        "127.0.0.1".into(),
+        "--dir".into(),
+        dir.display().to_string(),
+        "--logfile".into(),
+        dir.join("redis.log").display().to_string(),
+    ]);
+    if !matches!(mode, Mode::Sentinel(_)) {
+        // No persistence; a replica's first sync starts at once (not after 5 s).
+        args.extend(
+            [
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--repl-diskless-sync-delay",
+                "0",
+            ]
+            .map(String::from),
+        );
+    }
+    if let Mode::Replica(master) = mode {
+        args.extend(["--replicaof".into(), "127.0.0.1".into(), master.to_string()]);
+    }
+    if let Mode::ClusterNode = mode {
+        args.extend(
+            [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]
+            .map(String::from),
+        );
+    }
+    args
+}
+
+/// Whether the process is gone: no longer there, or a zombie its parent (the
+/// watchdog, waiting on its stdin) has not reaped.
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
 }
 
 /// Sends a signal; a process that is already gone is fine.
@@ -452,108 +577,4 @@ fn free_port(cluster: bool) -> u16 {
         }
     }
     panic!("no free port pair for a cluster node");
-}
-
-/// Sends one command over RESP; the reader is at the start of the reply.
-fn send(port: u16, args: &[&str]) -> Result<BufReader<TcpStream>, String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .map_err(|e| e.to_string())?;
-    let mut request = format!("*{}\r\n", args.len());
-    for a in args {
-        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-    }
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| e.to_string())?;
-    Ok(BufReader::new(stream))
-}
-
-fn read_line(reader: &mut BufReader<TcpStream>) -> Result<String, String> {
-    let mut line = String::new();
-    reader.read_line(&mut line).map_err(|e| e.to_string())?;
-    Ok(line.trim_end().to_owned())
-}
-
-/// The body of a bulk string whose header line (`$<len>`) was just read.
-fn read_bulk(reader: &mut BufReader<TcpStream>, len: &str) -> Result<String, String> {
-    if len == "-1" {
-        return Ok(String::new());
-    }
-    let len: usize = len.parse().map_err(|_| format!("bad length {len}"))?;
-    let mut buf = vec![0; len + 2];
-    reader.read_exact(&mut buf).map_err(|e| e.to_string())?;
-    buf.truncate(len);
-    Ok(String::from_utf8_lossy(&buf).into_owned())
-}
-
-/// Sends one command over RESP and returns a simple reply as text (status, integer or
-/// bulk string); `Err` for an error reply, an array reply (see [`command_list`]) or an
-/// I/O failure. Enough to check the support itself; store code uses the `redis` crate.
-pub fn command(port: u16, args: &[&str]) -> Result<String, String> {
-    let mut reader = send(port, args)?;
-    let line = read_line(&mut reader)?;
-    match line.split_at(1.min(line.len())) {
-        ("+", rest) | (":", rest) => Ok(rest.to_owned()),
-        ("-", rest) => Err(rest.to_owned()),
-        ("$", len) => read_bulk(&mut reader, len),
-        _ => Err(format!("unexpected reply {line:?}")),
-    }
-}
-
-/// Sends one command whose reply is an array of bulk strings (KEYS, HGETALL, ZRANGE…)
-/// and returns its elements; a single bulk string comes back as one element. Panics on
-/// anything else, so a test cannot mistake a failed call for an empty answer.
-pub fn command_list(port: u16, args: &[&str]) -> Vec<String> {
-    let mut reader = send(port, args).unwrap();
-    let line = read_line(&mut reader).unwrap();
-    match line.split_at(1.min(line.len())) {
-        ("$", len) => vec![read_bulk(&mut reader, len).unwrap()],
-        ("*", n) => (0..n.parse::<usize>().unwrap())
-            .map(|_| {
-                let header = read_line(&mut reader).unwrap();
-                let len = header.strip_prefix('$').expect("an array of bulk strings");
-                read_bulk(&mut reader, len).unwrap()
-            })
-            .collect(),
-        _ => panic!("{args:?}: unexpected reply {line:?}"),
-    }
-}
-
-/// Every key with its contents as text (hash fields and values, sorted-set members, list
-/// elements, string values, and the raw DUMP): for checking what the store keeps.
-pub fn contents(port: u16) -> Vec<(String, String)> {
-    command_list(port, &["KEYS", "*"])
-        .into_iter()
-        .map(|key| {
-            let values = match command(port, &["TYPE", &key]).unwrap().as_str() {
-                "hash" => command_list(port, &["HGETALL", &key]).join(" "),
-                "zset" => command_list(port, &["ZRANGE", &key, "0", "-1"]).join(" "),
-                "list" => command_list(port, &["LRANGE", &key, "0", "-1"]).join(" "),
-                _ => command(port, &["GET", &key]).unwrap(),
-            };
-            let dump = command_list(port, &["DUMP", &key]).join("");
-            (key.clone(), format!("{values}\n{dump}"))
-        })
-        .collect()
-}
-
-/// Calls of every Redis command so far, from `INFO commandstats` (without INFO itself,
-/// which reading them adds to).
-pub fn command_calls(port: u16) -> Vec<(String, u64)> {
-    command(port, &["INFO", "commandstats"])
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .filter(|(name, _)| name != "info")
-        .collect()
 }

@@ -12,7 +12,6 @@ mod abuse;
 
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,13 +21,14 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::common::binary::{Binary, Launch};
+use crate::common::chat_body;
 use crate::common::redis::{RedisServer, command_list};
-use crate::common::{chat_body, closed_port};
 
 /// The release binary, running, in front of `upstream`, with `env` on top of a clean
-/// environment. Killed when dropped.
+/// environment, on ports it chose itself. Killed when dropped.
 struct Release {
-    child: Child,
+    binary: Binary,
     addr: std::net::SocketAddr,
     admin: std::net::SocketAddr,
 }
@@ -48,29 +48,17 @@ impl Release {
             "{} is missing: `cargo build --release --bin abridge` (scripts/test does)",
             bin.display()
         );
-        let (addr, admin) = (closed_port().await, closed_port().await);
-        let child = Command::new(bin)
-            .env_clear()
-            .env("ABRIDGE_UPSTREAM", upstream)
-            .env("ABRIDGE_LISTEN", addr.to_string())
-            .env("ABRIDGE_ADMIN__LISTEN", admin.to_string())
-            .env("ABRIDGE_LOG__FILTER", "error")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let me = Self { child, addr, admin };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(r) = reqwest::get(me.admin_url("/healthz")).await
-                && r.status() == 200
-            {
-                return me;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut all = vec![
+            ("ABRIDGE_UPSTREAM", upstream.to_owned()),
+            ("ABRIDGE_LOG__FILTER", "error".to_owned()),
+        ];
+        all.extend(env.iter().cloned());
+        let binary = Launch::new(&bin, all).start().await;
+        Self {
+            addr: binary.listen,
+            admin: binary.admin,
+            binary,
         }
-        panic!("the release binary did not become healthy");
     }
 
     fn url(&self, path: &str) -> String {
@@ -83,20 +71,13 @@ impl Release {
 
     /// Peak resident memory of the process so far (VmHWM), in MB.
     fn peak_rss_mb(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.binary.pid()))
             .unwrap_or_default();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
             .map_or(0.0, |kb| kb / 1024.0)
-    }
-}
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

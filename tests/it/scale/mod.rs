@@ -1,6 +1,7 @@
 //! Scale-out, end to end: three real `abridge` processes on a real 3-node Redis Cluster,
 //! 200 conversations driven at once, each turn sent to the next replica round-robin;
-//! one replica is killed (SIGKILL) mid-run and later restarted on the same port.
+//! one replica is killed (SIGKILL) mid-run and later restarted (on new ports, which the
+//! clients' load balancing then uses).
 //!
 //! What it shows, from the outside only (client responses, the requests the fake
 //! provider received, the keys in Redis, the replicas' logs):
@@ -22,7 +23,7 @@ mod inspect;
 mod replicas;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -84,8 +85,8 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
     .collect();
     let mut replicas = Vec::new();
     for index in 0..REPLICAS {
-        let mut replica = Replica::new(index, env.clone()).await;
-        replica.start();
+        let mut replica = Replica::new(index, env.clone());
+        replica.start().await;
         // One after the other: the first publishes the identity secret, the rest read it.
         replica.wait_ready().await;
         replicas.push(replica);
@@ -96,12 +97,7 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
             .timeout(Duration::from_secs(30))
             .build()
             .unwrap(),
-        urls: replicas
-            .iter()
-            .map(|r| format!("http://{}/v1/chat/completions", r.listen))
-            .collect(),
-        lives: replicas.iter().map(|r| r.life.clone()).collect(),
-        outage: (0..REPLICAS).map(|_| AtomicBool::new(false)).collect(),
+        routes: replicas.iter().map(|r| Mutex::new(r.route())).collect(),
         in_flight: Semaphore::new(IN_FLIGHT),
         answered: AtomicUsize::new(0),
         served: Mutex::default(),
@@ -113,7 +109,7 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
         .collect();
 
     // Mid-run: kill the victim, note which conversations had a summary lock then (a lock
-    // the dead process held stays until its TTL), later restart it on the same ports.
+    // the dead process held stays until its TTL), later restart it (at new addresses).
     let total = CONVERSATIONS * TURNS;
     let answered = || clients.answered.load(Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(150);
@@ -124,7 +120,7 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
         }
     };
     wait_for(KILL_AT).await;
-    clients.outage[VICTIM].store(true, Ordering::SeqCst);
+    clients.routes[VICTIM].lock().unwrap().down = true;
     replicas[VICTIM].kill();
     let killed_at = answered();
     let locked_at_kill: BTreeSet<String> = urls
@@ -133,9 +129,9 @@ async fn three_replicas_on_a_redis_cluster_share_conversations_and_survive_a_kil
         .filter_map(|k| tag_of(&k).map(str::to_owned))
         .collect();
     wait_for(RESTART_AT).await;
-    replicas[VICTIM].start();
+    replicas[VICTIM].start().await;
     replicas[VICTIM].wait_ready().await;
-    clients.outage[VICTIM].store(false, Ordering::SeqCst);
+    *clients.routes[VICTIM].lock().unwrap() = replicas[VICTIM].route();
     let restarted_at = answered();
 
     for task in tasks {

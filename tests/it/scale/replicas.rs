@@ -1,42 +1,39 @@
 //! The moving parts of the scale-out run: the `abridge` processes (started, killed,
-//! restarted on the same ports) and the clients that drive the conversations through
-//! them round-robin, retrying on the next replica as a load balancer would.
+//! restarted; each life on ports it chose itself, so a restarted replica is reached at
+//! new addresses, as a rescheduled container would be) and the clients that drive the
+//! conversations through them round-robin, retrying on the next replica as a load
+//! balancer would.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use crate::common::closed_port;
+use crate::common::binary::{Binary, Launch};
 
 use super::{MODEL, REPLICAS, TURNS};
 
-/// One of the `abridge` processes, on fixed ports so it can come back on the same ones.
+/// One of the `abridge` processes, through its lives.
 pub(super) struct Replica {
     pub(super) index: usize,
-    pub(super) listen: std::net::SocketAddr,
-    pub(super) admin: std::net::SocketAddr,
     pub(super) env: Vec<(String, String)>,
-    pub(super) child: Option<Child>,
+    /// The running process, with the addresses it bound; `None` while killed.
+    pub(super) binary: Option<Binary>,
     /// 1 for the first process, 2 after a restart.
-    pub(super) life: Arc<AtomicUsize>,
+    pub(super) life: usize,
     /// stderr of every life, each line tagged with replica and life.
     pub(super) logs: Arc<Mutex<String>>,
 }
 
 impl Replica {
-    pub(super) async fn new(index: usize, env: Vec<(String, String)>) -> Self {
+    pub(super) fn new(index: usize, env: Vec<(String, String)>) -> Self {
         Self {
             index,
-            listen: closed_port().await,
-            admin: closed_port().await,
             env,
-            child: None,
-            life: Arc::new(AtomicUsize::new(0)),
+            binary: None,
+            life: 0,
             logs: Arc::default(),
         }
     }
@@ -47,36 +44,36 @@ impl Replica {
         format!("summary-r{index}-life{life}")
     }
 
-    pub(super) fn start(&mut self) {
-        let life = self.life.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_abridge"))
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env("ABRIDGE_LISTEN", self.listen.to_string())
-            .env("ABRIDGE_ADMIN__LISTEN", self.admin.to_string())
-            .env(
-                "ABRIDGE_SUMMARY__API_KEY",
-                Self::summary_key(self.index, life),
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let pipe = child.stderr.take().unwrap();
-        let (logs, tag) = (self.logs.clone(), format!("[r{} life{life}] ", self.index));
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut logs = logs.lock().unwrap();
-                logs.push_str(&tag);
-                logs.push_str(&line);
-                logs.push('\n');
-            }
-        });
-        self.child = Some(child);
+    /// Starts its next life and waits until it has bound its listeners.
+    pub(super) async fn start(&mut self) {
+        self.life += 1;
+        let mut env = self.env.clone();
+        env.push((
+            "ABRIDGE_SUMMARY__API_KEY".to_owned(),
+            Self::summary_key(self.index, self.life),
+        ));
+        let mut launch = Launch::new(env!("CARGO_BIN_EXE_abridge"), env);
+        launch.logs = self.logs.clone();
+        launch.tag = format!("[r{} life{}] ", self.index, self.life);
+        self.binary = Some(launch.start().await);
     }
 
+    /// Where the load balancer sends this replica's share now: the current life's
+    /// proxy listener.
+    pub(super) fn route(&self) -> Route {
+        let binary = self.binary.as_ref().expect("a running replica");
+        Route {
+            url: format!("http://{}/v1/chat/completions", binary.listen),
+            life: self.life,
+            down: false,
+        }
+    }
+
+    /// Waits until the current life answers `/healthz` (it has agreed on the identity
+    /// secret and serves).
     pub(super) async fn wait_ready(&self) {
-        let url = format!("http://{}/healthz", self.admin);
+        let admin = self.binary.as_ref().expect("a running replica").admin;
+        let url = format!("http://{admin}/healthz");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = reqwest::get(&url).await
@@ -96,17 +93,18 @@ impl Replica {
 
     /// SIGKILL: no drain, no goodbye; in-flight requests on it are lost to their clients.
     pub(super) fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
+        if let Some(mut binary) = self.binary.take() {
+            binary.kill();
         }
     }
 }
 
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// A replica as the load balancer knows it: the address of its current life, and
+/// whether it is known to be down (killed, or restarted but not yet ready).
+pub(super) struct Route {
+    pub(super) url: String,
+    pub(super) life: usize,
+    pub(super) down: bool,
 }
 
 /// One request a client got an HTTP answer to.
@@ -126,7 +124,8 @@ pub(super) struct Served {
 /// A request that failed below HTTP (refused, reset, cut short).
 pub(super) struct Failure {
     pub(super) replica: usize,
-    /// The replica was being killed, dead, or not yet back when the failure was seen.
+    /// The replica was being killed, dead or not yet back when the request was sent or
+    /// when it failed, or the life it was sent to has been replaced since.
     pub(super) during_outage: bool,
     pub(super) error: String,
 }
@@ -134,9 +133,8 @@ pub(super) struct Failure {
 /// What the conversation tasks share.
 pub(super) struct Clients {
     pub(super) http: reqwest::Client,
-    pub(super) urls: Vec<String>,
-    pub(super) lives: Vec<Arc<AtomicUsize>>,
-    pub(super) outage: Vec<AtomicBool>,
+    /// Per replica; a restart gives it a new address.
+    pub(super) routes: Vec<Mutex<Route>>,
     pub(super) in_flight: Semaphore,
     pub(super) answered: AtomicUsize,
     pub(super) served: Mutex<Vec<Served>>,
@@ -149,12 +147,15 @@ impl Clients {
     pub(super) async fn send(&self, conv: usize, turn: usize, body: String) -> Value {
         for attempt in 0..2 * REPLICAS {
             let replica = (conv + turn + attempt) % REPLICAS;
-            let life = self.lives[replica].load(Ordering::SeqCst);
+            let (url, life, down) = {
+                let route = self.routes[replica].lock().unwrap();
+                (route.url.clone(), route.life, route.down)
+            };
             let _permit = self.in_flight.acquire().await.unwrap();
             let result = async {
                 let response = self
                     .http
-                    .post(&self.urls[replica])
+                    .post(&url)
                     .header("authorization", format!("Bearer sk-scale-{conv}"))
                     .header("content-type", "application/json")
                     .header("x-test-tag", format!("{conv}/{turn}/{attempt}"))
@@ -187,11 +188,16 @@ impl Clients {
                     let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                     return answer["choices"][0]["message"].clone();
                 }
-                Err(e) => self.failures.lock().unwrap().push(Failure {
-                    replica,
-                    during_outage: self.outage[replica].load(Ordering::SeqCst),
-                    error: format!("{e:?}"),
-                }),
+                Err(e) => {
+                    let now = self.routes[replica].lock().unwrap();
+                    let during_outage = down || now.down || now.life != life;
+                    drop(now);
+                    self.failures.lock().unwrap().push(Failure {
+                        replica,
+                        during_outage,
+                        error: format!("{e:?}"),
+                    });
+                }
             }
         }
         panic!("conversation {conv} turn {turn}: no replica answered");
