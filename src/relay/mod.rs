@@ -266,6 +266,9 @@ pub struct RelayBody {
     flush_first: bool,
 }
 
+/// What [`RelayBody::poll_frame`] answers.
+type Polled = Poll<Option<Result<Frame<Bytes>, RelayError>>>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error("upstream body failed: {0}")]
@@ -353,10 +356,7 @@ impl RelayBody {
     /// What goes to the client when compressed input waits: the next decoded chunk
     /// (after what was gathered), or — no slot free — what was gathered, else pending.
     /// `None`: nothing waits (or it decoded to nothing); read from the provider.
-    fn poll_decoded_frame(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Option<Poll<Option<Result<Frame<Bytes>, RelayError>>>> {
+    fn poll_decoded_frame(&mut self, cx: &mut Context<'_>) -> Option<Polled> {
         match self.poll_decoded(cx)? {
             Poll::Ready(Ok(out)) => {
                 self.burst.push(out);
