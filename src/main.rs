@@ -160,9 +160,10 @@ fn replay() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = runtime()
-        .map_err(|e| e.to_string())
-        .and_then(|rt| rt.block_on(abridge::replay::run(options)));
+    let result = runtime().map_err(|e| e.to_string()).and_then(|rt| {
+        let notify = |line: &str| eprintln!("abridge replay: {line}");
+        rt.block_on(abridge::replay::run(options, &notify))
+    });
     match result {
         Ok(report) => {
             print!("{report}");

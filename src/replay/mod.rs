@@ -40,6 +40,8 @@ pub struct Options {
     pub json: bool,
     pub html: Option<PathBuf>,
     pub prices: Option<PathBuf>,
+    /// Refuse a configured summary upstream: summaries come from the simulated stand-in.
+    pub offline: bool,
     pub files: Vec<PathBuf>,
 }
 
@@ -48,7 +50,7 @@ abridge replay — how each strategy would treat your conversations
 
 USAGE:
     abridge replay [--config FILE] [--strategy S ...] [--threshold TOKENS]
-                   [--prices FILE] [--json] [--html OUT] FILE...
+                   [--prices FILE] [--offline] [--json] [--html OUT] FILE...
 
 FILE is one of (the format is found by itself):
   - a Claude Code transcript: ~/.claude/projects/*/*.jsonl
@@ -59,7 +61,13 @@ FILE is one of (the format is found by itself):
 
 OPTIONS:
     -c, --config FILE      abridge's configuration (the upstream is replaced by a
-                           simulated provider on loopback; nothing leaves the machine)
+                           simulated provider on loopback). Nothing leaves the
+                           machine unless it names a summary.upstream (also from
+                           ABRIDGE_SUMMARY__UPSTREAM): then the summarising
+                           strategies send it your sessions' text, with
+                           summary.api_key; replay says so before it starts
+        --offline          never call a summary.upstream: the simulated provider's
+                           stand-in summarises (and says so)
         --strategy S       deterministic, recency, structured or llm_replace; repeat
                            for several (default: every strategy)
         --threshold TOKENS compaction.threshold_tokens for the run
@@ -81,6 +89,7 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Option<Options>, lexopt:
         json: false,
         html: None,
         prices: None,
+        offline: false,
         files: Vec::new(),
     };
     while let Some(arg) = parser.next()? {
@@ -91,6 +100,7 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Option<Options>, lexopt:
             Long("json") => o.json = true,
             Long("html") => o.html = Some(parser.value()?.into()),
             Long("prices") => o.prices = Some(parser.value()?.into()),
+            Long("offline") => o.offline = true,
             Short('h') | Long("help") => return Ok(None),
             Value(file) => o.files.push(file.into()),
             _ => return Err(arg.unexpected()),
@@ -105,9 +115,11 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Option<Options>, lexopt:
     Ok(Some(o))
 }
 
-/// Runs the command; the exit code.
-pub async fn run(options: Options) -> Result<String, String> {
+/// Runs the command: the report. `notify` hears, before anything is replayed, what
+/// may leave the machine.
+pub async fn run(options: Options, notify: &dyn Fn(&str)) -> Result<String, String> {
     let mut base = Config::load(options.config.as_deref()).map_err(|e| e.to_string())?;
+    notify(&leaving(&mut base, options.offline));
     if let Some(file) = &options.prices {
         base.prices.extend(read_prices(file)?);
         Prices::new(&base.prices).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -152,6 +164,33 @@ pub async fn run(options: Options) -> Result<String, String> {
     } else {
         report::text(&figures)
     })
+}
+
+/// What may leave the machine with `config` (the summary upstream, when one is named
+/// and not refused by `offline`, which drops it from `config`), in one line.
+fn leaving(config: &mut Config, offline: bool) -> String {
+    match (&config.summary.upstream, offline) {
+        (None, _) => {
+            "nothing leaves this machine: abridge and the provider are simulated on loopback"
+                .to_owned()
+        }
+        (Some(upstream), true) => {
+            let said = format!(
+                "--offline: summary.upstream ({upstream}) is not called; the simulated provider's stand-in summarises"
+            );
+            config.summary.upstream = None;
+            config.summary.api_key = None;
+            said
+        }
+        (Some(upstream), false) => format!(
+            "summaries go to {upstream} (summary.upstream{}): the summarising strategies send it your sessions' text; --offline refuses it",
+            if config.summary.api_key.is_some() {
+                ", with summary.api_key"
+            } else {
+                ""
+            }
+        ),
+    }
 }
 
 /// What one input cost at the price table: as the client sent it and as forwarded (both

@@ -347,3 +347,69 @@ pub(super) fn sessions(
     args.extend(names.iter().map(String::as_str));
     json_of(&args)
 }
+
+/// `ABRIDGE_SUMMARY__UPSTREAM` in the environment: replay says, before it starts, that
+/// the sessions' text goes there; with `--offline` nothing goes.
+#[tokio::test]
+async fn replay_says_what_leaves_the_machine_and_offline_sends_nothing() {
+    let summariser = fake_provider::FakeProvider::start(fake_provider::Behavior::default())
+        .await
+        .unwrap();
+    let url = summariser.url();
+    let run = move |offline: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_abridge"));
+        command
+            .arg("replay")
+            .args([
+                "--json",
+                "--strategy",
+                "structured",
+                "--threshold",
+                "3000",
+                CHAT,
+            ])
+            .env_clear()
+            .env("ABRIDGE_SUMMARY__UPSTREAM", &url)
+            .env("ABRIDGE_SUMMARY__API_KEY", "sk-operator")
+            .env("ABRIDGE_SUMMARY__MODEL", "fake-model")
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if offline {
+            command.arg("--offline");
+        }
+        command
+    };
+    let again = run.clone();
+    let out = tokio::task::spawn_blocking(move || run(true).output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--offline: summary.upstream"), "{stderr}");
+    assert!(
+        summariser.requests().is_empty(),
+        "offline: nothing was sent"
+    );
+
+    let out = tokio::task::spawn_blocking(move || again(false).output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("summaries go to {}", summariser.url()))
+            && stderr.contains("with summary.api_key"),
+        "{stderr}"
+    );
+    assert!(!summariser.requests().is_empty(), "said, then sent");
+    // Without one named, nothing leaves, and it says that too.
+    let plain = replay(&["--json", "--strategy", "recency", CHAT]);
+    assert!(String::from_utf8_lossy(&plain.stderr).contains("nothing leaves this machine"));
+}

@@ -3,7 +3,8 @@
 //! header.
 //!
 //! - `gzip_bomb` / `x-fake-gzip-bomb: N` — a `200` JSON response, gzip-encoded, whose
-//!   body decodes to N bytes (a few kilobytes on the wire).
+//!   body decodes to N bytes (a few kilobytes on the wire); to a request that asks for a
+//!   stream (`"stream": true`), a `text/event-stream` of SSE comment lines instead.
 //! - `garbage` / `x-fake-garbage: 1` — a `200` `text/event-stream` of bytes that are not
 //!   server-sent events, then the end.
 //! - `reset` / `x-fake-reset: 1` — a stream reset after its first event (the connection
@@ -103,22 +104,36 @@ pub(crate) fn respond(
         return None;
     }
     if let Some(size) = faults.gzip_bomb {
+        let streamed =
+            serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v["stream"] == true);
+        // JSON whitespace, or SSE comment lines (`:` and spaces), 64 bytes a line.
+        let mut unit = vec![b' '; 64 * 1024];
+        if streamed {
+            for line in unit.chunks_mut(64) {
+                line[0] = b':';
+                line[63] = b'\n';
+            }
+        }
         let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
-        let zeros = vec![b' '; 64 * 1024];
         let mut left = size;
         while left > 0 {
-            let n = left.min(zeros.len());
-            if std::io::Write::write_all(&mut gz, &zeros[..n]).is_err() {
+            let n = left.min(unit.len());
+            if std::io::Write::write_all(&mut gz, &unit[..n]).is_err() {
                 break;
             }
             left -= n;
         }
         let compressed = gz.finish().unwrap_or_default();
+        let content_type = if streamed {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
         return Some(
             (
                 StatusCode::OK,
                 [
-                    (header::CONTENT_TYPE, "application/json"),
+                    (header::CONTENT_TYPE, content_type),
                     (header::CONTENT_ENCODING, "gzip"),
                 ],
                 compressed,

@@ -320,6 +320,50 @@ async fn provider_faults_end_in_honest_errors_with_bounded_memory() {
     );
 }
 
+/// `n` gzip bombs of `size` bytes at once (`stream`: as event streams), each read by a
+/// client to its end: how many were cut.
+async fn bombs_at_once(abridge: &Release, n: usize, size: usize, stream: bool) -> usize {
+    let sends = (0..n).map(|_| {
+        http()
+            .post(abridge.url("/v1/chat/completions"))
+            .header("x-fake-gzip-bomb", size.to_string())
+            .body(chat_body(stream))
+            .send()
+    });
+    let mut cut = 0;
+    for sent in futures_util::future::join_all(sends).await {
+        let complete = match sent {
+            Ok(r) => drain(r).await.1,
+            Err(_) => false,
+        };
+        cut += usize::from(!complete);
+    }
+    cut
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "the fault suite: needs the release build, which scripts/test makes"]
+async fn gzip_bombs_at_once_are_bounded_across_the_process() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let abridge = Release::start(&provider.url(), &[]).await;
+    let mut lines = Vec::new();
+    let before = abridge.peak_rss_mb();
+    // 1 GB each, decoded at most 64 MB each (limits.max_decoded_bytes): every one cut.
+    for stream in [false, true] {
+        let cut = bombs_at_once(&abridge, 8, 1 << 30, stream).await;
+        assert_eq!(cut, 8, "every bomb is cut (stream: {stream})");
+    }
+    let peak = abridge.peak_rss_mb();
+    // Each response holds one decoded chunk at most (~0.5 MB) and what its tap keeps
+    // to read usage (a JSON body up to 16 MB, shared limits.max_inflight_body_bytes):
+    // eight at once used to take ~40 MB each on top.
+    assert!(peak < 220.0, "peak RSS {peak:.0} MB");
+    lines.push(format!(
+        "8 gzip bombs of 1 GB at once, as JSON, then as event streams: all cut; peak RSS {before:.0} MB before, {peak:.0} MB after"
+    ));
+    report("Gzip bombs at once", &lines);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "the fault suite: needs the release build, which scripts/test makes"]
 async fn a_client_that_leaves_cancels_the_upstream_request_within_a_second() {
