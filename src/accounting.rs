@@ -110,6 +110,15 @@ impl Estimates {
     pub fn calibrated(self, reported: u64) -> u64 {
         reported.saturating_add(self.client.saturating_sub(self.forwarded))
     }
+
+    /// `tokens` of the forwarded request's kind, as the provider counted this very
+    /// request (`reported`) against abridge's estimate of it.
+    fn recount(self, tokens: u64, reported: u64) -> u64 {
+        if self.forwarded == 0 {
+            return tokens;
+        }
+        (tokens as f64 * reported as f64 / self.forwarded as f64).round() as u64
+    }
 }
 
 /// What abridge knows of a compacted request as the client sent it.
@@ -133,17 +142,30 @@ pub struct Previous {
     /// What the client appended since (abridge's estimate, scaled by the ratio the
     /// provider's reports taught for appended messages).
     pub appended: u64,
+    /// What the provider counted for it as forwarded, when the same checkpoint (or none)
+    /// applied to it and to this request: the forwarded requests then differ by exactly
+    /// what the client appended, so the provider's own counts say how much that was.
+    pub forwarded: Option<u64>,
     /// Recent enough to be in the provider's cache ([`CACHE_LIFETIME_MS`]).
     pub cached: bool,
 }
 
 impl Compacted {
     /// The client's request as the provider would have billed it, sent as sent: its
-    /// previous request's count plus what was appended since (the estimates' when that
-    /// is not known), never less than what was forwarded.
+    /// previous request's count plus what was appended since — the growth of the
+    /// forwarded requests where the same checkpoint applied to both (the provider's own
+    /// count, so no estimate's error adds up request after request), else the estimate
+    /// — (the estimates' when no previous request is known), never less than what was
+    /// forwarded.
     fn direct(self, reported: Tokens) -> Tokens {
         let input = match self.previous {
-            Some(p) => p.tokens.saturating_add(p.appended).max(reported.input),
+            Some(p) => {
+                let appended = p.forwarded.map_or_else(
+                    || self.estimates.recount(p.appended, reported.input),
+                    |f| reported.input.saturating_sub(f),
+                );
+                p.tokens.saturating_add(appended).max(reported.input)
+            }
             None => self.estimates.calibrated(reported.input),
         };
         let cached = self
@@ -331,15 +353,16 @@ mod tests {
     #[test]
     fn a_compacted_request_is_priced_as_sent_with_the_cache_its_previous_request_left() {
         // The client's previous request held 49,400 tokens as the provider counted, and
-        // it appended 2,600 since; 13,000 were forwarded.
+        // it appended 2,600 since; 13,000 were forwarded (as abridge estimated).
         let compacted = Compacted {
             estimates: Estimates {
                 client: 40_000,
-                forwarded: 10_000,
+                forwarded: 13_000,
             },
             previous: Some(Previous {
                 tokens: 49_400,
                 appended: 2_600,
+                forwarded: None,
                 cached: true,
             }),
             writes_at_breakpoints: true,
@@ -374,14 +397,53 @@ mod tests {
         };
         let t = request(reported, Some(openai), Some(SONNET));
         assert_eq!(t.direct_micros, (52_000.0 * 3.0 + 300.0 * 15.0) as u64);
-        // No previous request known: the 13,000 forwarded plus the 30,000 more that
+        // No previous request known: the 13,000 forwarded plus the 27,000 more that
         // abridge's estimates say the client sent.
         let unknown = Compacted {
             previous: None,
             ..openai
         };
         let t = request(reported, Some(unknown), Some(SONNET));
-        assert_eq!(t.client_tokens, 43_000);
+        assert_eq!(t.client_tokens, 40_000);
+    }
+
+    #[test]
+    fn under_one_checkpoint_what_was_appended_is_the_providers_own_count() {
+        // The previous request, forwarded under the same checkpoint, was counted 12,400:
+        // this one's 13,000 forwarded grew by exactly what the client appended (600),
+        // whatever abridge estimated (2,600).
+        let compacted = Compacted {
+            estimates: Estimates {
+                client: 40_000,
+                forwarded: 10_000,
+            },
+            previous: Some(Previous {
+                tokens: 49_400,
+                appended: 2_600,
+                forwarded: Some(12_400),
+                cached: false,
+            }),
+            writes_at_breakpoints: false,
+        };
+        let reported = Tokens {
+            input: 13_000,
+            ..Tokens::default()
+        };
+        assert_eq!(
+            request(reported, Some(compacted), None).client_tokens,
+            50_000
+        );
+        // Where the checkpoint changed, the estimate of what was appended is scaled as
+        // the provider counted this very request against abridge's estimate of it:
+        // 13,000 for 10,000 estimated, so 2,600 appended count 3,380.
+        let changed = Compacted {
+            previous: compacted.previous.map(|p| Previous {
+                forwarded: None,
+                ..p
+            }),
+            ..compacted
+        };
+        assert_eq!(request(reported, Some(changed), None).client_tokens, 52_780);
     }
 
     #[test]
@@ -394,6 +456,7 @@ mod tests {
             previous: Some(Previous {
                 tokens: 500,
                 appended: 2_500,
+                forwarded: None,
                 cached: true,
             }),
             writes_at_breakpoints: false,

@@ -295,13 +295,15 @@ impl Billing {
                 client: report.tokens_before.unwrap_or(0),
                 forwarded: report.tokens_after.unwrap_or(0),
             };
+            let applied = decision.apply.as_ref().map(|c| c.through);
             let previous = decision
                 .previous
                 .filter(|_| decision.previous_client_tokens > 0)
-                .map(|(_, ratio, _)| accounting::Previous {
+                .map(|(forwarded, ratio, was_applied)| accounting::Previous {
                     tokens: decision.previous_client_tokens,
                     // The provider's count, as the history's appended turns taught.
                     appended: decision.appended * u64::from(ratio.max(1)) / 1000,
+                    forwarded: (was_applied == applied).then_some(forwarded),
                     cached: decision.previous_at_ms.is_some_and(|at| {
                         crate::store::now_ms().saturating_sub(at) <= accounting::CACHE_LIFETIME_MS
                     }),
