@@ -15,15 +15,18 @@ use super::sessions;
 use crate::formats::Format;
 
 /// One conversation to replay.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Input {
     pub format: Format,
     /// What the file was: `chat`, `responses`, `messages`, `claude-code`, `codex`.
     pub kind: &'static str,
     turns: Turns,
+    /// What the provider billed for each request, where the session file recorded it
+    /// (empty: nothing recorded).
+    bills: Vec<Option<crate::prices::Tokens>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Turns {
     /// Request bodies as sent, one per turn.
     Bodies(Vec<Value>),
@@ -102,7 +105,61 @@ impl Input {
                 cuts,
                 marks_newest: kind == "claude-code",
             },
+            bills: Vec::new(),
         }
+    }
+
+    /// With what the provider billed for each request (one per request, in order).
+    pub(super) fn with_bills(mut self, bills: Vec<Option<crate::prices::Tokens>>) -> Self {
+        if bills.iter().any(Option::is_some) {
+            self.bills = bills;
+        }
+        self
+    }
+
+    /// Adds `text` to what every request carries besides its history, where the format
+    /// keeps it: Messages' `system` (a block of its own, marked for the cache as Claude
+    /// Code marks its system prompt), Responses' `instructions`, a leading chat system
+    /// message's content. (For replay's calibration: see `super::calibrate`.)
+    pub(super) fn pad(&mut self, text: &str) {
+        let format = self.format;
+        let (base, rest) = match &mut self.turns {
+            Turns::Growing { base, rest, .. } => (base, Some(rest)),
+            Turns::Bodies(_) => return,
+        };
+        match format {
+            Format::Messages => {
+                let block = serde_json::json!({"type": "text", "text": text,
+                    "cache_control": {"type": "ephemeral"}});
+                let system = match base.remove("system") {
+                    Some(Value::String(s)) => vec![serde_json::json!({"type": "text", "text": s}), block],
+                    Some(Value::Array(mut blocks)) => {
+                        blocks.push(block);
+                        blocks
+                    }
+                    _ => vec![block],
+                };
+                base.insert("system".into(), Value::Array(system));
+            }
+            Format::Responses => {
+                let before = base.get("instructions").and_then(Value::as_str).unwrap_or("");
+                let joined = if before.is_empty() {
+                    text.to_owned()
+                } else {
+                    format!("{before}\n\n{text}")
+                };
+                base.insert("instructions".into(), Value::from(joined));
+            }
+            Format::Chat => return,
+        }
+        if let Some(rest) = rest {
+            *rest = Value::Object(base.clone());
+        }
+    }
+
+    /// What the provider billed for request `k`, when the session recorded it.
+    pub fn bill(&self, k: usize) -> Option<crate::prices::Tokens> {
+        self.bills.get(k).copied().flatten()
     }
 
     /// How many requests it replays.
@@ -255,10 +312,12 @@ pub fn read(text: &str) -> Result<Vec<Input>, String> {
         return Err("empty: no request in it".into());
     };
     if lines.iter().any(|(_, l)| sessions::is_codex(l)) {
-        return sessions::codex(&lines);
+        let answers = sessions::codex(&lines)?;
+        return Ok(inputs(answers, Format::Responses, "codex"));
     }
     if lines.iter().any(|(_, l)| sessions::is_claude_code(l)) {
-        return sessions::claude_code(&lines);
+        let answers = sessions::claude_code(&lines)?;
+        return Ok(inputs(answers, Format::Messages, "claude-code"));
     }
     let format = format_of(first).ok_or_else(|| {
         "line 1: neither a request body (chat completions, Responses, Messages), a Claude \
@@ -276,7 +335,16 @@ pub fn read(text: &str) -> Result<Vec<Input>, String> {
         format,
         kind: format.name(),
         turns: Turns::Bodies(lines.into_iter().map(|(_, v)| v).collect()),
+        bills: Vec::new(),
     }])
+}
+
+/// A session file's conversations as inputs (those with a request to replay).
+fn inputs(answers: Vec<sessions::Answers>, format: Format, kind: &'static str) -> Vec<Input> {
+    answers
+        .into_iter()
+        .filter_map(|a| a.into_input(format, kind))
+        .collect()
 }
 
 /// A JSON error at line `n` of the file, its column kept (serde's own "line 1" is the
@@ -313,8 +381,9 @@ fn format_of(body: &Value) -> Option<Format> {
     })
 }
 
-/// One request, replayed growing: chat a turn per user message (as before), Responses
-/// and Messages a turn per request the model answered (before each run of its output).
+/// One request, replayed growing: a turn per request the model answered (before each
+/// run of its output) — an agent's trajectory sends one request per answer, not one per
+/// user message.
 fn one_request(request: Value) -> Result<Input, String> {
     let format = format_of(&request).ok_or("the request has no messages or input")?;
     let key = list_key(format);
@@ -326,13 +395,7 @@ fn one_request(request: Value) -> Result<Input, String> {
         _ => return Err(format!("the request's {key} is not an array")),
     };
     base.insert("stream".into(), Value::Bool(false));
-    let cuts = match format {
-        Format::Chat => (0..items.len())
-            .filter(|&k| items[k]["role"] == "user")
-            .map(|k| k + 1)
-            .collect(),
-        Format::Responses | Format::Messages => cuts(&items, |item| is_output(format, item)),
-    };
+    let cuts = cuts(&items, |item| is_output(format, item));
     Ok(Input::growing(format, format.name(), base, items, cuts))
 }
 

@@ -10,25 +10,23 @@
 //! Codex CLI), read by [`sessions`].
 
 mod cache;
+mod calibrate;
 mod harness;
 mod input;
 mod provider;
 mod report;
 mod rules;
+mod session;
 mod sessions;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde_json::Value;
 
 use crate::config::Config;
-use crate::formats::Request;
-use crate::prices::{Price, Prices, Tokens};
+use crate::prices::{Price, Prices};
 use crate::strategies::Strategy;
-use crate::strategies::text::identifiers;
 
-use harness::Harness;
 pub use input::Input;
 pub use report::{Figures, Turn};
 
@@ -131,7 +129,19 @@ pub async fn run(options: Options, notify: &dyn Fn(&str)) -> Result<String, Stri
         if read.iter().all(Input::is_empty) {
             return Err(format!("{}: no request to replay in it", file.display()));
         }
-        inputs.extend(read);
+        let name = file.file_name().map_or_else(
+            || file.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let several = read.len() > 1;
+        for (k, input) in read.into_iter().enumerate() {
+            let name = if several {
+                format!("{name}#{}", k + 1)
+            } else {
+                name.clone()
+            };
+            inputs.push((name, input));
+        }
     }
     let mut figures = Vec::new();
     for &strategy in &options.strategies {
@@ -140,20 +150,12 @@ pub async fn run(options: Options, notify: &dyn Fn(&str)) -> Result<String, Stri
         if let Some(t) = options.threshold {
             config.compaction.threshold_tokens = t;
         }
-        let (mut turns, mut compactions, mut spend) = (Vec::new(), 0, Spend::default());
-        for input in &inputs {
-            let (replayed, runs, spent) = replay(&config, input).await?;
-            turns.push(replayed);
-            compactions += runs;
-            spend.add(&spent);
+        let mut replayed = Vec::new();
+        for (name, input) in &inputs {
+            replayed.push(session::replay(&config, input, name.clone()).await?);
         }
         let threshold = config.compaction.threshold_tokens;
-        figures.push(Figures::of(
-            strategy,
-            (threshold, compactions),
-            &turns,
-            &spend,
-        ));
+        figures.push(Figures::of(strategy, threshold, &replayed));
     }
     if let Some(out) = &options.html {
         std::fs::write(out, report::html(&figures))
@@ -197,7 +199,10 @@ fn leaving(config: &mut Config, offline: bool) -> String {
 /// with the simulated prompt cache), and the summaries abridge asked for.
 #[derive(Debug, Clone, Default)]
 pub struct Spend {
+    /// As sent: the recorded bill where the session file has one, else the simulation.
     pub direct_micros: f64,
+    /// As sent, by the simulation alone (against the recorded bill: calibration).
+    pub simulated_direct_micros: f64,
     pub forwarded_micros: f64,
     pub summary_micros: f64,
     pub summary_calls: u64,
@@ -207,8 +212,19 @@ pub struct Spend {
 }
 
 impl Spend {
+    /// Net saved and the cost through abridge, in millionths of a dollar. The saving is
+    /// the simulation's, as sent against as forwarded (plus the summaries) on one model
+    /// of the prompt cache; through abridge is the cost as sent (the recorded bill, where
+    /// the session has one) less it — so a conversation abridge left alone costs what
+    /// it cost, whatever the simulated cache does differently from the provider's.
+    pub fn net_and_through(&self) -> (f64, f64) {
+        let net = self.simulated_direct_micros - self.forwarded_micros - self.summary_micros;
+        (net, self.direct_micros - net)
+    }
+
     fn add(&mut self, other: &Spend) {
         self.direct_micros += other.direct_micros;
+        self.simulated_direct_micros += other.simulated_direct_micros;
         self.forwarded_micros += other.forwarded_micros;
         self.summary_micros += other.summary_micros;
         self.summary_calls += other.summary_calls;
@@ -219,104 +235,6 @@ impl Spend {
             }
         }
     }
-}
-
-/// One input through abridge with `config`: what each turn showed, in order, how many
-/// compactions ran, and what it cost.
-async fn replay(config: &Config, input: &Input) -> Result<(Vec<Turn>, u64, Spend), String> {
-    let harness = Harness::start(config, input.format).await?;
-    let format = input.format;
-    let model = input
-        .rest(0)
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let estimator = crate::tokens::Estimator::for_model(&model);
-    let price = harness.prices.of(&model);
-    let (mut turns, mut spend) = (Vec::new(), Spend::default());
-    // The client's requests sent as they were, on the same model of the cache.
-    let mut direct = cache::Cache::default();
-    for n in 0..input.len() {
-        let sent = input.sent(n);
-        let answer = harness.send(sent.bytes.clone()).await?;
-        let (before, forwarded) = harness.provider.last_two();
-        let sent_as_is = Tokens {
-            output: provider::REPLY_TOKENS,
-            ..direct.serve_items(
-                format,
-                (input.rest(n), sent.items, &sent.keys, sent.newest.as_ref()),
-                &provider::count(&estimator),
-            )
-        };
-        let reported = crate::relay::usage::of_value(&answer.body["usage"])
-            .map(|u| crate::accounting::reported(&u))
-            .unwrap_or_default();
-        if let Some(price) = price {
-            spend.direct_micros += price.micros(sent_as_is);
-            spend.forwarded_micros += price.micros(reported);
-        }
-        let mut turn = Turn {
-            status: answer.status,
-            compacted: answer.compacted,
-            client_tokens: sent_as_is.input,
-            provider_tokens: reported.input,
-            stable_prefix: match (&before, &forwarded) {
-                (Some(before), Some(now)) => now.messages.starts_with(&before.messages),
-                _ => true,
-            },
-            refused: forwarded
-                .as_ref()
-                .and_then(|f| f.refused.clone())
-                .map(|why| {
-                    // The input's own fault, or abridge's.
-                    match rules::violation(format, sent.items) {
-                        Some(_) => format!("{why} (as the client sent it too)"),
-                        None => why,
-                    }
-                }),
-            kept_identifiers: 1.0,
-            recallable_identifiers: None,
-        };
-        if n + 1 == input.len() {
-            let client = Request::parse(format, sent.bytes).ok();
-            finals(
-                &mut turn,
-                client.as_ref(),
-                forwarded.as_ref(),
-                harness.max_tokens,
-            );
-        }
-        turns.push(turn);
-        harness.wait_idle().await;
-    }
-    let (calls, summaries) = harness.provider.summaries();
-    spend.summary_calls = calls;
-    spend.summary_tokens = summaries.input + summaries.output;
-    let summariser = harness.summary_model.as_deref().unwrap_or(&model);
-    match (price, harness.prices.of(summariser)) {
-        (Some(_), Some(summary_price)) => spend.summary_micros = summary_price.micros(summaries),
-        _ => spend.unpriced.push(model.clone()),
-    }
-    Ok((turns, harness.finish().await, spend))
-}
-
-/// At an input's final turn (whose history holds all its identifiers): the share of
-/// them the provider received, and the share it received or a recall query returns.
-fn finals(
-    turn: &mut Turn,
-    client: Option<&Request>,
-    forwarded: Option<&provider::Seen>,
-    max_tokens: u64,
-) {
-    let ids = client.map(history_identifiers).unwrap_or_default();
-    let sent = forwarded.map_or("", |f| f.text.as_str());
-    turn.kept_identifiers = share(&ids, |id| sent.contains(id));
-    let recall = Recallable::of(client, forwarded, max_tokens);
-    let searcher = recall.corpus.searcher();
-    turn.recallable_identifiers = Some(share(&ids, |id| {
-        sent.contains(id) || recall.returns(&searcher, id)
-    }));
 }
 
 /// A `--prices` file: `"model" = { input = …, output = … }` entries, at the top or in a
@@ -338,64 +256,3 @@ fn read_prices(file: &std::path::Path) -> Result<BTreeMap<String, Price>, String
     }
 }
 
-/// The share of `ids` that `found` finds (1 for none).
-fn share(ids: &[String], found: impl Fn(&str) -> bool) -> f64 {
-    if ids.is_empty() {
-        return 1.0;
-    }
-    ids.iter().filter(|id| found(id)).count() as f64 / ids.len() as f64
-}
-
-/// What an `abridge_recall` query returns from the messages of a request (its bytes)
-/// that were not forwarded, within `recall.max_tokens`.
-struct Recallable {
-    corpus: crate::recall::Corpus,
-    estimator: crate::tokens::Estimator,
-    max_tokens: u64,
-}
-
-impl Recallable {
-    fn of(client: Option<&Request>, forwarded: Option<&provider::Seen>, max_tokens: u64) -> Self {
-        let sent: std::collections::HashSet<&str> = forwarded
-            .map(|f| f.messages.iter().map(String::as_str).collect())
-            .unwrap_or_default();
-        let (corpus, model) = match client {
-            Some(request) => {
-                let items = request.items();
-                // The newest is forwarded whatever its breakpoint mark.
-                let last = items.len().saturating_sub(1);
-                let condensed = (0..last).filter(|&i| !sent.contains(items[i].raw.get()));
-                let corpus = crate::recall::Corpus::of_messages(items, condensed);
-                (corpus, request.model().to_owned())
-            }
-            None => (crate::recall::Corpus::default(), String::new()),
-        };
-        Self {
-            corpus,
-            estimator: crate::tokens::Estimator::for_model(&model),
-            max_tokens,
-        }
-    }
-
-    /// Whether a query for `id` returns it (`searcher`: this corpus indexed).
-    fn returns(&self, searcher: &crate::recall::Searcher<'_>, id: &str) -> bool {
-        let tokens = |t: &str| self.estimator.text(t);
-        searcher
-            .returned_for(id, self.max_tokens, &tokens)
-            .contains(id)
-    }
-}
-
-/// The identifiers of a request's history, read from what the model reads of each
-/// message (its text and tool calls, never an item's ids or metadata), each once.
-fn history_identifiers(request: &Request) -> Vec<String> {
-    let mut text = String::new();
-    for item in request.items() {
-        text.push_str(&crate::recall::readable(item));
-        text.push('\n');
-    }
-    let mut ids = identifiers(&text);
-    ids.sort();
-    ids.dedup();
-    ids
-}

@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::Spend;
+use super::session::Replayed;
 use crate::strategies::Strategy;
 
 /// What one turn showed.
@@ -24,6 +25,9 @@ pub struct Turn {
     pub client_tokens: u64,
     /// Prompt tokens the (simulated) provider reported for what abridge forwarded.
     pub provider_tokens: u64,
+    /// What the session file recorded the provider counted for the request, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_tokens: Option<u64>,
     /// The forwarded messages began with the previous turn's forwarded messages.
     pub stable_prefix: bool,
     /// Why the simulated provider refused what was forwarded, as a real one would.
@@ -37,7 +41,64 @@ pub struct Turn {
     pub recallable_identifiers: Option<f64>,
 }
 
-/// One strategy's figures over every input.
+/// One conversation's figures under one strategy.
+#[derive(Debug, Clone, Serialize)]
+pub struct Conversation {
+    /// Its file (and which of the file's conversations: `file#2`).
+    pub name: String,
+    pub kind: &'static str,
+    pub requests: usize,
+    pub compactions: u64,
+    pub compacted_requests: usize,
+    /// The first request a provider would refuse: the conversation failed, and its
+    /// figures are left out of the totals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+    pub cost_direct_usd: Option<f64>,
+    pub cost_through_usd: Option<f64>,
+    pub net_saved_usd: Option<f64>,
+    pub net_saved_percent: Option<f64>,
+    /// Against the bill the file recorded: replay's count of what the client sent over
+    /// the recording, less one, in percent; the worst single request's; the share of
+    /// the recorded prompt read from the provider's cache; tokens added to each
+    /// request's head for what the file left out (system prompt, tools).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count_error_percent: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worst_request_error_percent: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_cache_read_share: Option<f64>,
+    pub head_tokens_added: u64,
+}
+
+impl Conversation {
+    fn of(r: &Replayed) -> Self {
+        let spend = &r.spend;
+        let priced = spend.unpriced.is_empty();
+        let usd = |micros: f64| priced.then_some(micros / 1e6);
+        let (net, through) = spend.net_and_through();
+        let c = &r.calibration;
+        Self {
+            name: r.name.clone(),
+            kind: r.kind,
+            requests: r.turns.len(),
+            compactions: r.compactions,
+            compacted_requests: r.turns.iter().filter(|t| t.compacted).count(),
+            failed: r.refusal(),
+            cost_direct_usd: usd(spend.direct_micros),
+            cost_through_usd: usd(through),
+            net_saved_usd: usd(net),
+            net_saved_percent: (priced && spend.direct_micros > 0.0)
+                .then(|| 100.0 * net / spend.direct_micros),
+            count_error_percent: c.error().map(|e| 100.0 * e),
+            worst_request_error_percent: c.error().map(|_| 100.0 * c.worst),
+            recorded_cache_read_share: c.cached_share(),
+            head_tokens_added: c.head,
+        }
+    }
+}
+
+/// One strategy's figures over every conversation that did not fail.
 #[derive(Debug, Clone, Serialize)]
 pub struct Figures {
     pub strategy: Strategy,
@@ -58,15 +119,23 @@ pub struct Figures {
     pub final_identifier_share: f64,
     /// The same, counting what a recall query returns too.
     pub final_recallable_share: f64,
-    /// The first refusal: its turn (counted from 1 over every input) and why.
+    /// The first refusal: its conversation, request and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_refusal: Option<String>,
     /// No forwarded request broke a rule a provider enforces.
     pub all_valid: bool,
+    /// Conversations left out of the figures because a provider would refuse one of
+    /// their requests.
+    pub failed_conversations: usize,
     /// What it cost, in US dollars at the price table (`None`: a model has no price):
-    /// the requests sent as the client sent them, through abridge (the forwarded requests
-    /// and the summaries), of which the summaries; net saved, and as a share of direct.
+    /// the requests sent as the client sent them (the recorded bill where the session
+    /// recorded one), through abridge (the forwarded requests and the summaries), of
+    /// which the summaries; net saved, and as a share of direct. Net saved is the
+    /// simulation's, both sides on one model of the cache (as sent, simulated, less the
+    /// forwarded requests and the summaries); through abridge is what is sent less that.
+    /// And as sent by the simulation alone (against the recording: how far it is).
     pub cost_direct_usd: Option<f64>,
+    pub cost_direct_simulated_usd: Option<f64>,
     pub cost_through_usd: Option<f64>,
     pub summary_usd: Option<f64>,
     pub net_saved_usd: Option<f64>,
@@ -74,31 +143,41 @@ pub struct Figures {
     pub summary_calls: u64,
     /// The summaries' input and output tokens.
     pub summary_tokens: u64,
+    /// Over the requests whose bill was recorded: replay's count over the recording,
+    /// less one, in percent; and the share the provider's cache served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count_error_percent: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_cache_read_share: Option<f64>,
     /// Models without a price.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unpriced_models: Vec<String>,
-    /// Every turn of every input, in order (the plot).
+    /// Each conversation, failed ones included.
+    pub conversations: Vec<Conversation>,
+    /// Every turn of every counted conversation, in order (the plot).
     #[serde(skip)]
     pub series: Vec<Turn>,
 }
 
 impl Figures {
-    pub fn of(
-        strategy: Strategy,
-        (threshold, compactions): (u64, u64),
-        inputs: &[Vec<Turn>],
-        spend: &Spend,
-    ) -> Self {
+    pub fn of(strategy: Strategy, threshold: u64, replayed: &[Replayed]) -> Self {
+        let conversations: Vec<Conversation> = replayed.iter().map(Conversation::of).collect();
+        let counted: Vec<&Replayed> = replayed.iter().filter(|r| r.refusal().is_none()).collect();
+        let mut spend = Spend::default();
+        let mut calibration = super::calibrate::Calibration::default();
+        for r in &counted {
+            spend.add(&r.spend);
+            calibration.merge(&r.calibration);
+        }
         let priced = spend.unpriced.is_empty();
         let usd = |micros: f64| priced.then_some(micros / 1e6);
-        let through = spend.forwarded_micros + spend.summary_micros;
-        let net = spend.direct_micros - through;
-        let all: Vec<Turn> = inputs.iter().flatten().cloned().collect();
+        let (net, through) = spend.net_and_through();
+        let all: Vec<Turn> = counted.iter().flat_map(|r| r.turns.clone()).collect();
         let client: u64 = all.iter().map(|t| t.client_tokens).sum();
         let provider: u64 = all.iter().map(|t| t.provider_tokens).sum();
-        let finals: Vec<f64> = inputs
+        let finals: Vec<f64> = counted
             .iter()
-            .filter_map(|turns| turns.last().map(|t| t.kept_identifiers))
+            .filter_map(|r| r.turns.last().map(|t| t.kept_identifiers))
             .collect();
         let share = |n: usize| {
             if all.is_empty() {
@@ -110,7 +189,7 @@ impl Figures {
         Self {
             strategy,
             turns: all.len(),
-            compactions,
+            compactions: counted.iter().map(|r| r.compactions).sum(),
             compacted_turns: all.iter().filter(|t| t.compacted).count(),
             client_tokens: client,
             provider_tokens: provider,
@@ -121,21 +200,24 @@ impl Figures {
             },
             largest_forwarded: all.iter().map(|t| t.provider_tokens).max().unwrap_or(0),
             threshold,
-            all_succeeded: all.iter().all(|t| t.status == 200),
+            all_succeeded: replayed
+                .iter()
+                .all(|r| r.turns.iter().all(|t| t.status == 200)),
             stable_prefix_share: share(all.iter().filter(|t| t.stable_prefix).count()),
             final_identifier_share: mean(&finals),
             final_recallable_share: mean(
-                &inputs
+                &counted
                     .iter()
-                    .filter_map(|turns| turns.last().and_then(|t| t.recallable_identifiers))
+                    .filter_map(|r| r.turns.last().and_then(|t| t.recallable_identifiers))
                     .collect::<Vec<_>>(),
             ),
-            first_refusal: all
+            first_refusal: replayed
                 .iter()
-                .enumerate()
-                .find_map(|(i, t)| Some(format!("turn {}: {}", i + 1, t.refused.as_ref()?))),
-            all_valid: all.iter().all(|t| t.refused.is_none()),
+                .find_map(|r| Some(format!("{}, {}", r.name, r.refusal()?))),
+            all_valid: counted.len() == replayed.len(),
+            failed_conversations: replayed.len() - counted.len(),
             cost_direct_usd: usd(spend.direct_micros),
+            cost_direct_simulated_usd: usd(spend.simulated_direct_micros),
             cost_through_usd: usd(through),
             summary_usd: usd(spend.summary_micros),
             net_saved_usd: usd(net),
@@ -143,7 +225,10 @@ impl Figures {
                 .then(|| 100.0 * net / spend.direct_micros),
             summary_calls: spend.summary_calls,
             summary_tokens: spend.summary_tokens,
+            count_error_percent: calibration.error().map(|e| 100.0 * e),
+            recorded_cache_read_share: calibration.cached_share(),
             unpriced_models: spend.unpriced.clone(),
+            conversations,
             series: all,
         }
     }
@@ -183,9 +268,49 @@ pub fn text(figures: &[Figures]) -> String {
         );
     }
     out.push_str(&costs(figures));
+    out.push_str(&conversations(figures));
     for f in figures {
         if let Some(why) = &f.first_refusal {
-            let _ = writeln!(out, "{}: a provider would refuse {why}", f.strategy);
+            let _ = writeln!(
+                out,
+                "{}: a provider would refuse {why}; that conversation is left out of the figures",
+                f.strategy
+            );
+        }
+    }
+    out
+}
+
+/// Each conversation under each strategy: one line each, and — where its file recorded
+/// the bill — how replay's count of what the client sent compares with it.
+fn conversations(figures: &[Figures]) -> String {
+    let mut out = String::from(
+        "
+strategy       conversation                          requests  compactions           cost as sent  through abridge  net saved  count vs bill  cache reads
+",
+    );
+    let pct = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:+.1}%"));
+    let usd = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("${v:.4}"));
+    for f in figures {
+        for c in &f.conversations {
+            let net = match &c.failed {
+                Some(_) => "FAILED".to_owned(),
+                None => pct(c.net_saved_percent),
+            };
+            let _ = writeln!(
+                out,
+                "{:<14} {:<36} {:>9}  {:>11}  {:>12}  {:>15}  {:>9}  {:>13}  {:>11}",
+                f.strategy.to_string(),
+                c.name.chars().take(36).collect::<String>(),
+                c.requests,
+                c.compactions,
+                usd(c.cost_direct_usd),
+                usd(c.cost_through_usd),
+                net,
+                pct(c.count_error_percent),
+                c.recorded_cache_read_share
+                    .map_or_else(|| "–".to_owned(), |s| format!("{:.0}%", 100.0 * s)),
+            );
         }
     }
     out

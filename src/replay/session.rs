@@ -1,0 +1,227 @@
+//! One conversation through abridge, for `abridge replay`: each request sent as the
+//! client sent it (calibrated to the bill its file recorded, see [`calibrate`]), what the
+//! simulated provider was forwarded and reported, what the request cost sent as sent —
+//! the recorded bill where the file has one, else the simulated provider's count and
+//! cache — and through abridge, and at the last request how much of the history's
+//! identifiers the provider received or a recall query returns.
+
+use serde_json::Value;
+
+use super::calibrate::{self, Calibration};
+use super::harness::Harness;
+use super::input::Input;
+use super::report::Turn;
+use super::{Spend, cache, provider, rules};
+use crate::config::Config;
+use crate::formats::Request;
+use crate::prices::Tokens;
+use crate::strategies::text::identifiers;
+
+/// One conversation replayed.
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    /// Its file and, when the file holds several, which (`file#2`).
+    pub name: String,
+    /// What the file was (`claude-code`, `codex`, `chat`, …).
+    pub kind: &'static str,
+    pub turns: Vec<Turn>,
+    pub compactions: u64,
+    pub spend: Spend,
+    pub calibration: Calibration,
+}
+
+impl Replayed {
+    /// The first request a provider would refuse, and why: such a conversation is
+    /// reported as failed, and none of its figures count.
+    pub fn refusal(&self) -> Option<String> {
+        self.turns
+            .iter()
+            .enumerate()
+            .find_map(|(i, t)| Some(format!("request {}: {}", i + 1, t.refused.as_ref()?)))
+    }
+}
+
+/// `input` (called `name`) through abridge with `config`.
+pub async fn replay(config: &Config, input: &Input, name: String) -> Result<Replayed, String> {
+    let harness = Harness::start(config, input.format).await?;
+    let format = input.format;
+    let model = input
+        .rest(0)
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let estimator = crate::tokens::Estimator::for_model(&model);
+    let count = provider::count(&estimator);
+    let price = harness.prices.of(&model);
+    let mut calibration = Calibration::default();
+    let mut padded = None;
+    if input.bill(0).is_some() {
+        let mut copy = input.clone();
+        calibration.head = calibrate::pad(&mut copy, &estimator);
+        padded = Some(copy);
+    }
+    let input = padded.as_ref().unwrap_or(input);
+    let (mut turns, mut spend) = (Vec::new(), Spend::default());
+    // The client's requests sent as they were, on the same model of the cache.
+    let mut direct = cache::Cache::default();
+    for n in 0..input.len() {
+        let sent = input.sent(n);
+        let answer = harness.send(sent.bytes.clone()).await?;
+        let (before, forwarded) = harness.provider.last_two();
+        let simulated = direct.serve_items(
+            format,
+            (input.rest(n), sent.items, &sent.keys, sent.newest.as_ref()),
+            &count,
+        );
+        let bill = input.bill(n);
+        if let Some(bill) = bill {
+            calibration.add(simulated.input, bill);
+        }
+        // The answer's length is the model's, whatever abridge sent: as recorded.
+        let output = bill.map_or(provider::REPLY_TOKENS, |b| b.output);
+        let sent_as_is = bill.unwrap_or(Tokens {
+            output,
+            ..simulated
+        });
+        let reported = crate::relay::usage::of_value(&answer.body["usage"])
+            .map(|u| crate::accounting::reported(&u))
+            .unwrap_or_default();
+        if let Some(price) = price {
+            spend.direct_micros += price.micros(sent_as_is);
+            spend.simulated_direct_micros += price.micros(Tokens { output, ..simulated });
+            spend.forwarded_micros += price.micros(Tokens { output, ..reported });
+        }
+        let mut turn = Turn {
+            status: answer.status,
+            compacted: answer.compacted,
+            client_tokens: simulated.input,
+            provider_tokens: reported.input,
+            recorded_tokens: bill.map(|b| b.input),
+            stable_prefix: match (&before, &forwarded) {
+                (Some(before), Some(now)) => now.messages.starts_with(&before.messages),
+                _ => true,
+            },
+            refused: forwarded
+                .as_ref()
+                .and_then(|f| f.refused.clone())
+                .map(|why| {
+                    // The input's own fault, or abridge's.
+                    match rules::violation(format, sent.items) {
+                        Some(_) => format!("{why} (as the client sent it too)"),
+                        None => why,
+                    }
+                }),
+            kept_identifiers: 1.0,
+            recallable_identifiers: None,
+        };
+        if n + 1 == input.len() {
+            let client = Request::parse(format, sent.bytes).ok();
+            finals(
+                &mut turn,
+                client.as_ref(),
+                forwarded.as_ref(),
+                harness.max_tokens,
+            );
+        }
+        turns.push(turn);
+        harness.wait_idle().await;
+    }
+    let (calls, summaries) = harness.provider.summaries();
+    spend.summary_calls = calls;
+    spend.summary_tokens = summaries.input + summaries.output;
+    let summariser = harness.summary_model.as_deref().unwrap_or(&model);
+    match (price, harness.prices.of(summariser)) {
+        (Some(_), Some(summary_price)) => spend.summary_micros = summary_price.micros(summaries),
+        _ => spend.unpriced.push(model.clone()),
+    }
+    Ok(Replayed {
+        name,
+        kind: input.kind,
+        turns,
+        compactions: harness.finish().await,
+        spend,
+        calibration,
+    })
+}
+
+/// At an input's final turn (whose history holds all its identifiers): the share of
+/// them the provider received, and the share it received or a recall query returns.
+fn finals(
+    turn: &mut Turn,
+    client: Option<&Request>,
+    forwarded: Option<&provider::Seen>,
+    max_tokens: u64,
+) {
+    let ids = client.map(history_identifiers).unwrap_or_default();
+    let sent = forwarded.map_or("", |f| f.text.as_str());
+    turn.kept_identifiers = share(&ids, |id| sent.contains(id));
+    let recall = Recallable::of(client, forwarded, max_tokens);
+    let searcher = recall.corpus.searcher();
+    turn.recallable_identifiers = Some(share(&ids, |id| {
+        sent.contains(id) || recall.returns(&searcher, id)
+    }));
+}
+
+/// The share of `ids` that `found` finds (1 for none).
+fn share(ids: &[String], found: impl Fn(&str) -> bool) -> f64 {
+    if ids.is_empty() {
+        return 1.0;
+    }
+    ids.iter().filter(|id| found(id)).count() as f64 / ids.len() as f64
+}
+
+/// What an `abridge_recall` query returns from the messages of a request (its bytes)
+/// that were not forwarded, within `recall.max_tokens`.
+struct Recallable {
+    corpus: crate::recall::Corpus,
+    estimator: crate::tokens::Estimator,
+    max_tokens: u64,
+}
+
+impl Recallable {
+    fn of(client: Option<&Request>, forwarded: Option<&provider::Seen>, max_tokens: u64) -> Self {
+        let sent: std::collections::HashSet<&str> = forwarded
+            .map(|f| f.messages.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        let (corpus, model) = match client {
+            Some(request) => {
+                let items = request.items();
+                // The newest is forwarded whatever its breakpoint mark.
+                let last = items.len().saturating_sub(1);
+                let condensed = (0..last).filter(|&i| !sent.contains(items[i].raw.get()));
+                let corpus = crate::recall::Corpus::of_messages(items, condensed);
+                (corpus, request.model().to_owned())
+            }
+            None => (crate::recall::Corpus::default(), String::new()),
+        };
+        Self {
+            corpus,
+            estimator: crate::tokens::Estimator::for_model(&model),
+            max_tokens,
+        }
+    }
+
+    /// Whether a query for `id` returns it (`searcher`: this corpus indexed).
+    fn returns(&self, searcher: &crate::recall::Searcher<'_>, id: &str) -> bool {
+        let tokens = |t: &str| self.estimator.text(t);
+        searcher
+            .returned_for(id, self.max_tokens, &tokens)
+            .contains(id)
+    }
+}
+
+/// The identifiers of a request's history, read from what the model reads of each
+/// message (its text and tool calls, never an item's ids or metadata), each once.
+fn history_identifiers(request: &Request) -> Vec<String> {
+    let mut text = String::new();
+    for item in request.items() {
+        text.push_str(&crate::recall::readable(item));
+        text.push('\n');
+    }
+    let mut ids = identifiers(&text);
+    ids.sort();
+    ids.dedup();
+    ids
+}
+

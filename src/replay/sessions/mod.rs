@@ -1,0 +1,73 @@
+//! Agents' own session files as the requests the agent sent, and what the provider
+//! billed for each: a Claude Code transcript becomes Messages requests ([`claude`]), a
+//! Codex CLI rollout Responses requests ([`codex`]), a request per answer the model
+//! gave. What the files do not keep is left out: Claude Code's system prompt and tools,
+//! Codex's tools (its `base_instructions` are kept); replay sizes them from the bill of
+//! the first request (see `super::calibrate`).
+
+mod claude;
+mod codex;
+
+use serde_json::{Map, Value};
+
+use super::input::{Input, cuts, is_output};
+use crate::formats::Format;
+use crate::prices::Tokens;
+
+pub use claude::claude_code;
+pub use codex::codex;
+
+/// One conversation of a session file: the request's other members, its history, and
+/// the bills the file recorded, each with how many history items were written when it
+/// came (after the answer it bills began).
+#[derive(Debug, Default)]
+pub struct Answers {
+    pub base: Map<String, Value>,
+    pub items: Vec<Value>,
+    pub bills: Vec<(usize, Option<Tokens>)>,
+}
+
+impl Answers {
+    /// The conversation as replay's input: a request per answer, each with its bill
+    /// (the first recorded after the answer began and before the next began).
+    pub fn into_input(self, format: Format, kind: &'static str) -> Option<Input> {
+        let cuts = cuts(&self.items, |item| is_output(format, item));
+        if cuts.is_empty() {
+            return None;
+        }
+        let mut bills = self.bills.iter().peekable();
+        let billed: Vec<Option<Tokens>> = (0..cuts.len())
+            .map(|k| {
+                let next = cuts.get(k + 1).copied().unwrap_or(usize::MAX);
+                while bills.next_if(|(at, _)| *at <= cuts[k]).is_some() {}
+                bills.next_if(|(at, _)| *at <= next).and_then(|(_, b)| *b)
+            })
+            .collect();
+        let input = Input::growing(format, kind, self.base, self.items, cuts);
+        Some(input.with_bills(billed))
+    }
+}
+
+/// Whether a line is a Codex rollout's.
+pub fn is_codex(line: &Value) -> bool {
+    let envelope = matches!(
+        line["type"].as_str(),
+        Some("session_meta" | "response_item" | "turn_context" | "event_msg" | "compacted")
+    ) && line.get("payload").is_some();
+    // Before the envelope (2025-08): a first line of the session's id and instructions.
+    let bare_meta = line.get("id").is_some()
+        && line.get("timestamp").is_some()
+        && line.get("instructions").is_some()
+        && line.get("type").is_none();
+    envelope || bare_meta
+}
+
+/// Whether a line is a Claude Code transcript's.
+pub fn is_claude_code(line: &Value) -> bool {
+    matches!(line["type"].as_str(), Some("user" | "assistant"))
+        && line["message"].is_object()
+        && line.get("uuid").is_some()
+}
+
+#[cfg(test)]
+mod tests;
