@@ -12,6 +12,8 @@
 //! answered without recall (the forwarded request without the tool), and the client is
 //! told.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use http::request::Parts;
 use http::{StatusCode, Uri};
@@ -21,7 +23,7 @@ use crate::compactor::Decision;
 use crate::identity::Fingerprint;
 use crate::prepare::Prepared;
 use crate::prices::Price;
-use crate::recall::{Corpus, wire};
+use crate::recall::{Corpus, NAME, wire};
 use crate::relay::usage;
 use crate::state::AppState;
 use crate::tokens::Estimator;
@@ -31,21 +33,38 @@ use super::{Exchange, Upstream, first_answer};
 
 /// Whether this request gets the recall tool (see the module docs).
 pub(super) fn wanted(prepared: &Prepared, decision: &Decision) -> bool {
-    prepared.recall_tool && decision.active && decision.apply.is_some()
+    prepared.recall_tool.is_some() && decision.active && decision.apply.is_some()
 }
 
 /// The recall tool in `prepared`'s format, when `recall` says it is added.
-pub(super) fn tool(prepared: &Prepared, recall: bool) -> Option<&'static str> {
-    recall.then(|| wire::tool(prepared.request.format()))
+pub(super) fn tool(prepared: &Prepared, recall: bool) -> Option<Cow<'static, str>> {
+    let tool = prepared.recall_tool.as_ref().filter(|_| recall)?;
+    Some(tool.definition(prepared.request.format()))
+}
+
+/// The name the tool goes by in `prepared`'s request.
+fn name(prepared: &Prepared) -> &str {
+    prepared.recall_tool.as_ref().map_or(NAME, |t| &t.name)
 }
 
 /// The provider refused the tool: a 400 or 422 whose text names tools.
-pub(super) fn refused(upstream: &Upstream) -> bool {
+pub(super) fn refused(prepared: &Prepared, upstream: &Upstream) -> bool {
     match upstream {
         Upstream::Buffered(head, body) => {
-            matches!(head.status.as_u16(), 400 | 422) && wire::refused(body)
+            matches!(head.status.as_u16(), 400 | 422) && wire::refused(body, name(prepared))
         }
         _ => false,
+    }
+}
+
+/// The provider refused the tool and took the request without it: the tenant's requests
+/// go without it for a while (see [`crate::tenants`]); no other tenant's do.
+pub(super) fn remember_refusal(state: &AppState, prepared: &Prepared) {
+    if let Some(identified) = &prepared.identified {
+        state.tenants().recall_refused(identified.payer);
+        tracing::info!(
+            "the provider refused the abridge_recall tool for this credential; its requests go without it for an hour"
+        );
     }
 }
 
@@ -70,22 +89,21 @@ pub(super) async fn serve(
     let format = prepared.request.format();
     // An answer that never names the tool calls it not (and, on Responses, does not
     // echo it): no parse. The common case: most answers call nothing.
-    if memchr::memmem::find(&body, crate::recall::NAME.as_bytes()).is_none() {
+    let name = name(prepared);
+    if memchr::memmem::find(&body, name.as_bytes()).is_none() {
         decision.report.recalls = Some(0);
         return Upstream::Whole(head, body, usage);
     }
-    let answer = match wire::Answer::read(format, &body) {
+    let answer = match wire::Answer::read(format, &body, name) {
         Some(answer) if head.status == StatusCode::OK => answer,
         _ => return Upstream::Whole(head, body, usage),
     };
     decision.report.recalls = Some(0);
     let choice = client_choice(prepared);
     if answer.calls.is_empty() {
-        // A Responses answer echoes the tools: the client sees only its own.
-        if format == crate::formats::Format::Responses {
-            let body = Bytes::from(wire::finish(format, answer.value, None, &choice));
-            return Upstream::Whole(head, body, usage);
-        }
+        // A Responses answer echoes the tools, and the calls of another choice than
+        // the first are not served: the client sees only its own.
+        let body = Bytes::from(wire::finish(format, answer.value, None, &choice, name));
         return Upstream::Whole(head, body, usage);
     }
     let Some(checkpoint) = decision.apply.as_ref() else {
@@ -99,6 +117,7 @@ pub(super) async fn serve(
         price: state.prices().of(prepared.request.model()),
         format,
         choice: choice.clone(),
+        name,
     };
     match rounds.run(answer, sent, (parts, target), exchange).await {
         Ok((head, body, spent)) => {
@@ -118,8 +137,8 @@ pub(super) async fn serve(
                 Some(answered) => answered,
                 // Not even that: the first answer, its recall calls taken out.
                 None => {
-                    let stripped = wire::Answer::read(format, &body)
-                        .map(|a| Bytes::from(wire::finish(format, a.value, None, &choice)))
+                    let stripped = wire::Answer::read(format, &body, name)
+                        .map(|a| Bytes::from(wire::finish(format, a.value, None, &choice, name)))
                         .unwrap_or(body);
                     Upstream::Whole(head, stripped, usage)
                 }
@@ -147,6 +166,7 @@ fn streamed(
         target: target.clone(),
         sent,
         choice: client_choice(prepared),
+        name: Cow::Owned(name(prepared).to_owned()),
         conversation: prepared.identified.as_ref().map(|i| i.conversation),
     };
     Upstream::Recalling(Box::new(upstream), Box::new(rounds))
@@ -218,6 +238,8 @@ struct Rounds<'a> {
     format: crate::formats::Format,
     /// The client's `tool_choice`, as the answer echoes it (Responses).
     choice: serde_json::Value,
+    /// The tool's name in this request.
+    name: &'a str,
 }
 
 impl Rounds<'_> {
@@ -244,7 +266,7 @@ impl Rounds<'_> {
                 &answer.calls,
             );
             spent.recalls += results.len() as u64;
-            let items = wire::round_items(self.format, &answer, &results);
+            let items = wire::round_items(self.format, &answer, &results, self.name);
             let last = round >= config.max_rounds;
             let next = wire::follow_up(self.format, &sent, &items, last)
                 .ok_or("the forwarded request could not be extended")?;
@@ -268,7 +290,7 @@ impl Rounds<'_> {
                     head.status
                 ));
             }
-            answer = wire::Answer::read(self.format, &body)
+            answer = wire::Answer::read(self.format, &body, self.name)
                 .ok_or("the provider's answer to the follow-up is not JSON")?;
             if let Some(more) = answer.value.get("usage").and_then(usage::of_value) {
                 spent.add(&accounting::recall(
@@ -284,7 +306,7 @@ impl Rounds<'_> {
             }
             sent = next;
             if answer.calls.is_empty() || last {
-                let body = wire::finish(self.format, answer.value, usage, &self.choice);
+                let body = wire::finish(self.format, answer.value, usage, &self.choice, self.name);
                 return Ok((head, Bytes::from(body), spent));
             }
         }

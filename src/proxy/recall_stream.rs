@@ -14,6 +14,7 @@
 //! the conversation when the stream ends; the `x-abridge-recalls` header, sent before
 //! anything is known, is not set on streams.
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -54,6 +55,8 @@ pub(super) struct Streamed {
     pub sent: Bytes,
     /// The client's `tool_choice`, as a Responses answer echoes it.
     pub choice: Value,
+    /// The tool's name in this request.
+    pub name: Cow<'static, str>,
     pub conversation: Option<Fingerprint>,
 }
 
@@ -92,7 +95,7 @@ impl Streamed {
         let (max_rounds, max_tokens) = (config.max_rounds, config.max_tokens);
         let estimator = Estimator::for_model_ready(self.request.model());
         let mut body = first;
-        let mut carry = Carry::new(format, self.choice.clone());
+        let mut carry = Carry::new(format, self.choice.clone(), self.name.clone());
         let mut sent = self.sent.clone();
         let (mut followups, mut served) = (0u32, 0u64);
         let mut spent = Tally::default();
@@ -122,7 +125,7 @@ impl Streamed {
                 &answer.calls,
             );
             served += results.len() as u64;
-            let items = wire::round_items(format, &answer, &results);
+            let items = wire::round_items(format, &answer, &results, &self.name);
             let last = followups >= max_rounds;
             let next = wire::follow_up(format, &sent, &items, last).map(Bytes::from);
             let asked = match next {

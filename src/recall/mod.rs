@@ -15,6 +15,10 @@
 //! ([`rank`]), or both. What it returns is the messages' exact text, secrets redacted as
 //! for the summariser, within `recall.max_tokens`.
 //!
+//! The tool is named [`NAME`] in a request, unless a tool of the client's own already has
+//! that name: then abridge's is named apart for that request (`abridge_recall_2`, the
+//! first free), and only calls of the name abridge gave are abridge's ([`Tool`]).
+//!
 //! [`wire`] has each format's side: the tool, its calls in a provider's answer, and the
 //! follow-up request.
 
@@ -32,6 +36,48 @@ use crate::strategies::redact::redact;
 
 /// The tool's name.
 pub const NAME: &str = "abridge_recall";
+/// Most tools a request may carry (OpenAI's limit): a client that sends this many gets
+/// no tool added beside them.
+pub const MAX_TOOLS: usize = 128;
+
+/// abridge's tool as one request carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tool {
+    /// Its name in this request (see the module docs).
+    pub name: Cow<'static, str>,
+}
+
+impl Tool {
+    /// The tool for a request in `format` whose client sent `tools` (its `tools`, as
+    /// written): named [`NAME`] unless one of the client's tools is; `None` when the
+    /// client's tools already number [`MAX_TOOLS`] or cannot be read.
+    pub fn for_request(format: crate::formats::Format, tools: Option<&str>) -> Option<Tool> {
+        let taken = match tools.map(str::trim) {
+            None | Some("null") => Vec::new(),
+            Some(tools) => wire::tool_names(format, tools)?,
+        };
+        if taken.len() >= MAX_TOOLS {
+            return None;
+        }
+        let free = |name: &str| !taken.iter().any(|t| t == name);
+        if free(NAME) {
+            return Some(Tool {
+                name: Cow::Borrowed(NAME),
+            });
+        }
+        (2..)
+            .map(|n| format!("{NAME}_{n}"))
+            .find(|n| free(n))
+            .map(|name| Tool {
+                name: Cow::Owned(name),
+            })
+    }
+
+    /// Its definition in `format`.
+    pub fn definition(&self, format: crate::formats::Format) -> Cow<'static, str> {
+        wire::tool(format, &self.name)
+    }
+}
 /// Longest passage: a longer message is read in parts.
 pub const PART_CHARS: usize = 4000;
 

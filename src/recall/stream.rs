@@ -23,7 +23,8 @@
 
 use serde_json::{Value, json};
 
-use super::NAME;
+use std::borrow::Cow;
+
 use super::wire::{Answer, add_usage};
 use crate::formats::Format;
 use crate::relay::events::next_event;
@@ -93,11 +94,13 @@ pub struct Carry {
     usage: Option<Value>,
     /// The client's `tool_choice`, as a Responses answer echoes it.
     choice: Value,
+    /// The name abridge's tool goes by in the request (see [`super::Tool`]).
+    name: Cow<'static, str>,
 }
 
 impl Carry {
-    /// Before the first round.
-    pub fn new(format: Format, choice: Value) -> Self {
+    /// Before the first round of a request whose tool is named `name`.
+    pub fn new(format: Format, choice: Value, name: Cow<'static, str>) -> Self {
         Self {
             format,
             round: 0,
@@ -106,6 +109,7 @@ impl Carry {
             items: Vec::new(),
             usage: None,
             choice,
+            name,
         }
     }
 }
@@ -203,7 +207,7 @@ impl Round {
         if !more || self.recalls.is_empty() || self.answer.is_null() {
             return None;
         }
-        let answer = Answer::of(self.carry.format, self.whole());
+        let answer = Answer::of(self.carry.format, self.whole(), &self.carry.name);
         (!answer.calls.is_empty()).then_some(answer)
     }
 
@@ -328,7 +332,7 @@ impl Round {
                 Kind::Drop
             }
             "response.output_item.added" if value["item"]["type"] == "function_call" => {
-                if value["item"]["name"] == NAME {
+                if value["item"]["name"] == *self.carry.name {
                     self.recalls
                         .push(value["output_index"].as_u64().unwrap_or(0));
                 } else {
@@ -382,7 +386,7 @@ impl Round {
     /// the end, every item it was sent and every round's usage.
     fn echo(&self, response: &mut Value, terminal: bool) {
         if let Some(tools) = response.get_mut("tools").and_then(Value::as_array_mut) {
-            tools.retain(|t| t["name"] != NAME);
+            tools.retain(|t| t["name"] != *self.carry.name);
         }
         if let Some(echoed) = response.get_mut("tool_choice") {
             *echoed = self.carry.choice.clone();
@@ -391,7 +395,7 @@ impl Round {
             return;
         }
         if let Some(output) = response.get_mut("output").and_then(Value::as_array_mut) {
-            output.retain(|o| !(o["type"] == "function_call" && o["name"] == NAME));
+            output.retain(|o| !(o["type"] == "function_call" && o["name"] == *self.carry.name));
             let mut all = self.carry.items.clone();
             all.append(output);
             *output = all;

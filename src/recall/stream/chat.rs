@@ -4,7 +4,6 @@
 use serde_json::{Value, json};
 
 use super::{Event, Kind, Part, Round};
-use crate::recall::NAME;
 
 impl Round {
     pub(super) fn read_chat(&mut self, event: &Event) -> Kind {
@@ -53,7 +52,7 @@ impl Round {
             }
             if let Some(name) = delta.pointer("/function/name").and_then(Value::as_str) {
                 call.block["function"]["name"] = Value::from(name);
-                if name == NAME {
+                if name == self.carry.name {
                     self.recalls.push(index);
                 } else {
                     self.client_calls = true;

@@ -4,7 +4,6 @@
 use serde_json::Value;
 
 use super::{Event, Kind, Part, Round};
-use crate::recall::NAME;
 
 impl Round {
     pub(super) fn read_messages(&mut self, event: &Event) -> Kind {
@@ -33,7 +32,7 @@ impl Round {
                     });
                 }
                 if block["type"] == "tool_use" {
-                    if block["name"] == NAME {
+                    if block["name"] == *self.carry.name {
                         self.recalls.push(index);
                     } else {
                         self.client_calls = true;

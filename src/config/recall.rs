@@ -1,0 +1,50 @@
+//! The `[recall]` section: the `abridge_recall` tool (see `recall`) and the bounds of
+//! serving it.
+
+use serde::{Deserialize, Serialize};
+
+/// The `abridge_recall` tool (see `recall`): the model reads back what was condensed.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecallConfig {
+    /// Add the tool to compacted requests abridge can serve it for.
+    pub enabled: bool,
+    /// Longest answer to one call, in tokens.
+    pub max_tokens: u64,
+    /// Recall rounds per client request at most; the last follow-up asks for an answer
+    /// without tools.
+    pub max_rounds: u32,
+}
+
+impl Default for RecallConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_tokens: 2000,
+            max_rounds: 3,
+        }
+    }
+}
+
+impl RecallConfig {
+    /// The checks of the section: the key at fault and why.
+    pub(super) fn check(&self) -> Result<(), (&'static str, String)> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if !(100..=100_000).contains(&self.max_tokens) {
+            return Err((
+                "recall.max_tokens",
+                "must be between 100 and 100000 (an answer shorter than 100 tokens holds almost nothing)".to_owned(),
+            ));
+        }
+        if !(1..=10).contains(&self.max_rounds) {
+            return Err((
+                "recall.max_rounds",
+                "must be between 1 and 10 (set recall.enabled = false to turn recall off)"
+                    .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! Recall within bounds (issue 41): what one tenant sends never changes recall for
+//! another; a client's own tool of the same name stays its own; the calls served per
+//! answer are capped; what a streamed round holds is bounded in bytes and time; the
+//! follow-ups and the whole answers read for recall count against the body budget; and
+//! no call of abridge's tool reaches a client, from a compressed answer or from any
+//! choice.
+
+use abridge::Config;
+use abridge::strategies::Strategy;
+use fake_provider::{Behavior, FakeProvider};
+use serde_json::{Value, json};
+
+use crate::common::{Proxy, compacting};
+use crate::recall::{FACT, QUESTION, compacted_chat, compacted_chat_of, post, rounds_since};
+
+/// A question about what is still in view: the fake calls the client's first tool.
+const IN_VIEW: &str = "Tell me more about the harbour lighthouse.";
+
+/// The fake provider using the recall tool, and abridge as `recall`'s tests set it up
+/// with `configure` applied.
+async fn start(configure: impl FnOnce(&mut Config)) -> (FakeProvider, Proxy) {
+    let provider = FakeProvider::start(Behavior {
+        uses_recall: true,
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let mut config = compacting(&provider.url(), Strategy::Recency, 3000);
+    config.compaction.background = false;
+    configure(&mut config);
+    let proxy = Proxy::start_with(config).await;
+    (provider, proxy)
+}
+
+/// A client tool named `name`.
+fn tool(name: &str) -> Value {
+    json!({"type": "function", "function": {"name": name, "description": "The client's own.", "parameters": {"type": "object"}}})
+}
+
+/// The chat body of `messages`, streamed or not, with `tools` when given.
+fn body(messages: &[Value], stream: bool, tools: Option<Vec<Value>>) -> Value {
+    let mut body = json!({"model": "fake-model", "messages": messages, "stream": stream});
+    if let Some(tools) = tools {
+        body["tools"] = Value::from(tools);
+    }
+    body
+}
+
+/// The names of the tools a forwarded chat body carries.
+fn tool_names(forwarded: &Value) -> Vec<String> {
+    forwarded["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A compacted chat of the test's tenant ending in `question`.
+async fn asking(proxy: &Proxy, question: &str) -> Vec<Value> {
+    let mut messages = compacted_chat(proxy).await;
+    messages.push(json!({"role": "user", "content": question}));
+    messages
+}
+
+#[tokio::test]
+async fn what_one_tenant_sends_never_turns_recall_off_for_another() {
+    let (_provider, proxy) = start(|_| {}).await;
+    // Tenant A: a tool of abridge's tool's name, then 128 tools of its own.
+    let notes = "Setup notes for the rollout: the canary stays green overnight.";
+    let mut theirs = compacted_chat_of(&proxy, "sk-tenant-a", notes).await;
+    theirs.push(json!({"role": "user", "content": IN_VIEW}));
+    let own = vec![tool("abridge_recall")];
+    let response = post(&proxy, "sk-tenant-a", &body(&theirs, false, Some(own)), &[]).await;
+    assert_eq!(response.status(), 200);
+    let many: Vec<Value> = (0..128).map(|i| tool(&format!("tool_{i}"))).collect();
+    let response = post(
+        &proxy,
+        "sk-tenant-a",
+        &body(&theirs, false, Some(many)),
+        &[],
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+
+    // Tenant B still recalls.
+    let messages = asking(&proxy, QUESTION).await;
+    let response = post(&proxy, "sk-recall", &body(&messages, false, None), &[]).await;
+    assert_eq!(response.headers()["x-abridge-recalls"], "1");
+    let answer: Value = response.json().await.unwrap();
+    let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.contains("port 6543"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_clients_own_abridge_recall_is_its_own_and_abridges_tool_is_named_apart() {
+    let (provider, proxy) = start(|_| {}).await;
+    // A provider that takes tools of one name twice, as some do.
+    let lenient = [("x-fake-duplicate-tools", "1")];
+    let own = tool("abridge_recall");
+    let messages = asking(&proxy, IN_VIEW).await;
+    let response = post(
+        &proxy,
+        "sk-recall",
+        &body(&messages, false, Some(vec![own.clone()])),
+        &lenient,
+    )
+    .await;
+    assert_eq!(response.headers()["x-abridge-compacted"], "true");
+    let answer: Value = response.json().await.unwrap();
+    let call = &answer["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "abridge_recall", "{answer}");
+    assert_eq!(call["function"]["arguments"], r#"{"path":"/tmp/fake.txt"}"#);
+    let forwarded = provider.last_request().unwrap().json();
+    assert_eq!(
+        tool_names(&forwarded),
+        ["abridge_recall", "abridge_recall_2"]
+    );
+    assert_eq!(
+        forwarded["tools"][0], own,
+        "the client's tool as it sent it"
+    );
+
+    // Streamed, the same.
+    let response = post(
+        &proxy,
+        "sk-recall",
+        &body(&messages, true, Some(vec![own.clone()])),
+        &lenient,
+    )
+    .await;
+    let sse = response.text().await.unwrap();
+    assert!(sse.contains(r#""name":"abridge_recall""#), "{sse}");
+    assert!(sse.contains("fake.txt"), "{sse}");
+
+    // The client answers its own call and asks about what was condensed: abridge's tool,
+    // under its other name, is served.
+    let mut messages = messages;
+    let id = call["id"].as_str().unwrap();
+    messages.push(answer["choices"][0]["message"].clone());
+    messages.push(json!({"role": "tool", "tool_call_id": id, "content": "Ticket 7: open."}));
+    messages.push(json!({"role": "user", "content": QUESTION}));
+    let before = provider.requests().len();
+    let response = post(
+        &proxy,
+        "sk-recall",
+        &body(&messages, false, Some(vec![own])),
+        &lenient,
+    )
+    .await;
+    assert_eq!(response.headers()["x-abridge-recalls"], "1");
+    let answer: Value = response.json().await.unwrap();
+    let message = &answer["choices"][0]["message"];
+    assert!(
+        message["content"].as_str().unwrap().contains("port 6543"),
+        "{answer}"
+    );
+    assert!(message.get("tool_calls").is_none(), "{answer}");
+    let rounds = rounds_since(&provider, before);
+    assert_eq!(rounds.len(), 2);
+    let result = rounds[1]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(
+        result["content"].as_str().unwrap().contains(FACT),
+        "{result}"
+    );
+}
