@@ -1,5 +1,6 @@
 //! The `[recall]` section: the `abridge_recall` tool (see `recall`) and the bounds of
-//! serving it.
+//! serving it — rounds, answer sizes, calls per answer, and what one provider answer may
+//! make abridge hold (bytes and time).
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +15,12 @@ pub struct RecallConfig {
     /// Recall rounds per client request at most; the last follow-up asks for an answer
     /// without tools.
     pub max_rounds: u32,
+    /// Calls served per provider answer at most; the calls past it are answered with a
+    /// short "too many recall calls in one answer; ask again" instead of the text.
+    pub max_calls_per_answer: u32,
+    /// Tokens of recalled text one round adds to the follow-up at most, all its calls
+    /// together (each call still within `max_tokens`).
+    pub max_round_tokens: u64,
 }
 
 impl Default for RecallConfig {
@@ -22,6 +29,8 @@ impl Default for RecallConfig {
             enabled: true,
             max_tokens: 2000,
             max_rounds: 3,
+            max_calls_per_answer: 8,
+            max_round_tokens: 16_000,
         }
     }
 }
@@ -42,6 +51,19 @@ impl RecallConfig {
             return Err((
                 "recall.max_rounds",
                 "must be between 1 and 10 (set recall.enabled = false to turn recall off)"
+                    .to_owned(),
+            ));
+        }
+        if !(1..=64).contains(&self.max_calls_per_answer) {
+            return Err((
+                "recall.max_calls_per_answer",
+                "must be between 1 and 64".to_owned(),
+            ));
+        }
+        if !(self.max_tokens..=1_000_000).contains(&self.max_round_tokens) {
+            return Err((
+                "recall.max_round_tokens",
+                "must be at least recall.max_tokens (one whole answer) and at most 1000000"
                     .to_owned(),
             ));
         }

@@ -20,12 +20,14 @@ use http::{StatusCode, Uri};
 
 use crate::accounting::{self, Tally};
 use crate::compactor::Decision;
+use crate::formats::Request;
 use crate::identity::Fingerprint;
 use crate::prepare::Prepared;
 use crate::prices::Price;
-use crate::recall::{Corpus, NAME, wire};
+use crate::recall::{Corpus, Limits, NAME, wire};
 use crate::relay::usage;
 use crate::state::AppState;
+use crate::store::Checkpoint;
 use crate::tokens::Estimator;
 
 use super::recall_stream::Streamed;
@@ -109,11 +111,9 @@ pub(super) async fn serve(
     let Some(checkpoint) = decision.apply.as_ref() else {
         return Upstream::Whole(head, body, usage);
     };
-    let corpus = Corpus::of(prepared.request.items(), checkpoint);
     let rounds = Rounds {
         state,
-        corpus: &corpus,
-        estimator: Estimator::for_model_ready(prepared.request.model()),
+        served: (&prepared.request, checkpoint),
         price: state.prices().of(prepared.request.model()),
         format,
         choice: choice.clone(),
@@ -172,21 +172,45 @@ fn streamed(
     Upstream::Recalling(Box::new(upstream), Box::new(rounds))
 }
 
-/// Each call answered from `corpus`, within `max_tokens`; counted in the stats.
-pub(super) fn answer_calls(
+/// The calls of one provider answer, each with its result, and how many were served:
+/// answered from the request's condensed messages (`corpus`, built from `request` and
+/// `checkpoint` the first time) within `recall.max_calls_per_answer`, `max_tokens` and
+/// `max_round_tokens` (see [`Corpus::answer_round`]). Building and ranking run through
+/// the CPU pool (off the async workers for a large request, see [`crate::offload`]).
+/// The calls served are counted in the stats.
+pub(super) async fn answer_calls(
     state: &AppState,
-    corpus: &Corpus,
-    (estimator, max_tokens): (&Estimator, u64),
+    (request, checkpoint): (&Request, &Checkpoint),
+    corpus: &mut Option<Corpus>,
     calls: &[wire::Call],
-) -> Vec<(wire::Call, String)> {
-    calls
+) -> (Vec<(wire::Call, String)>, u64) {
+    let config = &state.config().recall;
+    let limits = Limits {
+        calls: usize::try_from(config.max_calls_per_answer).unwrap_or(usize::MAX),
+        tokens: config.max_tokens,
+        round_tokens: config.max_round_tokens,
+    };
+    let estimator = Estimator::for_model_ready(request.model());
+    let permit = state.cpu().permit_for(request.body().len()).await;
+    let answered = state.cpu().run_with(&permit, || {
+        let corpus = corpus.get_or_insert_with(|| Corpus::of(request.items(), checkpoint));
+        let arguments: Vec<&str> = calls.iter().map(|c| c.arguments.as_str()).collect();
+        corpus.answer_round(&arguments, limits, &|t| estimator.text(t))
+    });
+    drop(permit);
+    let mut served = 0;
+    let results = calls
         .iter()
-        .map(|call| {
-            let text = corpus.answer(&call.arguments, max_tokens, &|t| estimator.text(t));
-            state.stats().recalled(estimator.text(&text));
+        .zip(answered)
+        .map(|(call, (text, answered))| {
+            if answered {
+                served += 1;
+                state.stats().recalled(estimator.text(&text));
+            }
             (call.clone(), text)
         })
-        .collect()
+        .collect();
+    (results, served)
 }
 
 /// What recall did for one client request (`spent`: the calls answered, the follow-ups'
@@ -232,8 +256,8 @@ async fn without_tool(
 
 struct Rounds<'a> {
     state: &'a AppState,
-    corpus: &'a Corpus,
-    estimator: Estimator,
+    /// The request whose condensed messages are recalled, and its checkpoint.
+    served: (&'a Request, &'a Checkpoint),
     price: Option<Price>,
     format: crate::formats::Format,
     /// The client's `tool_choice`, as the answer echoes it (Responses).
@@ -256,16 +280,13 @@ impl Rounds<'_> {
         let config = &self.state.config().recall;
         let mut usage = answer.value.get("usage").cloned();
         let mut spent = Tally::default();
+        let mut corpus = None;
         let mut round = 0;
         loop {
             round += 1;
-            let results = answer_calls(
-                self.state,
-                self.corpus,
-                (&self.estimator, config.max_tokens),
-                &answer.calls,
-            );
-            spent.recalls += results.len() as u64;
+            let (results, served) =
+                answer_calls(self.state, self.served, &mut corpus, &answer.calls).await;
+            spent.recalls += served;
             let items = wire::round_items(self.format, &answer, &results, self.name);
             let last = round >= config.max_rounds;
             let next = wire::follow_up(self.format, &sent, &items, last)

@@ -34,11 +34,10 @@ use crate::accounting::{self, Tally};
 use crate::formats::Request;
 use crate::identity::Fingerprint;
 use crate::recall::stream::{Carry, Event, Round};
-use crate::recall::{Corpus, wire};
+use crate::recall::wire;
 use crate::relay::{self, Watch};
 use crate::state::AppState;
 use crate::store::Checkpoint;
-use crate::tokens::Estimator;
 
 use super::{Exchange, Upstream, first_answer};
 
@@ -91,9 +90,7 @@ impl Streamed {
         tx: mpsc::Sender<Sent>,
     ) {
         let format = self.request.format();
-        let config = &self.state.config().recall;
-        let (max_rounds, max_tokens) = (config.max_rounds, config.max_tokens);
-        let estimator = Estimator::for_model_ready(self.request.model());
+        let max_rounds = self.state.config().recall.max_rounds;
         let mut body = first;
         let mut carry = Carry::new(format, self.choice.clone(), self.name.clone());
         let mut sent = self.sent.clone();
@@ -116,15 +113,14 @@ impl Streamed {
                 break;
             };
             followups += 1;
-            let corpus =
-                corpus.get_or_insert_with(|| Corpus::of(self.request.items(), &self.checkpoint));
-            let results = super::recall::answer_calls(
+            let (results, answered) = super::recall::answer_calls(
                 &self.state,
-                corpus,
-                (&estimator, max_tokens),
+                (&self.request, &self.checkpoint),
+                &mut corpus,
                 &answer.calls,
-            );
-            served += results.len() as u64;
+            )
+            .await;
+            served += answered;
             let items = wire::round_items(format, &answer, &results, &self.name);
             let last = followups >= max_rounds;
             let next = wire::follow_up(format, &sent, &items, last).map(Bytes::from);

@@ -56,6 +56,19 @@ fn tool_names(forwarded: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The text of a chat stream's content deltas.
+fn streamed_text(sse: &str) -> String {
+    sse.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
 /// A compacted chat of the test's tenant ending in `question`.
 async fn asking(proxy: &Proxy, question: &str) -> Vec<Value> {
     let mut messages = compacted_chat(proxy).await;
@@ -168,4 +181,41 @@ async fn a_clients_own_abridge_recall_is_its_own_and_abridges_tool_is_named_apar
         result["content"].as_str().unwrap().contains(FACT),
         "{result}"
     );
+}
+
+#[tokio::test]
+async fn the_calls_served_per_answer_are_capped() {
+    let (provider, proxy) = start(|_| {}).await;
+    let messages = asking(&proxy, QUESTION).await;
+    let many = [("x-fake-recall-calls", "40")];
+    let before = provider.requests().len();
+    let response = post(&proxy, "sk-recall", &body(&messages, false, None), &many).await;
+    assert_eq!(response.headers()["x-abridge-recalls"], "8");
+    let answer: Value = response.json().await.unwrap();
+    assert!(answer.to_string().contains("port 6543"), "{answer}");
+    // Every call is answered (the pairing holds); the first eight are served.
+    let rounds = rounds_since(&provider, before);
+    let results: Vec<&Value> = rounds[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(results.len(), 40);
+    for (i, result) in results.iter().enumerate() {
+        let text = result["content"].as_str().unwrap();
+        assert_eq!(text.contains(FACT), i < 8, "{i}: {text}");
+        assert_eq!(
+            text.contains("too many recall calls"),
+            i >= 8,
+            "{i}: {text}"
+        );
+    }
+    assert_eq!(proxy.stats().recalls, 8);
+
+    // Streamed, the same.
+    let response = post(&proxy, "sk-recall", &body(&messages, true, None), &many).await;
+    let sse = response.text().await.unwrap();
+    assert!(streamed_text(&sse).contains("port 6543"), "{sse}");
+    assert_eq!(proxy.stats().recalls, 16);
 }
