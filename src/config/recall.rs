@@ -21,6 +21,10 @@ pub struct RecallConfig {
     /// Tokens of recalled text one round adds to the follow-up at most, all its calls
     /// together (each call still within `max_tokens`).
     pub max_round_tokens: u64,
+    /// Bytes of one provider answer abridge holds to serve recall at most: a whole answer
+    /// read for its calls, or what a streamed round holds from its first tool call on.
+    /// Past it, that answer is not read for recall (see the recall page).
+    pub max_answer_bytes: usize,
 }
 
 impl Default for RecallConfig {
@@ -31,6 +35,7 @@ impl Default for RecallConfig {
             max_rounds: 3,
             max_calls_per_answer: 8,
             max_round_tokens: 16_000,
+            max_answer_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -65,6 +70,12 @@ impl RecallConfig {
                 "recall.max_round_tokens",
                 "must be at least recall.max_tokens (one whole answer) and at most 1000000"
                     .to_owned(),
+            ));
+        }
+        if !(64 * 1024..=1024 * 1024 * 1024).contains(&self.max_answer_bytes) {
+            return Err((
+                "recall.max_answer_bytes",
+                "must be between 65536 (64 KiB) and 1073741824 (1 GiB)".to_owned(),
             ));
         }
         Ok(())

@@ -232,6 +232,10 @@ fn recall_bounds_are_checked_and_it_turns_off_by_environment() {
             "[recall]\nmax_round_tokens = 500\n",
             "recall.max_round_tokens",
         ),
+        (
+            "[recall]\nmax_answer_bytes = 1000\n",
+            "recall.max_answer_bytes",
+        ),
     ] {
         let err = load(text, &[]).unwrap_err().to_string();
         assert!(err.contains(key), "{err}");

@@ -14,18 +14,21 @@
 
 use std::borrow::Cow;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::request::Parts;
 use http::{StatusCode, Uri};
+use http_body_util::BodyExt;
 
 use crate::accounting::{self, Tally};
 use crate::compactor::Decision;
+use crate::error::Error;
 use crate::formats::Request;
 use crate::identity::Fingerprint;
+use crate::ingress::Held;
 use crate::prepare::Prepared;
 use crate::prices::Price;
 use crate::recall::{Corpus, Limits, NAME, wire};
-use crate::relay::usage;
+use crate::relay::{Decoder, usage};
 use crate::state::AppState;
 use crate::store::Checkpoint;
 use crate::tokens::Estimator;
@@ -80,52 +83,99 @@ pub(super) async fn serve(
     upstream: Upstream,
     exchange: &mut Exchange,
 ) -> Upstream {
-    let upstream = match upstream {
-        Upstream::Whole(head, body, usage) => (head, body, usage),
-        Upstream::Streaming(_) | Upstream::Peeked(_) => {
-            return streamed(state, prepared, (parts, target, sent), decision, upstream);
+    let at = (parts, target);
+    match upstream {
+        Upstream::Whole(head, body, usage, held) => {
+            let whole = Whole {
+                head,
+                body,
+                usage,
+                held,
+            };
+            serve_whole(state, prepared, (at, sent), decision, whole, exchange).await
         }
-        other => return other,
-    };
-    let (head, body, usage) = upstream;
+        Upstream::Streaming(_) | Upstream::Peeked(_) => {
+            streamed(state, prepared, (parts, target, sent), decision, upstream)
+        }
+        Upstream::Unread(why) => {
+            tracing::info!(
+                why,
+                "the provider's answer was not read for recall; asked again without the tool"
+            );
+            decision.report.add_note(format!(
+                "recall: the provider's answer was not read for recall ({why}); answered without recall"
+            ));
+            without_tool(state, prepared, at, decision, exchange)
+                .await
+                .unwrap_or(Upstream::Unread(why))
+        }
+        other => other,
+    }
+}
+
+/// A provider's whole answer, read (see [`read_whole`]).
+struct Whole {
+    head: http::response::Parts,
+    body: Bytes,
+    /// The usage to record for the forwarded history (the first round's).
+    usage: Option<crate::relay::Usage>,
+    held: Held,
+}
+
+impl Whole {
+    fn into_upstream(self) -> Upstream {
+        Upstream::Whole(self.head, self.body, self.usage, self.held)
+    }
+}
+
+/// The rounds for a whole answer.
+async fn serve_whole(
+    state: &AppState,
+    prepared: &Prepared,
+    ((parts, target), sent): ((&Parts, &Uri), Bytes),
+    decision: &mut Decision,
+    mut first: Whole,
+    exchange: &mut Exchange,
+) -> Upstream {
     let format = prepared.request.format();
     // An answer that never names the tool calls it not (and, on Responses, does not
     // echo it): no parse. The common case: most answers call nothing.
     let name = name(prepared);
-    if memchr::memmem::find(&body, name.as_bytes()).is_none() {
+    if memchr::memmem::find(&first.body, name.as_bytes()).is_none() {
         decision.report.recalls = Some(0);
-        return Upstream::Whole(head, body, usage);
+        return first.into_upstream();
     }
-    let answer = match wire::Answer::read(format, &body, name) {
-        Some(answer) if head.status == StatusCode::OK => answer,
-        _ => return Upstream::Whole(head, body, usage),
+    let Some(answer) = read_answer(state, format, &first.body, name).await else {
+        return first.into_upstream();
     };
     decision.report.recalls = Some(0);
     let choice = client_choice(prepared);
-    if answer.calls.is_empty() {
+    let checkpoint = decision.apply.clone();
+    let (Some(checkpoint), false) = (checkpoint, answer.calls.is_empty()) else {
         // A Responses answer echoes the tools, and the calls of another choice than
         // the first are not served: the client sees only its own.
-        let body = Bytes::from(wire::finish(format, answer.value, None, &choice, name));
-        return Upstream::Whole(head, body, usage);
-    }
-    let Some(checkpoint) = decision.apply.as_ref() else {
-        return Upstream::Whole(head, body, usage);
+        first.body = Bytes::from(wire::finish(format, answer.value, None, &choice, name));
+        return first.into_upstream();
     };
     let rounds = Rounds {
         state,
-        served: (&prepared.request, checkpoint),
+        served: (&prepared.request, &checkpoint),
         price: state.prices().of(prepared.request.model()),
         format,
         choice: choice.clone(),
         name,
     };
     match rounds.run(answer, sent, (parts, target), exchange).await {
-        Ok((head, body, spent)) => {
+        Ok((last, spent)) => {
             decision.report.recalls = Some(u32::try_from(spent.recalls).unwrap_or(u32::MAX));
             let conversation = prepared.identified.as_ref().map(|i| i.conversation);
             account(state, conversation, &spent);
             // What the provider counted for the forwarded history is the first round's.
-            Upstream::Whole(head, body, usage)
+            Whole {
+                usage: first.usage,
+                ..last
+            }
+            .into_upstream()
         }
         Err(why) => {
             state.stats().recall_failure();
@@ -137,14 +187,96 @@ pub(super) async fn serve(
                 Some(answered) => answered,
                 // Not even that: the first answer, its recall calls taken out.
                 None => {
-                    let stripped = wire::Answer::read(format, &body, name)
-                        .map(|a| Bytes::from(wire::finish(format, a.value, None, &choice, name)))
-                        .unwrap_or(body);
-                    Upstream::Whole(head, stripped, usage)
+                    if let Some(a) = read_answer(state, format, &first.body, name).await {
+                        first.body =
+                            Bytes::from(wire::finish(format, a.value, None, &choice, name));
+                    }
+                    first.into_upstream()
                 }
             }
         }
     }
+}
+
+/// `body` read as `format`'s answer (through the CPU pool: an answer may be megabytes).
+async fn read_answer(
+    state: &AppState,
+    format: crate::formats::Format,
+    body: &[u8],
+    name: &str,
+) -> Option<wire::Answer> {
+    let permit = state.cpu().permit_for(body.len()).await;
+    state
+        .cpu()
+        .run_with(&permit, || wire::Answer::read(format, body, name))
+}
+
+/// A whole 200 answer read for the recall rounds: decoded when the provider compressed
+/// it anyway (abridge asks for `identity`), each part held against the body budget as
+/// it comes, at most `recall.max_answer_bytes` decoded. An answer that cannot be read
+/// within those (larger, no room in the budget, an encoding abridge does not decode) is
+/// not read further: [`Upstream::Unread`], and the request is answered without the
+/// tool, so that no call of it can reach the client.
+pub(super) async fn read_whole(
+    state: &AppState,
+    response: http::Response<hyper::body::Incoming>,
+) -> Result<Upstream, Error> {
+    const TOO_LARGE: &str = "larger than recall.max_answer_bytes";
+    const NO_ROOM: &str = "no room for it in limits.max_inflight_body_bytes";
+    const UNDECODED: &str = "it could not be decoded within recall.max_answer_bytes";
+    let limit = state.config().recall.max_answer_bytes;
+    let (head, mut body) = response.into_parts();
+    let Ok(mut decoder) = Decoder::for_encoding(&head.headers) else {
+        return Ok(Upstream::Unread(
+            "a content encoding abridge does not decode",
+        ));
+    };
+    let announced = head
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if decoder.is_none() && announced.is_some_and(|n| n > limit) {
+        return Ok(Upstream::Unread(TOO_LARGE));
+    }
+    let unreadable =
+        || Error::UpstreamUnreachable("the provider's answer could not be read".to_owned());
+    let idle = state.config().timeouts.stream_idle();
+    let (mut read, mut left, mut held) = (BytesMut::new(), limit, None);
+    loop {
+        let data = match tokio::time::timeout(idle, body.frame()).await {
+            Ok(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_) => continue,
+            },
+            Ok(None) => break,
+            Ok(Some(Err(_))) | Err(_) => return Err(unreadable()),
+        };
+        let data = match &mut decoder {
+            // Corrupt, or more than the bound once decoded.
+            Some(decoder) => match decoder.decode(&data, &mut left) {
+                Ok(decoded) => decoded,
+                Err(_) => return Ok(Upstream::Unread(UNDECODED)),
+            },
+            None if read.len() + data.len() > limit => return Ok(Upstream::Unread(TOO_LARGE)),
+            None => data,
+        };
+        if state.body_budget().take(&mut held, data.len()).is_err() {
+            return Ok(Upstream::Unread(NO_ROOM));
+        }
+        read.extend_from_slice(&data);
+    }
+    if let Some(decoder) = &mut decoder {
+        let Ok(rest) = decoder.finish(&mut left) else {
+            return Ok(Upstream::Unread(UNDECODED));
+        };
+        if state.body_budget().take(&mut held, rest.len()).is_err() {
+            return Ok(Upstream::Unread(NO_ROOM));
+        }
+        read.extend_from_slice(&rest);
+    }
+    let body = read.freeze();
+    let usage = crate::relay::usage::from_json(&body);
+    Ok(Upstream::Whole(head, body, usage, Held::of(held)))
 }
 
 /// A streamed answer, to go through the rounds as it streams.
@@ -269,19 +401,19 @@ struct Rounds<'a> {
 impl Rounds<'_> {
     /// Serves `answer`'s calls and asks again until an answer calls none (or the last
     /// round): that answer, finished, and what the rounds spent (the calls served
-    /// among it).
+    /// among it). Each follow-up's body holds its share of the body budget while it
+    /// is the one sent; without room for it, the rounds stop (answered without recall).
     async fn run(
         &self,
         mut answer: wire::Answer,
         mut sent: Bytes,
-        (parts, target): (&Parts, &Uri),
+        at: (&Parts, &Uri),
         exchange: &mut Exchange,
-    ) -> Result<(http::response::Parts, Bytes, Tally), String> {
+    ) -> Result<(Whole, Tally), String> {
         let config = &self.state.config().recall;
         let mut usage = answer.value.get("usage").cloned();
         let mut spent = Tally::default();
-        let mut corpus = None;
-        let mut round = 0;
+        let (mut corpus, mut round, mut _sent_held) = (None, 0, Held::default());
         loop {
             round += 1;
             let (results, served) =
@@ -292,27 +424,11 @@ impl Rounds<'_> {
             let next = wire::follow_up(self.format, &sent, &items, last)
                 .ok_or("the forwarded request could not be extended")?;
             let next = Bytes::from(next);
-            let reply = first_answer(
-                self.state,
-                parts,
-                target,
-                next.clone(),
-                (false, true),
-                exchange,
-            )
-            .await
-            .map_err(|e| format!("the follow-up could not be sent ({e})"))?;
-            let Upstream::Whole(head, body, _) = reply else {
-                return Err("the provider's answer to the follow-up was not read whole".to_owned());
-            };
-            if head.status != StatusCode::OK {
-                return Err(format!(
-                    "the provider answered the follow-up with {}",
-                    head.status
-                ));
-            }
-            answer = wire::Answer::read(self.format, &body, self.name)
-                .ok_or("the provider's answer to the follow-up is not JSON")?;
+            let next_held = self.state.body_budget().hold(next.len()).map_err(|_| {
+                "no room for the follow-up in limits.max_inflight_body_bytes".to_owned()
+            })?;
+            let reply;
+            (reply, answer) = self.ask(next.clone(), at, exchange).await?;
             if let Some(more) = answer.value.get("usage").and_then(usage::of_value) {
                 spent.add(&accounting::recall(
                     0,
@@ -325,11 +441,51 @@ impl Rounds<'_> {
                 (None, Some(more)) => usage = Some(more.clone()),
                 _ => {}
             }
-            sent = next;
+            (sent, _sent_held) = (next, next_held);
             if answer.calls.is_empty() || last {
                 let body = wire::finish(self.format, answer.value, usage, &self.choice, self.name);
-                return Ok((head, Bytes::from(body), spent));
+                let body = Bytes::from(body);
+                return Ok((Whole { body, ..reply }, spent));
             }
         }
+    }
+
+    /// The provider's answer to the follow-up `next`, read whole, and as an answer.
+    async fn ask(
+        &self,
+        next: Bytes,
+        (parts, target): (&Parts, &Uri),
+        exchange: &mut Exchange,
+    ) -> Result<(Whole, wire::Answer), String> {
+        let reply = first_answer(self.state, parts, target, next, (false, true), exchange)
+            .await
+            .map_err(|e| format!("the follow-up could not be sent ({e})"))?;
+        let (head, body, usage, held) = match reply {
+            Upstream::Whole(head, body, usage, held) => (head, body, usage, held),
+            Upstream::Unread(why) => {
+                return Err(format!(
+                    "the provider's answer to the follow-up was not read ({why})"
+                ));
+            }
+            _ => {
+                return Err("the provider's answer to the follow-up was not read whole".to_owned());
+            }
+        };
+        if head.status != StatusCode::OK {
+            return Err(format!(
+                "the provider answered the follow-up with {}",
+                head.status
+            ));
+        }
+        let answer = read_answer(self.state, self.format, &body, self.name)
+            .await
+            .ok_or("the provider's answer to the follow-up is not JSON")?;
+        let whole = Whole {
+            head,
+            body,
+            usage,
+            held,
+        };
+        Ok((whole, answer))
     }
 }

@@ -208,10 +208,11 @@ pub fn respond_buffered(mut head: http::response::Parts, body: Bytes, on_done: O
 }
 
 /// The client's response for a provider's whole answer abridge read (and may have
-/// rewritten: the recall rounds' last answer), with the usage to record for it.
+/// rewritten: the recall rounds' last answer), with the usage to record for it; `held`
+/// (its share of the body budget) is given back when the body is dropped.
 pub fn respond_whole(
     mut head: http::response::Parts,
-    body: Bytes,
+    (body, held): (Bytes, crate::ingress::Held),
     usage: Option<Usage>,
     on_done: OnDone,
 ) -> Response {
@@ -225,7 +226,36 @@ pub fn respond_whole(
         usage_unreadable: false,
         stripped_events: 0,
     });
-    Response::from_parts(head, Body::from(body))
+    let body =
+        http_body_util::BodyExt::map_err(http_body_util::Full::new(body), |never| match never {});
+    Response::from_parts(head, Body::new(Holding { body, held }))
+}
+
+/// A body and the share of the budget its bytes hold, given back with it.
+struct Holding<B> {
+    body: B,
+    #[allow(dead_code, reason = "held for its Drop")]
+    held: crate::ingress::Held,
+}
+
+impl<B: HttpBody + Unpin> HttpBody for Holding<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Whether a response is a server-sent-events stream.
@@ -237,15 +267,16 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("text/event-stream"))
 }
 
-/// Streaming decoder for a compressed provider response.
-enum Decoder {
+/// Streaming decoder for a compressed provider response (also for the whole answers the
+/// recall rounds read: see `proxy::recall`).
+pub enum Decoder {
     Gzip(flate2::write::GzDecoder<Vec<u8>>),
     Deflate(flate2::write::ZlibDecoder<Vec<u8>>),
 }
 
 impl Decoder {
     /// `Ok(None)` for identity, `Err(encoding)` for an encoding abridge cannot decode.
-    fn for_encoding(headers: &HeaderMap) -> Result<Option<Decoder>, String> {
+    pub fn for_encoding(headers: &HeaderMap) -> Result<Option<Decoder>, String> {
         let Some(value) = headers.get(header::CONTENT_ENCODING) else {
             return Ok(None);
         };
@@ -264,7 +295,7 @@ impl Decoder {
 
     /// Decodes `data`, at most `budget` bytes of output in all (the budget shrinks by
     /// what is produced); over it, an error and nothing more is decoded.
-    fn decode(&mut self, data: &[u8], budget: &mut usize) -> std::io::Result<Bytes> {
+    pub fn decode(&mut self, data: &[u8], budget: &mut usize) -> std::io::Result<Bytes> {
         use std::io::Write;
         let mut out: Vec<u8> = Vec::new();
         for step in data.chunks(DECODE_STEP) {
@@ -290,7 +321,8 @@ impl Decoder {
         Ok(Bytes::from(out))
     }
 
-    fn finish(&mut self, budget: &mut usize) -> std::io::Result<Bytes> {
+    /// The rest of the decoded bytes, within what is left of `budget`.
+    pub fn finish(&mut self, budget: &mut usize) -> std::io::Result<Bytes> {
         let out = match self {
             Decoder::Gzip(d) => {
                 d.try_finish()?;

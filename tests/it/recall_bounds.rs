@@ -219,3 +219,90 @@ async fn the_calls_served_per_answer_are_capped() {
     assert!(streamed_text(&sse).contains("port 6543"), "{sse}");
     assert_eq!(proxy.stats().recalls, 16);
 }
+
+#[tokio::test]
+async fn a_whole_answer_past_the_bound_is_answered_without_recall() {
+    let (provider, proxy) = start(|_| {}).await;
+    let messages = asking(&proxy, QUESTION).await;
+    let before = provider.requests().len();
+    let huge = [("x-fake-call-bytes", "12000000")];
+    let response = post(&proxy, "sk-recall", &body(&messages, false, None), &huge).await;
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    assert!(
+        !text.contains("abridge_recall"),
+        "{}",
+        &text[..text.len().min(2000)]
+    );
+    let rounds = rounds_since(&provider, before);
+    assert_eq!(rounds.len(), 2);
+    assert!(
+        rounds[1].get("tools").is_none(),
+        "asked again without the tool"
+    );
+}
+
+#[tokio::test]
+async fn a_whole_answer_read_for_recall_counts_against_the_body_budget() {
+    let (provider, proxy) = start(|c| c.limits.max_inflight_body_bytes = 1024 * 1024).await;
+    let messages = asking(&proxy, QUESTION).await;
+    let before = provider.requests().len();
+    let big = [("x-fake-call-bytes", "1500000")];
+    let response = post(&proxy, "sk-recall", &body(&messages, false, None), &big).await;
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    assert!(
+        !text.contains("abridge_recall"),
+        "{}",
+        &text[..text.len().min(2000)]
+    );
+    let rounds = rounds_since(&provider, before);
+    assert_eq!(rounds.len(), 2);
+    assert!(
+        rounds[1].get("tools").is_none(),
+        "asked again without the tool"
+    );
+}
+
+#[tokio::test]
+async fn a_compressed_whole_answer_is_read_for_its_calls() {
+    let (provider, proxy) = start(|_| {}).await;
+    let messages = asking(&proxy, QUESTION).await;
+    let before = provider.requests().len();
+    let gzip = [("x-fake-gzip", "1")];
+    let response = post(&proxy, "sk-recall", &body(&messages, false, None), &gzip).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-abridge-recalls"], "1");
+    let answer: Value = response.json().await.unwrap();
+    assert!(!answer.to_string().contains("abridge_recall"), "{answer}");
+    let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.contains("port 6543"), "{answer}");
+    // abridge asked for identity every time; the provider compressed anyway.
+    let sent = &provider.requests()[before..];
+    assert_eq!(sent.len(), 2);
+    for request in sent {
+        assert_eq!(request.headers["accept-encoding"], "identity");
+    }
+}
+
+#[tokio::test]
+async fn a_request_for_several_choices_gets_no_recall_tool() {
+    let (provider, proxy) = start(|_| {}).await;
+    let messages = asking(&proxy, QUESTION).await;
+    let mut several = body(&messages, false, None);
+    several["n"] = json!(2);
+    let response = post(&proxy, "sk-recall", &several, &[]).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-abridge-compacted"], "true");
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["choices"].as_array().unwrap().len(), 2);
+    assert!(!answer.to_string().contains("abridge_recall"), "{answer}");
+    assert!(
+        provider
+            .last_request()
+            .unwrap()
+            .json()
+            .get("tools")
+            .is_none()
+    );
+}
