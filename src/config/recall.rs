@@ -25,6 +25,9 @@ pub struct RecallConfig {
     /// read for its calls, or what a streamed round holds from its first tool call on.
     /// Past it, that answer is not read for recall (see the recall page).
     pub max_answer_bytes: usize,
+    /// Longest a streamed round holds the events after its first tool call, in
+    /// milliseconds; past it, what was held is relayed and recall is given up for it.
+    pub max_hold_ms: u64,
 }
 
 impl Default for RecallConfig {
@@ -36,6 +39,7 @@ impl Default for RecallConfig {
             max_calls_per_answer: 8,
             max_round_tokens: 16_000,
             max_answer_bytes: 8 * 1024 * 1024,
+            max_hold_ms: 30_000,
         }
     }
 }
@@ -76,6 +80,12 @@ impl RecallConfig {
             return Err((
                 "recall.max_answer_bytes",
                 "must be between 65536 (64 KiB) and 1073741824 (1 GiB)".to_owned(),
+            ));
+        }
+        if !(100..=600_000).contains(&self.max_hold_ms) {
+            return Err((
+                "recall.max_hold_ms",
+                "must be between 100 and 600000 (ten minutes)".to_owned(),
             ));
         }
         Ok(())

@@ -236,6 +236,7 @@ fn recall_bounds_are_checked_and_it_turns_off_by_environment() {
             "[recall]\nmax_answer_bytes = 1000\n",
             "recall.max_answer_bytes",
         ),
+        ("[recall]\nmax_hold_ms = 10\n", "recall.max_hold_ms"),
     ] {
         let err = load(text, &[]).unwrap_err().to_string();
         assert!(err.contains(key), "{err}");

@@ -5,6 +5,8 @@
 //! no call of abridge's tool reaches a client, from a compressed answer or from any
 //! choice.
 
+use std::time::Duration;
+
 use abridge::Config;
 use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider};
@@ -218,6 +220,104 @@ async fn the_calls_served_per_answer_are_capped() {
     let sse = response.text().await.unwrap();
     assert!(streamed_text(&sse).contains("port 6543"), "{sse}");
     assert_eq!(proxy.stats().recalls, 16);
+}
+
+/// Reads `response`'s body until `enough` of it came (`true`), it ended, or `within`.
+async fn reads_at_least(mut response: reqwest::Response, enough: usize, within: Duration) -> bool {
+    let mut got = 0;
+    let read = async {
+        while let Ok(Some(chunk)) = response.chunk().await {
+            got += chunk.len();
+            if got >= enough {
+                return true;
+            }
+        }
+        false
+    };
+    tokio::time::timeout(within, read).await.unwrap_or(false)
+}
+
+#[tokio::test]
+async fn a_streamed_round_holds_no_more_than_its_bound() {
+    let (_provider, proxy) = start(|_| {}).await;
+    let messages = asking(&proxy, IN_VIEW).await;
+    // A client's tool call of 12 MB that never ends: held whole, the client would get
+    // nothing of it. Past `recall.max_answer_bytes` (8 MiB) it is relayed as it comes,
+    // in small events and in one event of 12 MB.
+    for chunk in ["1024", "0"] {
+        let huge = [
+            ("x-fake-call-bytes", "12000000"),
+            ("x-fake-call-chunk", chunk),
+            ("x-fake-stall", "end"),
+        ];
+        let body = body(&messages, true, Some(vec![tool("shell")]));
+        let response = post(&proxy, "sk-recall", &body, &huge).await;
+        assert_eq!(response.status(), 200);
+        assert!(
+            reads_at_least(response, 11_000_000, Duration::from_secs(60)).await,
+            "chunk {chunk}: the call was held"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_round_held_too_long_is_relayed() {
+    let (_provider, proxy) = start(|c| c.recall.max_hold_ms = 300).await;
+    let messages = asking(&proxy, IN_VIEW).await;
+    let body = body(&messages, true, Some(vec![tool("shell")]));
+    let mut response = post(&proxy, "sk-recall", &body, &[("x-fake-stall", "end")]).await;
+    let mut sse = String::new();
+    let read = async {
+        while let Ok(Some(chunk)) = response.chunk().await {
+            sse.push_str(&String::from_utf8_lossy(&chunk));
+            if sse.contains("fake.txt") {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), read).await;
+    assert!(sse.contains(r#""name":"shell""#), "{sse}");
+    assert!(sse.contains("fake.txt"), "{sse}");
+}
+
+#[tokio::test]
+async fn a_recall_call_past_the_bound_never_reaches_the_client() {
+    let (provider, proxy) = start(|_| {}).await;
+    let messages = asking(&proxy, QUESTION).await;
+    // In small events: given up, the call taken out, the stream well formed.
+    let before = provider.requests().len();
+    let huge = [
+        ("x-fake-call-bytes", "12000000"),
+        ("x-fake-call-chunk", "1024"),
+    ];
+    let response = post(&proxy, "sk-recall", &body(&messages, true, None), &huge).await;
+    let sse = response.text().await.unwrap();
+    assert!(
+        !sse.contains("abridge_recall"),
+        "{}",
+        &sse[..sse.len().min(2000)]
+    );
+    assert!(
+        sse.ends_with("data: [DONE]\n\n"),
+        "{}",
+        &sse[sse.len().saturating_sub(2000)..]
+    );
+    assert_eq!(rounds_since(&provider, before).len(), 1, "recall given up");
+
+    // In one event of 12 MB that belongs to the call: the stream ends in an error.
+    let huge = [
+        ("x-fake-call-bytes", "12000000"),
+        ("x-fake-call-chunk", "0"),
+    ];
+    let response = post(&proxy, "sk-recall", &body(&messages, true, None), &huge).await;
+    let sse = response.text().await.unwrap();
+    assert!(
+        !sse.contains("abridge_recall"),
+        "{}",
+        &sse[..sse.len().min(2000)]
+    );
+    assert!(sse.len() < 1_000_000, "the call's event was not relayed");
+    assert!(sse.contains(r#"data: {"error""#), "{sse}");
 }
 
 #[tokio::test]

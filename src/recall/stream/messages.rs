@@ -25,7 +25,7 @@ impl Round {
             }
             "content_block_start" => {
                 let block = value["content_block"].clone();
-                if at == self.parts.len() {
+                if at == self.parts.len() && !self.given_up {
                     self.parts.push(Part {
                         block: block.clone(),
                         ..Part::default()
