@@ -95,7 +95,14 @@ pub(super) async fn serve(
             serve_whole(state, prepared, (at, sent), decision, whole, exchange).await
         }
         Upstream::Streaming(_) | Upstream::Peeked(_) => {
-            streamed(state, prepared, (parts, target, sent), decision, upstream)
+            let held = exchange.held.clone().unwrap_or_default();
+            streamed(
+                state,
+                prepared,
+                (parts, target, sent),
+                decision,
+                (upstream, held),
+            )
         }
         Upstream::Unread(why) => {
             tracing::info!(
@@ -285,7 +292,7 @@ fn streamed(
     prepared: &Prepared,
     (parts, target, sent): (&Parts, &Uri, Bytes),
     decision: &Decision,
-    upstream: Upstream,
+    (upstream, held): (Upstream, Held),
 ) -> Upstream {
     let Some(checkpoint) = decision.apply.clone() else {
         return upstream;
@@ -300,6 +307,7 @@ fn streamed(
         choice: client_choice(prepared),
         name: Cow::Owned(name(prepared).to_owned()),
         conversation: prepared.identified.as_ref().map(|i| i.conversation),
+        held,
     };
     Upstream::Recalling(Box::new(upstream), Box::new(rounds))
 }

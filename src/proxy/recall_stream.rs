@@ -16,7 +16,11 @@
 //!
 //! **Bounds.** A round is read by a [`Reader`] within `recall.max_answer_bytes`, and
 //! holds its events at most `recall.max_hold_ms` (timed here): past either, recall is
-//! given up for it (see [`crate::recall::stream`]).
+//! given up for it (see [`crate::recall::stream`]). The task keeps the request body's
+//! share of `limits.max_inflight_body_bytes` for as long as it runs (the body is in the
+//! follow-ups it sends), and each follow-up's body takes a share of its own while it
+//! is the one sent; when the budget has no room for one, the round is answered without
+//! recall (its calls taken out), never failed.
 
 use std::borrow::Cow;
 use std::pin::Pin;
@@ -39,6 +43,7 @@ use tracing::Instrument;
 use crate::accounting::{self, Tally};
 use crate::formats::Request;
 use crate::identity::Fingerprint;
+use crate::ingress::Held;
 use crate::recall::stream::reader::{Fed, Reader};
 use crate::recall::stream::{Carry, Round};
 use crate::recall::wire;
@@ -64,14 +69,18 @@ pub(super) struct Streamed {
     /// The tool's name in this request.
     pub name: Cow<'static, str>,
     pub conversation: Option<Fingerprint>,
+    /// The request body's share of the body budget (a clone of the request's own),
+    /// kept while the rounds run.
+    #[allow(dead_code, reason = "held for its Drop")]
+    pub held: Held,
 }
 
 /// Where the rounds of one streamed request stand.
 struct Rounds {
     /// The stream of the round being read.
     body: Body,
-    /// The body sent last.
-    sent: Bytes,
+    /// The body sent last, and its share of the budget (none for the first).
+    sent: (Bytes, Held),
     followups: u32,
     spent: Tally,
     corpus: Option<crate::recall::Corpus>,
@@ -118,7 +127,7 @@ impl Streamed {
         );
         let mut at = Rounds {
             body: first,
-            sent: self.sent.clone(),
+            sent: (self.sent.clone(), Held::default()),
             followups: 0,
             spent: Tally::default(),
             corpus: None,
@@ -171,7 +180,7 @@ impl Streamed {
         at.spent.recalls += served;
         let items = wire::round_items(format, &answer, &results, &self.name);
         let last = at.followups >= max_rounds;
-        let next = wire::follow_up(format, &at.sent, &items, last).map(Bytes::from);
+        let next = wire::follow_up(format, &at.sent.0, &items, last).map(Bytes::from);
         let asked = match next {
             Some(next) => self.ask(next, watch, bounds).await,
             None => Err("the forwarded request could not be extended".to_owned()),
@@ -198,13 +207,17 @@ impl Streamed {
     }
 
     /// The provider's stream for `body`, relayed (its usage is not recorded: the
-    /// conversation's is the first round's), and `body`.
+    /// conversation's is the first round's), and `body` with its share of the budget,
+    /// taken first (no room: not sent).
     async fn ask(
         &self,
         body: Bytes,
         watch: Watch,
         bounds: &relay::Bounds,
-    ) -> Result<(Body, Bytes), String> {
+    ) -> Result<(Body, (Bytes, Held)), String> {
+        let held = self.state.body_budget().hold(body.len()).map_err(|_| {
+            "no room for the follow-up in limits.max_inflight_body_bytes".to_owned()
+        })?;
         let sent = body.clone();
         let mut exchange = Exchange::detached();
         let answer = first_answer(
@@ -227,7 +240,7 @@ impl Streamed {
             ));
         }
         let relayed = relay::respond(response, watch, bounds.clone(), Box::new(|_| {}));
-        Ok((relayed.into_body(), sent))
+        Ok((relayed.into_body(), (sent, held)))
     }
 }
 

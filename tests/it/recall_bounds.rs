@@ -12,7 +12,7 @@ use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider};
 use serde_json::{Value, json};
 
-use crate::common::{Proxy, compacting};
+use crate::common::{Proxy, client, compacting};
 use crate::recall::{FACT, QUESTION, compacted_chat, compacted_chat_of, post, rounds_since};
 
 /// A question about what is still in view: the fake calls the client's first tool.
@@ -318,6 +318,59 @@ async fn a_recall_call_past_the_bound_never_reaches_the_client() {
     );
     assert!(sse.len() < 1_000_000, "the call's event was not relayed");
     assert!(sse.contains(r#"data: {"error""#), "{sse}");
+}
+
+/// A user message long enough to make a request body of about `bytes`.
+fn padded(messages: &[Value], bytes: usize) -> Value {
+    let mut body = body(messages, true, None);
+    body["metadata"] = json!({"pad": "x".repeat(bytes)});
+    body
+}
+
+#[tokio::test]
+async fn streamed_follow_ups_hold_their_share_of_the_body_budget() {
+    let (provider, proxy) = start(|c| c.limits.max_inflight_body_bytes = 1280 * 1024).await;
+    let messages = asking(&proxy, QUESTION).await;
+    let before = provider.requests().len();
+    let slow = [("x-fake-follow-up-latency-ms", "3000")];
+    let a = padded(&messages, 300_000);
+    let url = proxy.url("/v1/chat/completions");
+    let first = tokio::spawn(async move {
+        let response = client()
+            .post(url)
+            .bearer_auth("sk-recall")
+            .header(slow[0].0, slow[0].1)
+            .json(&a)
+            .send()
+            .await
+            .unwrap();
+        response.text().await.unwrap()
+    });
+    // The follow-up is on its way: the first round's stream has ended.
+    assert!(
+        provider
+            .wait_until(Duration::from_secs(10), |p| p.requests().len()
+                == before + 2)
+            .await
+    );
+    let other = json!({"model": "fake-model", "messages": [{"role": "user", "content": "Hello?"}], "metadata": {"pad": "y".repeat(700_000)}});
+    let response = post(&proxy, "sk-other", &other, &[]).await;
+    assert_eq!(response.status(), 503, "the follow-up holds its share");
+    let sse = first.await.unwrap();
+    assert!(streamed_text(&sse).contains("port 6543"), "{sse}");
+    let response = post(&proxy, "sk-other", &other, &[]).await;
+    assert_eq!(response.status(), 200);
+
+    // A budget with no room for a follow-up: answered without recall, not failed.
+    let (provider, proxy) = start(|c| c.limits.max_inflight_body_bytes = 600 * 1024).await;
+    let messages = asking(&proxy, QUESTION).await;
+    let before = provider.requests().len();
+    let response = post(&proxy, "sk-recall", &padded(&messages, 300_000), &[]).await;
+    assert_eq!(response.status(), 200);
+    let sse = response.text().await.unwrap();
+    assert!(!sse.contains("abridge_recall"), "{sse}");
+    assert!(sse.ends_with("data: [DONE]\n\n"), "{sse}");
+    assert_eq!(rounds_since(&provider, before).len(), 1);
 }
 
 #[tokio::test]
