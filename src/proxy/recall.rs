@@ -7,10 +7,16 @@
 //!
 //! The tool is added only to a compacted request that lets the model choose its tools
 //! (see [`wanted`]). A streamed answer goes through the rounds as it streams
-//! ([`super::recall_stream`]); this module reads whole answers. When a follow-up cannot be sent or the
-//! provider refuses it, the request is sent once more as the client would have had it
-//! answered without recall (the forwarded request without the tool), and the client is
-//! told.
+//! ([`super::recall_stream`]); this module reads whole answers. When a follow-up cannot
+//! be sent or the provider refuses it, the request is sent once more as the client
+//! would have had it answered without recall (the forwarded request without the tool),
+//! and the client is told.
+//!
+//! **Bounds.** One answer's calls are served within `recall.max_calls_per_answer` and
+//! `recall.max_round_tokens`, built and ranked through the CPU pool ([`answer_calls`]).
+//! A whole answer is read decoded, within `recall.max_answer_bytes` and the body budget
+//! ([`read_whole`]), or not at all: then the request is answered without the tool. A
+//! follow-up's body holds its share of the body budget while it is the one sent.
 
 use std::borrow::Cow;
 

@@ -10,7 +10,7 @@
 //! `recall.max_answer_bytes`: past it the round gives recall up (see the stream module).
 //! An unfinished event past the bound on its own cannot be read at all. It passes to the
 //! client as it comes, unread, when it cannot be part of a call of abridge's tool
-//! ([`Round::may_pass_unread`]) — its bytes are looked through for the tool's name
+//! (`Round::may_pass_unread`) — its bytes are looked through for the tool's name
 //! (linearly too, a few bytes held back at each piece's end so a name cut in two is
 //! seen), and the first event after it is read again as usual. Otherwise, or should the
 //! name show up in it, the client's stream ends there with the format's error event:
