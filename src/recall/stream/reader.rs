@@ -151,10 +151,11 @@ impl Reader {
         }
         let keep = pending.len().saturating_sub(name.len());
         out.extend_from_slice(&pending[..keep]);
+        // The search goes on in the bytes to come, where it stopped in these.
         self.unread = Some(Unread {
             scan: Scan {
                 at: 0,
-                content: scanned.content || scanned.at > 0,
+                content: scanned.content,
             },
             tail: pending[keep..].to_vec(),
         });

@@ -142,6 +142,15 @@ fn one_event_past_the_bound_passes_unread_unless_it_may_be_abridges() {
         assert!(!ended, "{piece}");
         assert_eq!(out, stream.as_bytes(), "{piece}");
     }
+    // An event that ends its last line in one piece and its blank line in the next: the
+    // event after it is read again (text that names the tool passes; unread, it would
+    // have ended the stream).
+    let line = format!("data: {}\n", "z".repeat(300_000));
+    let text = chunk(json!({"content": format!("see {NAME}")}), json!(null));
+    let stream = format!("{line}\n{text}");
+    let (out, ended, _) = feed(stream.as_bytes(), line.len(), 256 * 1024);
+    assert!(!ended);
+    assert_eq!(String::from_utf8(out).unwrap(), stream);
     // The same event, abridge's call: the stream ends with the error, the call unsent.
     let stream = call(NAME, 1, 1 << 20);
     let (out, ended, _) = feed(stream.as_bytes(), 4096, 256 * 1024);
