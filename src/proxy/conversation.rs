@@ -249,10 +249,7 @@ async fn forward(
         // Refused for the tool only when the request without it is not refused too;
         // remembered for this tenant only (one tenant never turns recall off for another).
         if !recall::refused(prepared, &upstream) {
-            recall::remember_refusal(state, prepared);
-            decision.report.add_note(
-                "the provider refused the abridge_recall tool abridge adds: retried without it; recall is off for this credential for an hour",
-            );
+            recall::remember_refusal(state, prepared, &mut decision.report);
         }
     }
     if added && refused_addition(&upstream) {

@@ -27,6 +27,7 @@ use http_body_util::BodyExt;
 
 use crate::accounting::{self, Tally};
 use crate::compactor::Decision;
+use crate::controls::Report;
 use crate::error::Error;
 use crate::formats::Request;
 use crate::identity::Fingerprint;
@@ -69,14 +70,22 @@ pub(super) fn refused(prepared: &Prepared, upstream: &Upstream) -> bool {
 }
 
 /// The provider refused the tool and took the request without it: the tenant's requests
-/// go without it for a while (see [`crate::tenants`]); no other tenant's do.
-pub(super) fn remember_refusal(state: &AppState, prepared: &Prepared) {
-    if let Some(identified) = &prepared.identified {
-        state.tenants().recall_refused(identified.payer);
-        tracing::info!(
-            "the provider refused the abridge_recall tool for this credential; its requests go without it for an hour"
+/// go without it for a while (see [`crate::tenants`]); no other tenant's do. The client
+/// is told in `report`.
+pub(super) fn remember_refusal(state: &AppState, prepared: &Prepared, report: &mut Report) {
+    let Some(identified) = &prepared.identified else {
+        report.add_note(
+            "the provider refused the abridge_recall tool abridge adds: retried without it",
         );
-    }
+        return;
+    };
+    state.tenants().recall_refused(identified.payer);
+    tracing::info!(
+        "the provider refused the abridge_recall tool for this credential; its requests go without it for an hour"
+    );
+    report.add_note(
+        "the provider refused the abridge_recall tool abridge adds: retried without it; recall is off for this credential for an hour",
+    );
 }
 
 /// The rounds, for an answer read whole (`upstream`) to a request sent as `sent` (see
