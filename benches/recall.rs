@@ -16,7 +16,7 @@ use std::hint::black_box;
 
 use abridge::formats::{Format, Request};
 use abridge::recall::stream::{Carry, Event, Round};
-use abridge::recall::{Corpus, wire};
+use abridge::recall::{Corpus, NAME, wire};
 use abridge::relay::events::next_event;
 use abridge::store::Checkpoint;
 use abridge::strategies::Strategy;
@@ -64,7 +64,9 @@ fn bench(c: &mut Criterion) {
         group.bench_with_input(
             BenchmarkId::new("outgoing_with_tool", n),
             &request,
-            |b, r| b.iter(|| black_box(r.outgoing(None, Some(wire::tool(Format::Chat)), false))),
+            |b, r| {
+                b.iter(|| black_box(r.outgoing(None, Some(&wire::tool(Format::Chat, NAME)), false)))
+            },
         );
         let checkpoint = condensed(n);
         let tokens = |t: &str| t.len() as u64 / 4;
@@ -126,7 +128,7 @@ fn bench_stream(c: &mut Criterion) {
     });
     group.bench_function("filter", |b| {
         b.iter(|| {
-            let mut round = Round::new(Carry::new(Format::Messages, json!(null)));
+            let mut round = Round::new(Carry::new(Format::Messages, json!(null), NAME.into()));
             let mut rest = &stream[..];
             let mut out = 0;
             while let Some((len, event)) = Event::read(rest) {

@@ -29,9 +29,20 @@ pub struct BodyBudget {
 }
 
 /// A body's share of the budget, given back when dropped (with the last holder of the
-/// body: the request, or the background compaction it was queued for).
-#[derive(Debug)]
-pub struct Held(#[allow(dead_code, reason = "held for its Drop")] Option<OwnedSemaphorePermit>);
+/// body: the request, the recall rounds that send it on, or the background compaction
+/// it was queued for). A clone is the same share, not a new one: it is given back when
+/// the last clone is dropped.
+#[derive(Debug, Clone, Default)]
+pub struct Held(
+    #[allow(dead_code, reason = "held for its Drop")] Option<Arc<OwnedSemaphorePermit>>,
+);
+
+impl Held {
+    /// The share `permit` holds (taken with [`BodyBudget::take`]).
+    pub(crate) fn of(permit: Option<OwnedSemaphorePermit>) -> Self {
+        Self(permit.map(Arc::new))
+    }
+}
 
 impl BodyBudget {
     pub fn new(bytes: usize) -> Self {
@@ -62,6 +73,14 @@ impl BodyBudget {
             None => *held = Some(more),
         }
         Ok(())
+    }
+
+    /// A share of `bytes` of the budget, of its own, without waiting: for what abridge
+    /// holds beside a request's body (the answers and follow-ups of recall).
+    pub fn hold(&self, bytes: usize) -> Result<Held, Error> {
+        let mut held = None;
+        self.take(&mut held, bytes)?;
+        Ok(Held::of(held))
     }
 }
 
@@ -124,7 +143,7 @@ pub async fn read_body(
             after: deadline,
             key: "client_body_ms",
         })??;
-    Ok((bytes, Held(held)))
+    Ok((bytes, Held::of(held)))
 }
 
 /// A body of one chunk is kept as it came when large, copied when small: a small chunk
@@ -268,6 +287,18 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(kept.as_ptr(), big.as_ptr());
+    }
+
+    #[test]
+    fn a_share_is_given_back_with_its_last_clone() {
+        let budget = BodyBudget::new(10 * 1024);
+        let held = budget.hold(6 * 1024).unwrap();
+        let shared = held.clone();
+        assert!(budget.hold(6 * 1024).is_err());
+        drop(held);
+        assert!(budget.hold(6 * 1024).is_err(), "the clone still holds it");
+        drop(shared);
+        assert!(budget.hold(6 * 1024).is_ok());
     }
 
     #[tokio::test]

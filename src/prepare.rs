@@ -33,8 +33,8 @@ pub struct Prepared {
     pub loaded: Option<Loaded>,
     /// Why it was not identified, when the client should know.
     pub note: Option<&'static str>,
-    /// A compacted request gets the recall tool (see [`recall_tool`]).
-    pub recall_tool: bool,
+    /// The recall tool a compacted request gets, named for it (see [`recall_tool`]).
+    pub recall_tool: Option<crate::recall::Tool>,
 }
 
 impl Prepared {
@@ -61,22 +61,34 @@ impl Prepared {
             payer: self.identified.as_ref().map(|i| i.payer),
             size: self.request.body().len(),
             format: self.request.format(),
-            recall_tool: self.recall_tool,
+            recall_tool: self.recall_tool.is_some(),
         }
     }
 }
 
-/// Whether `request`, once compacted, gets the recall tool: recall is on, compaction
-/// acts, the client did not turn recall off, the request lets the model choose its
-/// tools, and the provider has not refused the tool (see `proxy::recall`).
-fn recall_tool(state: &AppState, controls: &Controls, request: &Request) -> bool {
+/// The recall tool `request` gets once compacted, if any: recall is on, compaction acts,
+/// the client did not turn recall off, the request lets the model choose its tools and
+/// asks for one answer, the provider has not lately refused the tool for the same
+/// tenant (`payer`; see [`crate::tenants`]), and there is room for one more tool (named
+/// apart from a client's own tool of the same name: see [`crate::recall::Tool`]).
+fn recall_tool(
+    state: &AppState,
+    controls: &Controls,
+    request: &Request,
+    payer: Option<identity::Fingerprint>,
+) -> Option<crate::recall::Tool> {
     let config = state.config();
-    config.recall.enabled
+    let wanted = config.recall.enabled
         && config.recall.max_rounds > 0
         && config.compaction.mode == CompactionMode::On
         && !controls.recall_off
         && request.lets_the_model_choose_tools()
-        && !state.refuses_recall_tool()
+        && !request.asks_several_answers()
+        && !payer.is_some_and(|p| state.tenants().refuses_recall(p));
+    let tools = request.tools().map(crate::json::Raw::get);
+    wanted
+        .then(|| crate::recall::Tool::for_request(request.format(), tools))
+        .flatten()
 }
 
 /// Parses, identifies and loads. A body abridge does not understand is handed back,
@@ -140,7 +152,12 @@ pub async fn prepare(
         "no credential: forwarded without conversation state (identity.anonymous = none)",
     );
     Ok(Prepared {
-        recall_tool: recall_tool(state, &controls, &request),
+        recall_tool: recall_tool(
+            state,
+            &controls,
+            &request,
+            identified.as_ref().map(|i| i.payer),
+        ),
         request,
         controls,
         credentials,

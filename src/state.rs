@@ -42,8 +42,6 @@ struct Inner {
     body_budget: BodyBudget,
     /// The upstream refused `stream_options` once: abridge no longer adds it.
     refuses_usage_option: AtomicBool,
-    /// The upstream refused the `abridge_recall` tool once: abridge no longer adds it.
-    refuses_recall_tool: AtomicBool,
     started: Instant,
 }
 
@@ -105,7 +103,6 @@ impl AppState {
                 decode_budget,
                 body_budget,
                 refuses_usage_option: AtomicBool::new(false),
-                refuses_recall_tool: AtomicBool::new(false),
                 started: Instant::now(),
             }),
         })
@@ -184,22 +181,6 @@ impl AppState {
     /// requests (then it is not added again by this process).
     pub fn refuses_usage_option(&self) -> bool {
         self.inner.refuses_usage_option.load(Ordering::Relaxed)
-    }
-
-    /// Whether the upstream refused the recall tool (then this process adds it no more).
-    pub fn refuses_recall_tool(&self) -> bool {
-        self.inner.refuses_recall_tool.load(Ordering::Relaxed)
-    }
-
-    /// The upstream refused the recall tool (a server without tool support): remember
-    /// it and say it once.
-    pub fn refuse_recall_tool(&self) {
-        if !self.inner.refuses_recall_tool.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                upstream = %self.inner.config.upstream,
-                "the provider refused the abridge_recall tool; recall is off for this process"
-            );
-        }
     }
 
     /// The upstream refused `stream_options`: remember it, count it, say it once.

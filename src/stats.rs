@@ -323,7 +323,8 @@ metrics! {
     recall_input_tokens: "recall_input_tokens", "Input tokens of recall follow-up requests, as the provider reported";
     recall_output_tokens: "recall_output_tokens", "Output tokens of recall follow-up requests, as the provider reported";
     /// Client requests answered after recall rounds that could not be completed (a
-    /// follow-up the provider refused): answered without recall.
+    /// follow-up the provider refused, that could not be sent, or that had no room in
+    /// the body budget): answered without recall.
     recall_failures: "recall_failures",
         "Requests whose recall follow-up failed (answered without recall)" => fn recall_failure;
     summary_failures: "summary_failures", "Summariser calls that failed or timed out"

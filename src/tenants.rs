@@ -1,6 +1,6 @@
 //! What abridge knows about a tenant (a credential, by its keyed hash — never the
-//! credential itself): whether the provider has accepted it, and how many summaries it
-//! asked for lately.
+//! credential itself): whether the provider has accepted it, how many summaries it
+//! asked for lately, and whether the provider refused the recall tool with its requests.
 //!
 //! The tenant here is the credential the route's provider authenticates (the *payer*,
 //! see `headers::Credentials::payer`), not every credential header a request carries:
@@ -27,6 +27,11 @@
 //!   conversations from spending without end). A refused update is built in the
 //!   background once the budget allows ([`Tenants::wait`]), not replaced by `recency`
 //!   when the request still fits.
+//! - **Recall refused.** When the provider refuses a tenant's compacted request for the
+//!   `abridge_recall` tool and takes it without, that tenant's requests go without the
+//!   tool for [`RECALL_REFUSAL_FOR`] (then it is tried again). Per tenant only: what one
+//!   tenant's requests earn never changes another's (a client's own tools can make the
+//!   provider refuse; see `proxy::recall`). Kept per process, not in the store.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -46,6 +51,8 @@ pub const ACCEPTED_TTL: Duration = Duration::from_secs(3600);
 pub const TRUSTED_FOR: Duration = Duration::from_secs(60);
 /// A 2xx refreshes the store's mark at most this often per tenant and process.
 const REFRESH_EVERY: Duration = Duration::from_secs(30);
+/// How long a tenant's requests go without the recall tool after the provider refused it.
+pub const RECALL_REFUSAL_FOR: Duration = Duration::from_secs(3600);
 
 pub struct Tenants {
     store: Store,
@@ -56,6 +63,8 @@ pub struct Tenants {
     /// Summary budgets: what is left of each (tokens, calls) and when they were last
     /// refilled.
     buckets: Mutex<HashMap<Fingerprint, Left>>,
+    /// Tenants whose requests the provider refused for the recall tool, and since when.
+    recall_refused: Mutex<HashMap<Fingerprint, Instant>>,
 }
 
 /// A tenant's summary budget per minute.
@@ -114,7 +123,32 @@ impl Tenants {
             },
             accepted: Mutex::new(HashMap::new()),
             buckets: Mutex::new(HashMap::new()),
+            recall_refused: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Whether `tenant`'s requests go without the recall tool (the provider refused it
+    /// lately, see the module docs).
+    pub fn refuses_recall(&self, tenant: Fingerprint) -> bool {
+        let mut refused = lock(&self.recall_refused);
+        match refused.get(&tenant) {
+            Some(since) if since.elapsed() < RECALL_REFUSAL_FOR => true,
+            Some(_) => {
+                refused.remove(&tenant);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The provider refused `tenant`'s request for the recall tool and took it without.
+    pub fn recall_refused(&self, tenant: Fingerprint) {
+        bounded_insert(
+            &mut lock(&self.recall_refused),
+            tenant,
+            Instant::now(),
+            |since| *since,
+        );
     }
 
     /// The provider answered a request of `tenant` with a 2xx.
@@ -368,5 +402,20 @@ mod tests {
         // Nothing is charged for a refusal (this one would add half a minute's wait).
         assert_eq!(ask(Kind::Update, 5_000).await, Err(Refusal::RateLimited));
         assert!(tenants.wait(tenant(1)) <= wait);
+    }
+
+    #[test]
+    fn a_refused_recall_tool_is_one_tenants_and_is_tried_again_later() {
+        let store = Store::from_config(&StoreConfig::default()).unwrap();
+        let tenants = Tenants::new(store, CALLS);
+        tenants.recall_refused(tenant(1));
+        assert!(tenants.refuses_recall(tenant(1)));
+        assert!(!tenants.refuses_recall(tenant(2)), "another tenant's own");
+        // Once the refusal is older than RECALL_REFUSAL_FOR, the tool is tried again.
+        if let Some(long_ago) = Instant::now().checked_sub(RECALL_REFUSAL_FOR) {
+            lock(&tenants.recall_refused).insert(tenant(1), long_ago);
+            assert!(!tenants.refuses_recall(tenant(1)));
+            assert!(lock(&tenants.recall_refused).is_empty(), "forgotten");
+        }
     }
 }

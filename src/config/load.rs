@@ -131,20 +131,7 @@ impl Config {
             return Err(("strategies", message));
         }
         self.validate_summary()?;
-        let recall = &self.recall;
-        if recall.enabled && !(100..=100_000).contains(&recall.max_tokens) {
-            return Err((
-                "recall.max_tokens",
-                "must be between 100 and 100000 (an answer shorter than 100 tokens holds almost nothing)".to_owned(),
-            ));
-        }
-        if recall.enabled && !(1..=10).contains(&recall.max_rounds) {
-            return Err((
-                "recall.max_rounds",
-                "must be between 1 and 10 (set recall.enabled = false to turn recall off)"
-                    .to_owned(),
-            ));
-        }
+        self.recall.check()?;
         if let Err(message) = crate::prices::Prices::new(&self.prices) {
             return Err(("prices", message));
         }

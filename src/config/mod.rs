@@ -25,12 +25,14 @@ use crate::secret::Secret;
 
 mod load;
 mod log;
+mod recall;
 #[cfg(test)]
 mod tests;
 mod tls;
 
 pub use load::ConfigError;
 pub use log::{LogConfig, LogFilter, LogFormat};
+pub use recall::RecallConfig;
 pub use tls::{PemFile, RedisTls, is_tls_url};
 
 /// Prefix of every environment variable abridge reads as configuration.
@@ -67,29 +69,6 @@ pub struct Config {
     /// Prices by model name prefix, US dollars per million tokens, overriding and
     /// extending the built-in table (see `prices`).
     pub prices: std::collections::BTreeMap<String, crate::prices::Price>,
-}
-
-/// The `abridge_recall` tool (see `recall`): the model reads back what was condensed.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RecallConfig {
-    /// Add the tool to compacted requests abridge can serve it for.
-    pub enabled: bool,
-    /// Longest answer to one call, in tokens.
-    pub max_tokens: u64,
-    /// Recall rounds per client request at most; the last follow-up asks for an answer
-    /// without tools.
-    pub max_rounds: u32,
-}
-
-impl Default for RecallConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            max_tokens: 2000,
-            max_rounds: 3,
-        }
-    }
 }
 
 /// When and how conversations are compacted.

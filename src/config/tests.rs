@@ -224,6 +224,19 @@ fn recall_bounds_are_checked_and_it_turns_off_by_environment() {
     for (text, key) in [
         ("[recall]\nmax_tokens = 10\n", "recall.max_tokens"),
         ("[recall]\nmax_rounds = 0\n", "recall.max_rounds"),
+        (
+            "[recall]\nmax_calls_per_answer = 0\n",
+            "recall.max_calls_per_answer",
+        ),
+        (
+            "[recall]\nmax_round_tokens = 500\n",
+            "recall.max_round_tokens",
+        ),
+        (
+            "[recall]\nmax_answer_bytes = 1000\n",
+            "recall.max_answer_bytes",
+        ),
+        ("[recall]\nmax_hold_ms = 10\n", "recall.max_hold_ms"),
     ] {
         let err = load(text, &[]).unwrap_err().to_string();
         assert!(err.contains(key), "{err}");

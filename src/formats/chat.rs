@@ -41,6 +41,10 @@ pub struct ChatRequest<'a> {
     pub tool_choice: Option<Raw<'a>>,
     #[serde(borrow, default)]
     pub functions: Option<Raw<'a>>,
+    /// How many choices the client asks for, as written (a recall tool is not added
+    /// beside more than one).
+    #[serde(borrow, default)]
+    pub n: Option<Raw<'a>>,
 }
 
 /// The message fields abridge reads, as serde_json reads them (the reference for
@@ -261,6 +265,7 @@ pub(super) fn request<'a>(top: &json::Top<'a>) -> Option<ChatRequest<'a>> {
         tools,
         tool_choice,
         functions,
+        n,
     ] = top.fields([
         "model",
         "messages",
@@ -269,6 +274,7 @@ pub(super) fn request<'a>(top: &json::Top<'a>) -> Option<ChatRequest<'a>> {
         "tools",
         "tool_choice",
         "functions",
+        "n",
     ])?;
     Some(ChatRequest {
         model: json::optional_text(model)?,
@@ -278,6 +284,7 @@ pub(super) fn request<'a>(top: &json::Top<'a>) -> Option<ChatRequest<'a>> {
         tools: tools.map(|v| v.raw),
         tool_choice: json::optional_raw(tool_choice),
         functions: json::optional_raw(functions),
+        n: json::optional_raw(n),
     })
 }
 

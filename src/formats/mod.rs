@@ -476,7 +476,7 @@ impl Request {
     }
 
     /// The client's `tools`, as written.
-    fn tools(&self) -> Option<Raw<'_>> {
+    pub fn tools(&self) -> Option<Raw<'_>> {
         match self {
             Request::Chat(r) => r.parsed().request.tools,
             Request::Responses(r) => r.parsed().fields.tools,
@@ -518,6 +518,18 @@ impl Request {
             Request::Messages(_) => serde_json::from_str::<Typed<'_>>(choice)
                 .is_ok_and(|t| t.kind.as_deref() == Some("auto")),
             _ => choice == "\"auto\"",
+        }
+    }
+
+    /// Whether the client asks for more than one answer (chat's `n` above 1).
+    pub fn asks_several_answers(&self) -> bool {
+        match self {
+            Request::Chat(r) => r
+                .parsed()
+                .request
+                .n
+                .is_some_and(|n| n.get().trim().parse::<f64>().is_ok_and(|n| n > 1.0)),
+            Request::Responses(_) | Request::Messages(_) => false,
         }
     }
 

@@ -20,6 +20,7 @@ const KEYS: &[&str] = &[
     "t\\u006fols",
     "tool_choice",
     "functions",
+    "n",
     "metadata",
     "previous_response_id",
     "conversation",

@@ -236,7 +236,7 @@ async fn forward(
     let request = &*prepared.request;
     let mut recalling = recall::wanted(prepared, decision);
     let tool = recall::tool(prepared, recalling);
-    let (outgoing, mut watch) = rewrite(state, request, decision.apply.as_ref(), tool);
+    let (outgoing, mut watch) = rewrite(state, request, decision.apply.as_ref(), tool.as_deref());
     let mut sent = outgoing.clone();
     // An error body is read before it is passed on only when a retry could follow:
     // compaction may act, or abridge added a field the provider may refuse.
@@ -245,25 +245,22 @@ async fn forward(
     let added = watch.strips();
     let reads = (may_compact || added || recalling, recalling);
     let mut upstream = first_answer(state, parts, target, outgoing, reads, exchange).await?;
-    if recalling && recall::refused(&upstream) {
+    if recalling && recall::refused(prepared, &upstream) {
         recalling = false;
         let (outgoing, plain) = rewrite(state, request, decision.apply.as_ref(), None);
         let reads = (may_compact || added, false);
         upstream = first_answer(state, parts, target, outgoing, reads, exchange).await?;
         watch = plain;
-        // Refused for the tool only when the request without it is not refused too (a
-        // client's own bad tools must not turn recall off for everyone).
-        if !recall::refused(&upstream) {
-            state.refuse_recall_tool();
-            decision.report.add_note(
-                "the provider refused the abridge_recall tool abridge adds: retried without it; recall is off for this provider",
-            );
+        // Refused for the tool only when the request without it is not refused too;
+        // remembered for this tenant only (one tenant never turns recall off for another).
+        if !recall::refused(prepared, &upstream) {
+            recall::remember_refusal(state, prepared, &mut decision.report);
         }
     }
     if added && refused_addition(&upstream) {
         state.refuse_usage_option();
         let tool = recall::tool(prepared, recalling);
-        let (outgoing, plain) = rewrite(state, request, decision.apply.as_ref(), tool);
+        let (outgoing, plain) = rewrite(state, request, decision.apply.as_ref(), tool.as_deref());
         sent = outgoing.clone();
         let reads = (may_compact || recalling, recalling);
         upstream = first_answer(state, parts, target, outgoing, reads, exchange).await?;
@@ -427,6 +424,6 @@ fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
         credentials: prepared.credentials.clone(),
         deployment: prepared.deployment.clone(),
         provider: prepared.provider,
-        recall_tool: prepared.recall_tool,
+        recall_tool: prepared.recall_tool.is_some(),
     })
 }

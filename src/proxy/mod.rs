@@ -165,9 +165,18 @@ enum Upstream {
     Streaming(http::Response<hyper::body::Incoming>),
     Buffered(http::response::Parts, Bytes),
     Peeked(peek::Peeked),
-    /// A whole (not streamed) answer read to see whether it calls the recall tool, and
-    /// the usage to record for the forwarded history.
-    Whole(http::response::Parts, Bytes, Option<relay::Usage>),
+    /// A whole (not streamed) answer read to see whether it calls the recall tool (its
+    /// bytes decoded), the usage to record for the forwarded history, and the bytes'
+    /// share of the body budget.
+    Whole(
+        http::response::Parts,
+        Bytes,
+        Option<relay::Usage>,
+        ingress::Held,
+    ),
+    /// A whole answer not read for recall, and why (see [`recall::read_whole`]): the
+    /// request is answered without the tool.
+    Unread(&'static str),
     /// A stream (`Streaming` or `Peeked`) to go through the recall rounds as it is
     /// relayed.
     Recalling(Box<Upstream>, Box<recall_stream::Streamed>),
@@ -180,7 +189,10 @@ impl Upstream {
         match self {
             Upstream::Buffered(head, error) => crate::compactor::overflow::read(head.status, error),
             Upstream::Peeked(peeked) => peeked.overflow.clone(),
-            Upstream::Streaming(_) | Upstream::Whole(..) | Upstream::Recalling(..) => None,
+            Upstream::Streaming(_)
+            | Upstream::Whole(..)
+            | Upstream::Unread(_)
+            | Upstream::Recalling(..) => None,
         }
     }
 }
@@ -208,7 +220,8 @@ async fn send(
 
 /// The provider's answer to `body`. With `may_retry`, one that may be an overflow (an
 /// error body, the start of an event stream) is read first; with `whole`, a 200 that is
-/// not an event stream is read whole (the recall rounds read it).
+/// not an event stream is read whole, within bounds (the recall rounds read it: see
+/// [`recall::read_whole`]).
 async fn first_answer(
     state: &AppState,
     parts: &Parts,
@@ -221,24 +234,11 @@ async fn first_answer(
     if whole
         && response.status() == http::StatusCode::OK
         && !relay::is_event_stream(response.headers())
-        && !response.headers().contains_key(header::CONTENT_ENCODING)
     {
-        let (head, incoming) = response.into_parts();
-        let idle = state.config().timeouts.stream_idle();
-        let limit = state.config().limits.max_decoded_bytes;
         let waiting = Instant::now();
-        let read = tokio::time::timeout(idle, Limited::new(incoming, limit).collect()).await;
+        let read = recall::read_whole(state, response).await;
         exchange.upstream_wait += waiting.elapsed();
-        return match read {
-            Ok(Ok(collected)) => {
-                let body = collected.to_bytes();
-                let usage = relay::usage::from_json(&body);
-                Ok(Upstream::Whole(head, body, usage))
-            }
-            _ => Err(Error::UpstreamUnreachable(
-                "the provider's answer could not be read".to_owned(),
-            )),
-        };
+        return read;
     }
     if may_retry
         && response.status() == http::StatusCode::OK
@@ -373,7 +373,7 @@ impl Upstream {
             Upstream::Streaming(r) => relay::is_event_stream(r.headers()),
             Upstream::Peeked(_) => true,
             Upstream::Recalling(inner, _) => inner.streams(),
-            Upstream::Buffered(..) | Upstream::Whole(..) => false,
+            Upstream::Buffered(..) | Upstream::Whole(..) | Upstream::Unread(_) => false,
         }
     }
 }
@@ -385,7 +385,20 @@ fn relayed(state: &AppState, upstream: Upstream, watch: Watch, on_done: OnDone) 
             relay::respond(response, watch, relay_bounds(state), on_done)
         }
         Upstream::Buffered(head, body) => relay::respond_buffered(head, body, on_done),
-        Upstream::Whole(head, body, usage) => relay::respond_whole(head, body, usage, on_done),
+        Upstream::Whole(head, body, usage, held) => {
+            relay::respond_whole(head, (body, held), usage, on_done)
+        }
+        // Not left to relay: the rounds answer it without the tool (`recall::serve`).
+        Upstream::Unread(why) => {
+            on_done(Outcome {
+                usage: None,
+                end: relay::End::UpstreamError,
+                usage_unreadable: false,
+                stripped_events: 0,
+            });
+            Error::UpstreamUnreachable(format!("the provider's answer could not be read ({why})"))
+                .response_in(Shape::OpenAi)
+        }
         Upstream::Peeked(peeked) => relay::respond_after(
             peeked.response,
             peeked.read,

@@ -15,6 +15,15 @@
 //! ([`rank`]), or both. What it returns is the messages' exact text, secrets redacted as
 //! for the summariser, within `recall.max_tokens`.
 //!
+//! One provider answer's calls are served together ([`Corpus::answer_round`]): at most
+//! `recall.max_calls_per_answer` of them, and all of them within
+//! `recall.max_round_tokens`; every other call gets a short result saying it was not
+//! served (so each call still has its result), not a ranking.
+//!
+//! The tool is named [`NAME`] in a request, unless a tool of the client's own already has
+//! that name: then abridge's is named apart for that request (`abridge_recall_2`, the
+//! first free), and only calls of the name abridge gave are abridge's ([`Tool`]).
+//!
 //! [`wire`] has each format's side: the tool, its calls in a provider's answer, and the
 //! follow-up request.
 
@@ -32,6 +41,48 @@ use crate::strategies::redact::redact;
 
 /// The tool's name.
 pub const NAME: &str = "abridge_recall";
+/// Most tools a request may carry (OpenAI's limit): a client that sends this many gets
+/// no tool added beside them.
+pub const MAX_TOOLS: usize = 128;
+
+/// abridge's tool as one request carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tool {
+    /// Its name in this request (see the module docs).
+    pub name: Cow<'static, str>,
+}
+
+impl Tool {
+    /// The tool for a request in `format` whose client sent `tools` (its `tools`, as
+    /// written): named [`NAME`] unless one of the client's tools is; `None` when the
+    /// client's tools already number [`MAX_TOOLS`] or cannot be read.
+    pub fn for_request(format: crate::formats::Format, tools: Option<&str>) -> Option<Tool> {
+        let taken = match tools.map(str::trim) {
+            None | Some("null") => Vec::new(),
+            Some(tools) => wire::tool_names(format, tools)?,
+        };
+        if taken.len() >= MAX_TOOLS {
+            return None;
+        }
+        let free = |name: &str| !taken.iter().any(|t| t == name);
+        if free(NAME) {
+            return Some(Tool {
+                name: Cow::Borrowed(NAME),
+            });
+        }
+        (2..)
+            .map(|n| format!("{NAME}_{n}"))
+            .find(|n| free(n))
+            .map(|name| Tool {
+                name: Cow::Owned(name),
+            })
+    }
+
+    /// Its definition in `format`.
+    pub fn definition(&self, format: crate::formats::Format) -> Cow<'static, str> {
+        wire::tool(format, &self.name)
+    }
+}
 /// Longest passage: a longer message is read in parts.
 pub const PART_CHARS: usize = 4000;
 
@@ -61,6 +112,24 @@ impl Passage {
 pub struct Corpus {
     passages: Vec<Passage>,
 }
+
+/// How much one answer's calls are served (see [`Corpus::answer_round`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Calls served at most (`recall.max_calls_per_answer`).
+    pub calls: usize,
+    /// Tokens of one call's answer at most (`recall.max_tokens`).
+    pub tokens: u64,
+    /// Tokens of all the calls' answers together at most (`recall.max_round_tokens`).
+    pub round_tokens: u64,
+}
+
+/// The result of a call past `recall.max_calls_per_answer`.
+pub const TOO_MANY: &str = "[abridge_recall: too many recall calls in one answer; this call was not served. Ask again, with fewer calls at a time.]";
+/// The result of a call once the answer's calls returned `recall.max_round_tokens`.
+pub const ROUND_SPENT: &str = "[abridge_recall: the calls of this answer already returned as much text as one answer may read; this call was not served. Ask again, with a narrower query or an id.]";
+/// The least a call is answered with: below it, [`ROUND_SPENT`].
+const LEAST_TOKENS: u64 = 100;
 
 /// What a call asks.
 #[derive(Debug, Default, serde::Deserialize)]
@@ -155,6 +224,34 @@ impl Corpus {
             problems.push("give `id` or `query`".to_owned());
         }
         self.write(&chosen, &problems, &span, max_tokens, tokens)
+    }
+
+    /// The answers to one provider answer's calls (`arguments`: each call's), in order,
+    /// within `limits` as `tokens` counts them; each with whether it was served (one
+    /// past the limits is answered [`TOO_MANY`] or [`ROUND_SPENT`], at no cost).
+    pub fn answer_round(
+        &self,
+        arguments: &[&str],
+        limits: Limits,
+        tokens: &dyn Fn(&str) -> u64,
+    ) -> Vec<(String, bool)> {
+        let mut left = limits.round_tokens;
+        arguments
+            .iter()
+            .enumerate()
+            .map(|(i, arguments)| {
+                if i >= limits.calls {
+                    return (TOO_MANY.to_owned(), false);
+                }
+                let budget = left.min(limits.tokens);
+                if budget < LEAST_TOKENS {
+                    return (ROUND_SPENT.to_owned(), false);
+                }
+                let text = self.answer(arguments, budget, tokens);
+                left = left.saturating_sub(tokens(&text));
+                (text, true)
+            })
+            .collect()
     }
 
     /// The passages an id names: a message (all its parts), one part, or a range.

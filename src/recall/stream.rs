@@ -17,19 +17,30 @@
 //! event that echoes the request (its `response` object) shows the client's own tools
 //! and `tool_choice`, and the final response lists every item the client was sent.
 //!
+//! **Bounded.** What a round keeps to serve recall — the events it holds (as they came,
+//! not parsed) and the text it gathers for the follow-up — is counted in bytes of the
+//! events it read to keep it ([`Round::kept`]); past `recall.max_answer_bytes` (and past
+//! `recall.max_hold_ms` of holding, which the caller times), the round gives recall up
+//! ([`Round::give_up`]): what was held is relayed as it came, any call of abridge's tool
+//! taken out, and every later event passes at once, read only to take such calls out;
+//! nothing more is gathered and no round follows. The bytes of the stream are split
+//! into events by [`reader::Reader`], linearly, within the same bound.
+//!
 //! What is common is here, with Responses' side; chat's and Messages' are in [`chat`]
-//! and [`messages`]. Events are parsed here only for compacted streams that carry the tool; what is held
-//! is bounded by the relay's `limits.max_decoded_bytes` per round.
+//! and [`messages`]. Events are parsed here only for compacted streams that carry the
+//! tool.
 
 use serde_json::{Value, json};
 
-use super::NAME;
+use std::borrow::Cow;
+
 use super::wire::{Answer, add_usage};
 use crate::formats::Format;
 use crate::relay::events::next_event;
 
 mod chat;
 mod messages;
+pub mod reader;
 
 /// One complete event, as it came and as JSON (`None`: not JSON, such as `[DONE]`).
 #[derive(Debug)]
@@ -93,11 +104,15 @@ pub struct Carry {
     usage: Option<Value>,
     /// The client's `tool_choice`, as a Responses answer echoes it.
     choice: Value,
+    /// The name abridge's tool goes by in the request (see [`super::Tool`]).
+    name: Cow<'static, str>,
+    /// Bytes of the events whose items `items` holds.
+    kept: usize,
 }
 
 impl Carry {
-    /// Before the first round.
-    pub fn new(format: Format, choice: Value) -> Self {
+    /// Before the first round of a request whose tool is named `name`.
+    pub fn new(format: Format, choice: Value, name: Cow<'static, str>) -> Self {
         Self {
             format,
             round: 0,
@@ -106,6 +121,8 @@ impl Carry {
             items: Vec::new(),
             usage: None,
             choice,
+            name,
+            kept: 0,
         }
     }
 }
@@ -115,7 +132,15 @@ impl Carry {
 pub struct Round {
     carry: Carry,
     holding: bool,
-    held: Vec<Event>,
+    /// The events held, as they came (parsed again when relayed).
+    held: Vec<u8>,
+    /// Bytes of the events read to keep what the round keeps (see the module docs),
+    /// the items carried from earlier rounds included.
+    kept: usize,
+    /// Recall is given up for the round (see [`Round::give_up`]).
+    given_up: bool,
+    /// Bytes of the events of the items carried and relayed this round (Responses).
+    kept_items: usize,
     /// Indices of the recall calls (chat's tool call index, Responses' `output_index`,
     /// Messages' block `index`), as the provider numbered them.
     recalls: Vec<u64>,
@@ -161,10 +186,14 @@ impl Round {
             Format::Chat | Format::Messages => json!({}),
             Format::Responses => Value::Null,
         };
+        let kept = carry.kept;
         Self {
+            kept,
             carry,
             holding: false,
             held: Vec::new(),
+            given_up: false,
+            kept_items: kept,
             recalls: Vec::new(),
             client_calls: false,
             next_index: 0,
@@ -182,15 +211,19 @@ impl Round {
             Format::Responses => self.read_responses(&event),
             Format::Messages => self.read_messages(&event),
         };
+        if !self.given_up {
+            self.kept += event.raw.len();
+        }
         match kind {
             Kind::Drop => Vec::new(),
+            _ if self.given_up => self.out(event),
             Kind::Hold => {
                 self.holding = true;
-                self.held.push(event);
+                self.held.extend_from_slice(&event.raw);
                 Vec::new()
             }
             Kind::Pass if self.holding => {
-                self.held.push(event);
+                self.held.extend_from_slice(&event.raw);
                 Vec::new()
             }
             Kind::Pass => self.out(event),
@@ -200,19 +233,80 @@ impl Round {
     /// The round's stream ended: when it called the recall tool and `more` rounds may
     /// follow, the answer whose calls to serve (what was held is then dropped).
     pub fn recalled(&self, more: bool) -> Option<Answer> {
-        if !more || self.recalls.is_empty() || self.answer.is_null() {
+        if !more || self.given_up || self.recalls.is_empty() || self.answer.is_null() {
             return None;
         }
-        let answer = Answer::of(self.carry.format, self.whole());
+        let answer = Answer::of(self.carry.format, self.whole(), &self.carry.name);
         (!answer.calls.is_empty()).then_some(answer)
     }
 
     /// What was held, for the client: any recall call taken out.
     pub fn flush(&mut self) -> Vec<u8> {
+        let held = std::mem::take(&mut self.held);
         let mut out = Vec::new();
-        for event in std::mem::take(&mut self.held) {
+        let mut at = 0;
+        while let Some((len, event)) = Event::read(&held[at..]) {
+            at += len;
             out.extend(self.out(event));
         }
+        out
+    }
+
+    /// Bytes of the events read to keep what the round keeps (see the module docs).
+    pub fn kept(&self) -> usize {
+        self.kept
+    }
+
+    /// Whether the round holds its events (from its first tool call on, until it ends
+    /// or gives recall up).
+    pub fn holding(&self) -> bool {
+        self.holding && !self.given_up
+    }
+
+    /// Gives recall up for the round (see the module docs): what was held, for the
+    /// client now, any call of abridge's tool taken out.
+    pub fn give_up(&mut self) -> Vec<u8> {
+        if self.given_up {
+            return Vec::new();
+        }
+        let out = self.flush();
+        self.given_up = true;
+        self.parts = Vec::new();
+        self.answer = Value::Null;
+        out
+    }
+
+    /// Whether an event too large to read may pass to the client unread, once recall is
+    /// given up: when none of its bytes can be a call of abridge's tool's (the round
+    /// started none; the reader looks for the name in the event's bytes) and the client
+    /// gets it as the provider wrote it (a first round, or a chat one: no renumbering).
+    fn may_pass_unread(&self) -> bool {
+        self.given_up
+            && self.recalls.is_empty()
+            && (self.carry.format == Format::Chat || !self.continuation())
+    }
+
+    /// The event that ends the client's stream when the round can neither read an event
+    /// nor let it pass: the format's error event (it names no tool).
+    fn error_event(&self) -> Vec<u8> {
+        const MESSAGE: &str = "The answer could not be relayed: one of its events was larger than the proxy reads (recall.max_answer_bytes).";
+        let event = match self.carry.format {
+            Format::Chat => {
+                json!({"error": {"message": MESSAGE, "type": "server_error", "param": null, "code": "answer_too_large"}})
+            }
+            Format::Responses => {
+                json!({"type": "error", "sequence_number": self.carry.seq, "code": "answer_too_large", "message": MESSAGE, "param": null})
+            }
+            Format::Messages => {
+                json!({"type": "error", "error": {"type": "api_error", "message": MESSAGE}})
+            }
+        };
+        let name = (self.carry.format != Format::Chat).then_some("error");
+        let mut out = Vec::new();
+        if let Some(name) = name {
+            out.extend_from_slice(format!("event: {name}\n").as_bytes());
+        }
+        out.extend_from_slice(format!("data: {event}\n\n").as_bytes());
         out
     }
 
@@ -225,6 +319,7 @@ impl Round {
     pub fn into_carry(self) -> Carry {
         let mut carry = self.carry;
         carry.round += 1;
+        carry.kept = self.kept_items;
         carry.offset = self.next_index;
         carry.items.extend(self.items);
         if let Some(usage) = self.usage {
@@ -299,6 +394,9 @@ impl Round {
             Format::Responses => event.kind().to_owned(),
             Format::Chat | Format::Messages => String::new(),
         };
+        if kind == "response.output_item.done" && !self.given_up {
+            self.kept_items += event.raw.len();
+        }
         let Some(mut value) = event.value.take() else {
             return event.raw;
         };
@@ -328,7 +426,7 @@ impl Round {
                 Kind::Drop
             }
             "response.output_item.added" if value["item"]["type"] == "function_call" => {
-                if value["item"]["name"] == NAME {
+                if value["item"]["name"] == *self.carry.name {
                     self.recalls
                         .push(value["output_index"].as_u64().unwrap_or(0));
                 } else {
@@ -337,7 +435,9 @@ impl Round {
                 Kind::Hold
             }
             "response.completed" | "response.incomplete" | "response.failed" => {
-                self.answer = value["response"].clone();
+                if !self.given_up {
+                    self.answer = value["response"].clone();
+                }
                 self.usage = value["response"]
                     .get("usage")
                     .filter(|u| u.is_object())
@@ -368,7 +468,7 @@ impl Round {
                 seq + 1
             };
         }
-        if kind == "response.output_item.done" {
+        if kind == "response.output_item.done" && !self.given_up {
             self.items.push(value["item"].clone());
         }
         if let Some(response) = value.get_mut("response").filter(|r| r.is_object()) {
@@ -382,7 +482,7 @@ impl Round {
     /// the end, every item it was sent and every round's usage.
     fn echo(&self, response: &mut Value, terminal: bool) {
         if let Some(tools) = response.get_mut("tools").and_then(Value::as_array_mut) {
-            tools.retain(|t| t["name"] != NAME);
+            tools.retain(|t| t["name"] != *self.carry.name);
         }
         if let Some(echoed) = response.get_mut("tool_choice") {
             *echoed = self.carry.choice.clone();
@@ -391,7 +491,7 @@ impl Round {
             return;
         }
         if let Some(output) = response.get_mut("output").and_then(Value::as_array_mut) {
-            output.retain(|o| !(o["type"] == "function_call" && o["name"] == NAME));
+            output.retain(|o| !(o["type"] == "function_call" && o["name"] == *self.carry.name));
             let mut all = self.carry.items.clone();
             all.append(output);
             *output = all;

@@ -1,6 +1,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use crate::recall::NAME;
 
 /// `events` through a round: what the client got, and the round.
 fn run(carry: Carry, events: &[String]) -> (String, Round) {
@@ -47,7 +48,7 @@ fn call_delta(index: u64, name: Option<&str>, arguments: &str) -> String {
 
 #[test]
 fn chat_text_passes_at_once_and_a_recall_call_is_held_then_served() {
-    let carry = Carry::new(Format::Chat, json!("auto"));
+    let carry = Carry::new(Format::Chat, json!("auto"), NAME.into());
     let text = chat(
         json!({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let me check."}, "finish_reason": null}]}),
     );
@@ -80,7 +81,7 @@ fn chat_text_passes_at_once_and_a_recall_call_is_held_then_served() {
 
 #[test]
 fn the_last_round_takes_the_recall_call_out_and_renumbers_the_clients() {
-    let carry = Carry::new(Format::Chat, json!("auto"));
+    let carry = Carry::new(Format::Chat, json!("auto"), NAME.into());
     let (out, mut round) = run(
         carry,
         &[
@@ -110,7 +111,7 @@ fn the_last_round_takes_the_recall_call_out_and_renumbers_the_clients() {
 
     // Only a recall call: the answer says it stopped.
     let (_, mut round) = run(
-        Carry::new(Format::Chat, json!("auto")),
+        Carry::new(Format::Chat, json!("auto"), NAME.into()),
         &[
             call_delta(0, Some(NAME), "{}"),
             chat(
@@ -126,7 +127,7 @@ fn the_last_round_takes_the_recall_call_out_and_renumbers_the_clients() {
 #[test]
 fn a_chat_continuation_reports_every_rounds_usage() {
     let (_, first) = run(
-        Carry::new(Format::Chat, json!("auto")),
+        Carry::new(Format::Chat, json!("auto"), NAME.into()),
         &[
             call_delta(0, Some(NAME), "{}"),
             chat(
@@ -185,7 +186,7 @@ fn responses_round(seq: &mut u64, with_call: bool) -> Vec<String> {
 fn a_responses_continuation_is_numbered_after_what_was_relayed() {
     let mut seq = 0;
     let (out, first) = run(
-        Carry::new(Format::Responses, json!("auto")),
+        Carry::new(Format::Responses, json!("auto"), NAME.into()),
         &responses_round(&mut seq, true),
     );
     let sent = data(&out);
@@ -273,7 +274,10 @@ fn a_messages_continuation_drops_its_start_and_numbers_its_blocks_after() {
         stop(1),
     ];
     first.extend(end("tool_use", 7));
-    let (out, round) = run(Carry::new(Format::Messages, json!("auto")), &first);
+    let (out, round) = run(
+        Carry::new(Format::Messages, json!("auto"), NAME.into()),
+        &first,
+    );
     assert_eq!(data(&out).len(), 5, "start and the thinking block: {out}");
     let answer = round.recalled(true).unwrap();
     assert_eq!(answer.calls[0].arguments, r#"{"query":"port"}"#);

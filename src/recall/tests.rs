@@ -120,3 +120,34 @@ fn a_long_message_is_read_in_parts_within_the_budget() {
         "{part}"
     );
 }
+
+#[test]
+fn the_calls_of_one_answer_are_served_within_its_limits() {
+    let messages: Vec<serde_json::Value> = (0..12)
+        .map(|i| serde_json::json!({"role": "user", "content": format!("note {i}: {}", "port 6543 on the staging host. ".repeat(40))}))
+        .collect();
+    let body = body(&messages);
+    let parsed = crate::formats::chat::parse(&body).unwrap();
+    let corpus = Corpus::of(&parsed.messages, &condensed(0, 10, &[]));
+    let limits = Limits {
+        calls: 5,
+        tokens: 2000,
+        round_tokens: 2500,
+    };
+    let calls = vec![r#"{"query": "port 6543"}"#; 7];
+    let answered = corpus.answer_round(&calls, limits, &words);
+    assert_eq!(answered.len(), 7, "every call has its result");
+    // The first call reads up to 2000 tokens, the next ones what is left of 2500; a
+    // call that finds less than a short answer's worth left is not served; past five,
+    // none is.
+    assert!(answered[0].1 && words(&answered[0].0) <= 2000 + 50);
+    assert_eq!(answered[4], (ROUND_SPENT.to_owned(), false));
+    assert_eq!(answered[5], (TOO_MANY.to_owned(), false));
+    assert_eq!(answered[6], (TOO_MANY.to_owned(), false));
+    let served: u64 = answered
+        .iter()
+        .filter(|(_, served)| *served)
+        .map(|(t, _)| words(t))
+        .sum();
+    assert!(served <= 2500 + 100, "{served}");
+}

@@ -3,6 +3,12 @@
 //! keeps hitting), the recall calls in a provider's whole answer, the follow-up request
 //! that carries their results, and the answer the client gets (the last round's, with the
 //! usage of every round summed: the client pays for them all).
+//!
+//! Everything here takes the name the tool goes by in the request (`name`: [`NAME`], or
+//! the name it was given apart from a client's own tool, see [`super::Tool`]): only calls
+//! of that name are abridge's.
+
+use std::borrow::Cow;
 
 use serde_json::{Value, json};
 
@@ -16,35 +22,71 @@ const DESCRIPTION: &str = "The earlier part of this conversation was condensed t
 /// The parameters' JSON schema, as written in every format.
 const PARAMETERS: &str = r#"{"type":"object","properties":{"query":{"type":"string","description":"Words to search the condensed messages for."},"id":{"type":"string","description":"An id shown in the summary or index (m12), or a range (m3-m9)."}}}"#;
 
-/// The tool in `format`'s shape.
-pub fn tool(format: Format) -> &'static str {
+/// The tool in `format`'s shape, named `name`: for [`NAME`], the same bytes every time.
+pub fn tool(format: Format, name: &str) -> Cow<'static, str> {
     use std::sync::OnceLock;
     static TOOLS: OnceLock<[String; 3]> = OnceLock::new();
+    if name != NAME {
+        return Cow::Owned(definition(format, name));
+    }
     let tools = TOOLS.get_or_init(|| {
-        let description = Value::from(DESCRIPTION).to_string();
-        [
-            format!(
-                r#"{{"type":"function","function":{{"name":"{NAME}","description":{description},"parameters":{PARAMETERS}}}}}"#
-            ),
-            format!(
-                r#"{{"type":"function","name":"{NAME}","description":{description},"parameters":{PARAMETERS}}}"#
-            ),
-            format!(
-                r#"{{"name":"{NAME}","description":{description},"input_schema":{PARAMETERS}}}"#
-            ),
-        ]
+        [Format::Chat, Format::Responses, Format::Messages].map(|f| definition(f, NAME))
     });
-    match format {
+    Cow::Borrowed(match format {
         Format::Chat => &tools[0],
         Format::Responses => &tools[1],
         Format::Messages => &tools[2],
+    })
+}
+
+fn definition(format: Format, name: &str) -> String {
+    let description = Value::from(DESCRIPTION).to_string();
+    let name = Value::from(name).to_string();
+    match format {
+        Format::Chat => format!(
+            r#"{{"type":"function","function":{{"name":{name},"description":{description},"parameters":{PARAMETERS}}}}}"#
+        ),
+        Format::Responses => format!(
+            r#"{{"type":"function","name":{name},"description":{description},"parameters":{PARAMETERS}}}"#
+        ),
+        Format::Messages => {
+            format!(r#"{{"name":{name},"description":{description},"input_schema":{PARAMETERS}}}"#)
+        }
     }
 }
 
 /// abridge's estimate of the tool's tokens in `format`: what a provider counts for its
 /// definition in every compacted request.
 pub fn tool_tokens(format: Format) -> u64 {
-    crate::tokens::approx_text(tool(format))
+    crate::tokens::approx_text(&tool(format, NAME))
+}
+
+/// The names of a client's `tools` (as written) in `format`: each tool's `name` (chat's
+/// `function.name`); `None` when they are not an array of objects.
+pub fn tool_names(format: Format, tools: &str) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default)]
+        function: Option<Function>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Function {
+        #[serde(default)]
+        name: Option<String>,
+    }
+    let tools: Vec<Named> = serde_json::from_str(tools).ok()?;
+    Some(
+        tools
+            .into_iter()
+            .map(|t| match format {
+                Format::Chat => t.function.and_then(|f| f.name).or(t.name),
+                Format::Responses | Format::Messages => t.name,
+            })
+            .map(Option::unwrap_or_default)
+            .collect(),
+    )
 }
 
 /// A recall call in a provider's answer.
@@ -65,19 +107,21 @@ pub struct Answer {
 
 impl Answer {
     /// `body` as `format`'s answer; `None` when it is not JSON.
-    pub fn read(format: Format, body: &[u8]) -> Option<Self> {
+    pub fn read(format: Format, body: &[u8], name: &str) -> Option<Self> {
         let value: Value = serde_json::from_slice(body).ok()?;
-        Some(Self::of(format, value))
+        Some(Self::of(format, value, name))
     }
 
     /// `value` as `format`'s whole answer (a streamed one, gathered: see [`super::stream`]).
-    pub fn of(format: Format, value: Value) -> Self {
-        let calls = calls(format, &value);
+    pub fn of(format: Format, value: Value, name: &str) -> Self {
+        let calls = calls(format, &value, name);
         Self { value, calls }
     }
 }
 
-fn calls(format: Format, answer: &Value) -> Vec<Call> {
+/// The calls of `name` in `answer` (chat: in its first choice, the one the rounds
+/// continue).
+fn calls(format: Format, answer: &Value, name: &str) -> Vec<Call> {
     let call = |id: &Value, arguments: String| Call {
         id: id.as_str().unwrap_or_default().to_owned(),
         arguments,
@@ -87,7 +131,7 @@ fn calls(format: Format, answer: &Value) -> Vec<Call> {
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|c| c["function"]["name"] == NAME)
+            .filter(|c| c["function"]["name"] == name)
             .map(|c| {
                 let arguments = c["function"]["arguments"].as_str().unwrap_or("{}");
                 call(&c["id"], arguments.to_owned())
@@ -97,7 +141,7 @@ fn calls(format: Format, answer: &Value) -> Vec<Call> {
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|o| o["type"] == "function_call" && o["name"] == NAME)
+            .filter(|o| o["type"] == "function_call" && o["name"] == name)
             .map(|o| {
                 call(
                     &o["call_id"],
@@ -109,7 +153,7 @@ fn calls(format: Format, answer: &Value) -> Vec<Call> {
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|b| b["type"] == "tool_use" && b["name"] == NAME)
+            .filter(|b| b["type"] == "tool_use" && b["name"] == name)
             .map(|b| call(&b["id"], b["input"].to_string()))
             .collect(),
     }
@@ -119,13 +163,18 @@ fn calls(format: Format, answer: &Value) -> Vec<Call> {
 /// with only its recall calls (the client's own calls are dropped: the client would
 /// have to answer them, and the model asks again once it has read what it recalled),
 /// then each call's result.
-pub fn round_items(format: Format, answer: &Answer, results: &[(Call, String)]) -> Vec<Value> {
+pub fn round_items(
+    format: Format,
+    answer: &Answer,
+    results: &[(Call, String)],
+    name: &str,
+) -> Vec<Value> {
     let mut out = Vec::new();
     match format {
         Format::Chat => {
             let mut message = answer.value["choices"][0]["message"].clone();
             if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
-                calls.retain(|c| c["function"]["name"] == NAME);
+                calls.retain(|c| c["function"]["name"] == name);
             }
             // Fields of an answer a request does not take.
             if let Some(m) = message.as_object_mut() {
@@ -140,7 +189,7 @@ pub fn round_items(format: Format, answer: &Answer, results: &[(Call, String)]) 
         }
         Format::Responses => {
             for item in answer.value["output"].as_array().into_iter().flatten() {
-                let client_call = item["type"] == "function_call" && item["name"] != NAME;
+                let client_call = item["type"] == "function_call" && item["name"] != name;
                 if !client_call {
                     out.push(item.clone());
                 }
@@ -154,7 +203,7 @@ pub fn round_items(format: Format, answer: &Answer, results: &[(Call, String)]) 
                 .as_array()
                 .into_iter()
                 .flatten()
-                .filter(|b| b["type"] != "tool_use" || b["name"] == NAME)
+                .filter(|b| b["type"] != "tool_use" || b["name"] == name)
                 .cloned()
                 .collect();
             out.push(json!({"role": "assistant", "content": content}));
@@ -228,45 +277,60 @@ pub fn follow_up(format: Format, forwarded: &[u8], items: &[Value], last: bool) 
     apply(forwarded, edits).map(|b| b.to_vec())
 }
 
-/// The answer the client gets: the last round's, any recall call still in it removed
+/// The answer the client gets: the last round's, any call of `name` still in it removed
 /// (an answer that then calls nothing says it stopped), with `usage` — every round's,
 /// summed — in place of its own. A Responses answer echoes the request's tools and
 /// `tool_choice`: the client sees its own (`choice`: the client's `tool_choice`, `auto`
 /// when it sent none).
-pub fn finish(format: Format, mut answer: Value, usage: Option<Value>, choice: &Value) -> Vec<u8> {
+pub fn finish(
+    format: Format,
+    mut answer: Value,
+    usage: Option<Value>,
+    choice: &Value,
+    name: &str,
+) -> Vec<u8> {
     if format == Format::Responses {
         if let Some(tools) = answer.get_mut("tools").and_then(Value::as_array_mut) {
-            tools.retain(|t| t["name"] != NAME);
+            tools.retain(|t| t["name"] != name);
         }
         if let Some(echoed) = answer.get_mut("tool_choice") {
             *echoed = choice.clone();
         }
     }
+    strip(format, &mut answer, name);
+    if let (Some(usage), Some(top)) = (usage, answer.as_object_mut()) {
+        top.insert("usage".to_owned(), usage);
+    }
+    serde_json::to_vec(&answer).unwrap_or_default()
+}
+
+/// `answer` without its calls of `name` (chat: in every choice).
+fn strip(format: Format, answer: &mut Value, name: &str) {
     match format {
         // `get_mut`, not indexing: indexing a missing member adds it as `null`.
         Format::Chat => {
-            let Some(choice) = answer.pointer_mut("/choices/0") else {
-                return serde_json::to_vec(&answer).unwrap_or_default();
-            };
-            let emptied = choice
-                .pointer_mut("/message/tool_calls")
-                .and_then(Value::as_array_mut)
-                .map(|calls| {
-                    calls.retain(|c| c["function"]["name"] != NAME);
-                    calls.is_empty()
-                });
-            if emptied == Some(true) {
-                if let Some(m) = choice.get_mut("message").and_then(Value::as_object_mut) {
-                    m.remove("tool_calls");
-                }
-                if choice["finish_reason"] == "tool_calls" {
-                    choice["finish_reason"] = json!("stop");
+            let choices = answer.get_mut("choices").and_then(Value::as_array_mut);
+            for choice in choices.into_iter().flatten() {
+                let emptied = choice
+                    .pointer_mut("/message/tool_calls")
+                    .and_then(Value::as_array_mut)
+                    .map(|calls| {
+                        calls.retain(|c| c["function"]["name"] != name);
+                        calls.is_empty()
+                    });
+                if emptied == Some(true) {
+                    if let Some(m) = choice.get_mut("message").and_then(Value::as_object_mut) {
+                        m.remove("tool_calls");
+                    }
+                    if choice["finish_reason"] == "tool_calls" {
+                        choice["finish_reason"] = json!("stop");
+                    }
                 }
             }
         }
         Format::Responses => {
             if let Some(output) = answer.get_mut("output").and_then(Value::as_array_mut) {
-                output.retain(|o| !(o["type"] == "function_call" && o["name"] == NAME));
+                output.retain(|o| !(o["type"] == "function_call" && o["name"] == name));
             }
         }
         Format::Messages => {
@@ -274,7 +338,7 @@ pub fn finish(format: Format, mut answer: Value, usage: Option<Value>, choice: &
                 .get_mut("content")
                 .and_then(Value::as_array_mut)
                 .map(|content| {
-                    content.retain(|b| !(b["type"] == "tool_use" && b["name"] == NAME));
+                    content.retain(|b| !(b["type"] == "tool_use" && b["name"] == name));
                     content.iter().any(|b| b["type"] == "tool_use")
                 });
             if calls == Some(false) && answer["stop_reason"] == "tool_use" {
@@ -282,10 +346,6 @@ pub fn finish(format: Format, mut answer: Value, usage: Option<Value>, choice: &
             }
         }
     }
-    if let (Some(usage), Some(top)) = (usage, answer.as_object_mut()) {
-        top.insert("usage".to_owned(), usage);
-    }
-    serde_json::to_vec(&answer).unwrap_or_default()
 }
 
 /// Adds the numbers of `more`'s usage to `into`'s, member by member (nested objects
@@ -311,11 +371,12 @@ pub fn add_usage(into: &mut Value, more: &Value) {
     }
 }
 
-/// Whether a 400 or 422 body says the provider refused the added tool (a server without
-/// tool support: llama-server without `--jinja`, a model whose template has no tools).
-pub fn refused(body: &[u8]) -> bool {
+/// Whether a 400 or 422 body says the provider refused the added tool, named `name` (a
+/// server without tool support: llama-server without `--jinja`, a model whose template
+/// has no tools).
+pub fn refused(body: &[u8], name: &str) -> bool {
     let text = String::from_utf8_lossy(&body[..body.len().min(64 * 1024)]).to_ascii_lowercase();
-    text.contains(NAME)
+    text.contains(name)
         || text.contains("tools")
         || text.contains("tool_choice")
         || text.contains("jinja")
@@ -329,14 +390,80 @@ mod tests {
     #[test]
     fn the_tool_is_valid_json_in_each_format_and_the_same_bytes_every_time() {
         for format in [Format::Chat, Format::Responses, Format::Messages] {
-            let value: Value = serde_json::from_str(tool(format)).unwrap();
-            let name = match format {
-                Format::Chat => &value["function"]["name"],
-                _ => &value["name"],
-            };
-            assert_eq!(name, NAME);
-            assert!(std::ptr::eq(tool(format), tool(format)));
+            for wanted in [NAME, "abridge_recall_2"] {
+                let value: Value = serde_json::from_str(&tool(format, wanted)).unwrap();
+                let name = match format {
+                    Format::Chat => &value["function"]["name"],
+                    _ => &value["name"],
+                };
+                assert_eq!(name, wanted);
+                let names = tool_names(format, &format!("[{}]", tool(format, wanted)));
+                assert_eq!(names, Some(vec![wanted.to_owned()]));
+            }
+            assert!(std::ptr::eq(
+                tool(format, NAME).as_ptr(),
+                tool(format, NAME).as_ptr()
+            ));
         }
+    }
+
+    #[test]
+    fn a_clients_tool_of_the_same_name_stays_its_own() {
+        let tool_of = |tools: &str| super::super::Tool::for_request(Format::Chat, Some(tools));
+        let shell = r#"{"type":"function","function":{"name":"shell"}}"#;
+        let own = r#"{"type":"function","function":{"name":"abridge_recall"}}"#;
+        let second = r#"{"type":"function","function":{"name":"abridge_recall_2"}}"#;
+        assert_eq!(tool_of(&format!("[{shell}]")).unwrap().name, NAME);
+        assert_eq!(
+            tool_of(&format!("[{own}]")).unwrap().name,
+            "abridge_recall_2"
+        );
+        assert_eq!(
+            tool_of(&format!("[{second},{own}]")).unwrap().name,
+            "abridge_recall_3"
+        );
+        let many = vec![shell; crate::recall::MAX_TOOLS].join(",");
+        assert_eq!(tool_of(&format!("[{many}]")), None, "no room for one more");
+        assert_eq!(tool_of("{}"), None, "tools abridge cannot read");
+        assert_eq!(
+            super::super::Tool::for_request(Format::Chat, None)
+                .unwrap()
+                .name,
+            NAME
+        );
+        // The client's own call of its `abridge_recall` is not abridge's.
+        let answer = br#"{"choices": [{"message": {"tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "abridge_recall", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "abridge_recall_2", "arguments": "{}"}}]},
+            "finish_reason": "tool_calls"}]}"#;
+        let read = Answer::read(Format::Chat, answer, "abridge_recall_2").unwrap();
+        assert_eq!(read.calls.len(), 1);
+        assert_eq!(read.calls[0].id, "c2");
+        let finished: Value = serde_json::from_slice(&finish(
+            Format::Chat,
+            read.value,
+            None,
+            &json!("auto"),
+            "abridge_recall_2",
+        ))
+        .unwrap();
+        let calls = &finished["choices"][0]["message"]["tool_calls"];
+        assert_eq!(calls.as_array().unwrap().len(), 1);
+        assert_eq!(calls[0]["function"]["name"], "abridge_recall");
+    }
+
+    #[test]
+    fn no_choice_keeps_a_call_of_the_tool() {
+        let call = r#"{"id": "c", "type": "function", "function": {"name": "abridge_recall", "arguments": "{}"}}"#;
+        let answer = format!(
+            r#"{{"choices": [{{"index": 0, "message": {{"content": "hi"}}, "finish_reason": "stop"}},
+            {{"index": 1, "message": {{"content": null, "tool_calls": [{call}]}}, "finish_reason": "tool_calls"}}]}}"#
+        );
+        let read = Answer::read(Format::Chat, answer.as_bytes(), NAME).unwrap();
+        let finished = finish(Format::Chat, read.value, None, &json!("auto"), NAME);
+        let finished: Value = serde_json::from_slice(&finished).unwrap();
+        assert!(!finished.to_string().contains(NAME), "{finished}");
+        assert_eq!(finished["choices"][1]["finish_reason"], "stop");
     }
 
     #[test]
@@ -357,11 +484,12 @@ mod tests {
         let answer = Answer::read(
             Format::Messages,
             br#"{"content": [{"type": "text", "text": "Let me check."}, {"type": "tool_use", "id": "toolu_1", "name": "abridge_recall", "input": {"query": "port"}}, {"type": "tool_use", "id": "toolu_2", "name": "bash", "input": {"cmd": "ls"}}]}"#,
+            NAME,
         )
         .unwrap();
         assert_eq!(answer.calls.len(), 1);
         let results = vec![(answer.calls[0].clone(), "port 6543".to_owned())];
-        let items = round_items(Format::Messages, &answer, &results);
+        let items = round_items(Format::Messages, &answer, &results, NAME);
         assert_eq!(
             items[0]["content"].as_array().unwrap().len(),
             2,

@@ -154,6 +154,14 @@ impl Decoding {
         Poll::Ready(Ok(Bytes::from(out)))
     }
 
+    /// The next decoded chunk, its slot given back at once: for a caller that keeps
+    /// what it decodes (within a budget of its own) rather than handing it on.
+    pub async fn next_chunk(&mut self) -> std::io::Result<Bytes> {
+        let chunk = std::future::poll_fn(|cx| self.poll_chunk(cx)).await;
+        self.taken();
+        chunk
+    }
+
     fn write(&mut self, step: &[u8]) -> std::io::Result<Vec<u8>> {
         Ok(match &mut self.kind {
             Kind::Gzip(d) => {

@@ -207,10 +207,11 @@ pub fn respond_buffered(mut head: http::response::Parts, body: Bytes, on_done: O
 }
 
 /// The client's response for a provider's whole answer abridge read (and may have
-/// rewritten: the recall rounds' last answer), with the usage to record for it.
+/// rewritten: the recall rounds' last answer), with the usage to record for it; `held`
+/// (its share of the body budget) is given back when the body is dropped.
 pub fn respond_whole(
     mut head: http::response::Parts,
-    body: Bytes,
+    (body, held): (Bytes, crate::ingress::Held),
     usage: Option<Usage>,
     on_done: OnDone,
 ) -> Response {
@@ -224,7 +225,36 @@ pub fn respond_whole(
         usage_unreadable: false,
         stripped_events: 0,
     });
-    Response::from_parts(head, Body::from(body))
+    let body =
+        http_body_util::BodyExt::map_err(http_body_util::Full::new(body), |never| match never {});
+    Response::from_parts(head, Body::new(Holding { body, held }))
+}
+
+/// A body and the share of the budget its bytes hold, given back with it.
+struct Holding<B> {
+    body: B,
+    #[allow(dead_code, reason = "held for its Drop")]
+    held: crate::ingress::Held,
+}
+
+impl<B: HttpBody + Unpin> HttpBody for Holding<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Whether a response is a server-sent-events stream.

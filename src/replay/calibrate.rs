@@ -146,7 +146,11 @@ mod tests {
         assert!(first.abs_diff(18_000) < 40, "{first}");
         // Every request carries it, cached at the head as Claude Code marks its own.
         assert_eq!(own_count(&input, 1, &count), before + added);
-        assert!(input.body(1)["system"].to_string().contains("cache_control"));
+        assert!(
+            input.body(1)["system"]
+                .to_string()
+                .contains("cache_control")
+        );
         let mut calibration = Calibration::default();
         calibration.add(first, bill(18_000).unwrap());
         assert!(calibration.error().unwrap().abs() < 0.01);

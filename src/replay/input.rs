@@ -132,7 +132,9 @@ impl Input {
                 let block = serde_json::json!({"type": "text", "text": text,
                     "cache_control": {"type": "ephemeral"}});
                 let system = match base.remove("system") {
-                    Some(Value::String(s)) => vec![serde_json::json!({"type": "text", "text": s}), block],
+                    Some(Value::String(s)) => {
+                        vec![serde_json::json!({"type": "text", "text": s}), block]
+                    }
                     Some(Value::Array(mut blocks)) => {
                         blocks.push(block);
                         blocks
@@ -142,7 +144,10 @@ impl Input {
                 base.insert("system".into(), Value::Array(system));
             }
             Format::Responses => {
-                let before = base.get("instructions").and_then(Value::as_str).unwrap_or("");
+                let before = base
+                    .get("instructions")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
                 let joined = if before.is_empty() {
                     text.to_owned()
                 } else {

@@ -22,7 +22,6 @@ mod sessions;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-
 use crate::config::Config;
 use crate::prices::{Price, Prices};
 use crate::strategies::Strategy;
@@ -255,4 +254,3 @@ fn read_prices(file: &std::path::Path) -> Result<BTreeMap<String, Price>, String
         )),
     }
 }
-

@@ -43,8 +43,6 @@ impl Replayed {
 
 /// `input` (called `name`) through abridge with `config`.
 pub async fn replay(config: &Config, input: &Input, name: String) -> Result<Replayed, String> {
-    let harness = Harness::start(config, input.format).await?;
-    let format = input.format;
     let model = input
         .rest(0)
         .get("model")
@@ -52,8 +50,6 @@ pub async fn replay(config: &Config, input: &Input, name: String) -> Result<Repl
         .unwrap_or_default()
         .to_owned();
     let estimator = crate::tokens::Estimator::for_model(&model);
-    let count = provider::count(&estimator);
-    let price = harness.prices.of(&model);
     let mut calibration = Calibration::default();
     let mut padded = None;
     if input.bill(0).is_some() {
@@ -62,36 +58,78 @@ pub async fn replay(config: &Config, input: &Input, name: String) -> Result<Repl
         padded = Some(copy);
     }
     let input = padded.as_ref().unwrap_or(input);
-    let (mut turns, mut spend) = (Vec::new(), Spend::default());
-    // The client's requests sent as they were, on the same model of the cache.
-    let mut direct = cache::Cache::default();
+    let harness = Harness::start(config, input.format).await?;
+    let mut run = Run {
+        price: harness.prices.of(&model),
+        harness,
+        input,
+        count: &provider::count(&estimator),
+        direct: cache::Cache::default(),
+        spend: Spend::default(),
+        calibration,
+    };
+    let mut turns = Vec::new();
     for n in 0..input.len() {
+        turns.push(run.request(n).await?);
+        run.harness.wait_idle().await;
+    }
+    let Run {
+        harness,
+        mut spend,
+        calibration,
+        price,
+        ..
+    } = run;
+    let (calls, summaries) = harness.provider.summaries();
+    spend.summary_calls = calls;
+    spend.summary_tokens = summaries.input + summaries.output;
+    let summariser = harness.summary_model.as_deref().unwrap_or(&model);
+    match (price, harness.prices.of(summariser)) {
+        (Some(_), Some(summary_price)) => spend.summary_micros = summary_price.micros(summaries),
+        _ => spend.unpriced.push(model.clone()),
+    }
+    Ok(Replayed {
+        name,
+        kind: input.kind,
+        turns,
+        compactions: harness.finish().await,
+        spend,
+        calibration,
+    })
+}
+
+/// One conversation being replayed.
+struct Run<'a> {
+    harness: Harness,
+    input: &'a Input,
+    count: &'a dyn Fn(&Value) -> u64,
+    price: Option<crate::prices::Price>,
+    /// The client's requests sent as they were, on the same model of the cache.
+    direct: cache::Cache,
+    spend: Spend,
+    calibration: Calibration,
+}
+
+impl Run<'_> {
+    /// Request `n`: sent through abridge, counted and priced both ways.
+    async fn request(&mut self, n: usize) -> Result<Turn, String> {
+        let (input, format) = (self.input, self.input.format);
         let sent = input.sent(n);
-        let answer = harness.send(sent.bytes.clone()).await?;
-        let (before, forwarded) = harness.provider.last_two();
-        let simulated = direct.serve_items(
+        let answer = self.harness.send(sent.bytes.clone()).await?;
+        let (before, forwarded) = self.harness.provider.last_two();
+        let simulated = self.direct.serve_items(
             format,
             (input.rest(n), sent.items, &sent.keys, sent.newest.as_ref()),
-            &count,
+            self.count,
         );
         let bill = input.bill(n);
         if let Some(bill) = bill {
-            calibration.add(simulated.input, bill);
+            self.calibration.add(simulated.input, bill);
         }
-        // The answer's length is the model's, whatever abridge sent: as recorded.
-        let output = bill.map_or(provider::REPLY_TOKENS, |b| b.output);
-        let sent_as_is = bill.unwrap_or(Tokens {
-            output,
-            ..simulated
-        });
         let reported = crate::relay::usage::of_value(&answer.body["usage"])
             .map(|u| crate::accounting::reported(&u))
             .unwrap_or_default();
-        if let Some(price) = price {
-            spend.direct_micros += price.micros(sent_as_is);
-            spend.simulated_direct_micros += price.micros(Tokens { output, ..simulated });
-            spend.forwarded_micros += price.micros(Tokens { output, ..reported });
-        }
+        self.price_one(bill, simulated, reported);
         let mut turn = Turn {
             status: answer.status,
             compacted: answer.compacted,
@@ -117,32 +155,26 @@ pub async fn replay(config: &Config, input: &Input, name: String) -> Result<Repl
         };
         if n + 1 == input.len() {
             let client = Request::parse(format, sent.bytes).ok();
-            finals(
-                &mut turn,
-                client.as_ref(),
-                forwarded.as_ref(),
-                harness.max_tokens,
-            );
+            let max_tokens = self.harness.max_tokens;
+            finals(&mut turn, client.as_ref(), forwarded.as_ref(), max_tokens);
         }
-        turns.push(turn);
-        harness.wait_idle().await;
+        Ok(turn)
     }
-    let (calls, summaries) = harness.provider.summaries();
-    spend.summary_calls = calls;
-    spend.summary_tokens = summaries.input + summaries.output;
-    let summariser = harness.summary_model.as_deref().unwrap_or(&model);
-    match (price, harness.prices.of(summariser)) {
-        (Some(_), Some(summary_price)) => spend.summary_micros = summary_price.micros(summaries),
-        _ => spend.unpriced.push(model.clone()),
+
+    /// One request's cost: as sent (the recorded `bill`, else the `simulated` count and
+    /// cache), as sent by the simulation, and as forwarded (`reported`). The answer's
+    /// length is the model's whatever abridge sent: as recorded, on every side.
+    fn price_one(&mut self, bill: Option<Tokens>, simulated: Tokens, reported: Tokens) {
+        let Some(price) = self.price else { return };
+        let output = bill.map_or(provider::REPLY_TOKENS, |b| b.output);
+        let simulated = Tokens {
+            output,
+            ..simulated
+        };
+        self.spend.direct_micros += price.micros(bill.unwrap_or(simulated));
+        self.spend.simulated_direct_micros += price.micros(simulated);
+        self.spend.forwarded_micros += price.micros(Tokens { output, ..reported });
     }
-    Ok(Replayed {
-        name,
-        kind: input.kind,
-        turns,
-        compactions: harness.finish().await,
-        spend,
-        calibration,
-    })
 }
 
 /// At an input's final turn (whose history holds all its identifiers): the share of
@@ -224,4 +256,3 @@ fn history_identifiers(request: &Request) -> Vec<String> {
     ids.dedup();
     ids
 }
-

@@ -33,6 +33,7 @@ mod messages;
 mod outage;
 mod passthrough;
 mod recall;
+mod recall_bounds;
 mod recall_stream;
 mod redis_support;
 mod redis_tls;

@@ -52,7 +52,7 @@ pub(super) async fn compacted_chat(proxy: &Proxy) -> Vec<Value> {
 }
 
 /// A chat of `tenant` opening with `notes`, grown until it is compacted.
-async fn compacted_chat_of(proxy: &Proxy, tenant: &str, notes: &str) -> Vec<Value> {
+pub(super) async fn compacted_chat_of(proxy: &Proxy, tenant: &str, notes: &str) -> Vec<Value> {
     let mut messages = vec![
         json!({"role": "system", "content": "Be brief."}),
         json!({"role": "user", "content": notes}),
@@ -411,7 +411,8 @@ async fn the_last_round_asks_for_an_answer_and_the_clients_own_calls_reach_it() 
 }
 
 #[tokio::test]
-async fn a_provider_that_refuses_tools_answers_without_the_tool_and_is_not_sent_it_again() {
+async fn a_provider_that_refuses_tools_answers_without_the_tool_and_the_tenant_is_not_sent_it_again()
+ {
     let (provider, proxy) = setup().await;
     let mut messages = compacted_chat(&proxy).await;
     messages.push(json!({"role": "user", "content": QUESTION}));
@@ -428,8 +429,7 @@ async fn a_provider_that_refuses_tools_answers_without_the_tool_and_is_not_sent_
     let rounds = rounds_since(&provider, before);
     assert_eq!(rounds.len(), 2);
     assert!(rounds[0].get("tools").is_some() && rounds[1].get("tools").is_none());
-    assert!(proxy.state.refuses_recall_tool());
-    // Not sent again.
+    // Not sent again to this tenant.
     let (status, _, _) = chat(&proxy, &messages, &refuse).await;
     assert_eq!(status, 200);
     assert!(
@@ -440,6 +440,14 @@ async fn a_provider_that_refuses_tools_answers_without_the_tool_and_is_not_sent_
             .get("tools")
             .is_none()
     );
+    // Another tenant's requests still carry it.
+    let notes = "Setup notes for the rollout: nothing about databases.";
+    let mut theirs = compacted_chat_of(&proxy, "sk-other-tenant", notes).await;
+    theirs.push(json!({"role": "user", "content": QUESTION}));
+    let body = json!({"model": "fake-model", "messages": theirs});
+    let response = post(&proxy, "sk-other-tenant", &body, &[]).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-abridge-recalls"], "1");
 
     // A client's own tools that the provider refuses do not turn recall off.
     let (provider, proxy) = setup().await;
@@ -453,7 +461,6 @@ async fn a_provider_that_refuses_tools_answers_without_the_tool_and_is_not_sent_
         400,
         "the provider's own answer to the client's tools"
     );
-    assert!(!proxy.state.refuses_recall_tool());
     assert_eq!(
         provider.requests().last().unwrap().json()["tools"]
             .as_array()
@@ -461,6 +468,9 @@ async fn a_provider_that_refuses_tools_answers_without_the_tool_and_is_not_sent_
             .len(),
         1
     );
+    // Recall is still on for the tenant.
+    let (_, headers, _) = chat(&proxy, &messages, &[]).await;
+    assert_eq!(headers["x-abridge-recalls"], "1");
 }
 
 #[tokio::test]

@@ -19,15 +19,17 @@ pub(super) fn replay(args: &[&str]) -> std::process::Output {
 
 const CHAT: &str = "tests/data/conversations/support-chat.json";
 
-fn user_turns(path: &str) -> usize {
+/// The requests an agent sent for the history in `path`: one per answer it got (a run of
+/// assistant messages), and the last one when the history ends with the client's turn.
+fn requests(path: &str) -> usize {
     let text = std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let doc: Value = serde_json::from_str(&text).unwrap();
-    doc["request"]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "user")
-        .count()
+    let messages = doc["request"]["messages"].as_array().unwrap();
+    let assistant = |i: usize| messages[i]["role"] == "assistant";
+    let answers = (1..messages.len())
+        .filter(|&i| assistant(i) && !assistant(i - 1))
+        .count();
+    answers + usize::from(!assistant(messages.len() - 1))
 }
 
 #[test]
@@ -49,7 +51,7 @@ fn replay_reports_each_strategy_as_json_and_as_a_page() {
     let strategies = figures["strategies"].as_object().unwrap();
     assert_eq!(strategies.len(), 2, "{figures}");
     for (name, f) in strategies {
-        assert_eq!(f["turns"], user_turns(CHAT) as u64, "{name}: {f}");
+        assert_eq!(f["turns"], requests(CHAT) as u64, "{name}: {f}");
         assert!(f["compactions"].as_u64().unwrap() >= 1, "{name}: {f}");
         assert_eq!(f["all_succeeded"], true, "{name}: {f}");
         assert!(
@@ -166,7 +168,7 @@ fn a_history_a_real_provider_would_refuse_is_refused_and_said_whose_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("orphan.jsonl");
     // A tool result no call asked for: OpenAI answers 400. (One request, replayed
-    // growing a user message at a time: the second turn carries it.)
+    // growing an answer at a time: with no answer in it, it is one request.)
     let body = serde_json::json!({"model": "gpt-4o", "messages": [
         {"role": "user", "content": "hi"},
         {"role": "tool", "tool_call_id": "call_9", "content": "ok"},
@@ -177,8 +179,16 @@ fn a_history_a_real_provider_would_refuse_is_refused_and_said_whose_it_is() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains(" NO "), "{table}");
     assert!(
-        table.contains("recency: a provider would refuse turn 2: message 1")
-            && table.contains("as the client sent it too"),
+        table.contains("recency: a provider would refuse orphan.jsonl, request 1: message 1")
+            && table.contains("as the client sent it too")
+            && table.contains("left out of the figures"),
+        "{table}"
+    );
+    // Its conversation is listed as failed, and nothing of it is counted.
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("orphan.jsonl") && l.contains("FAILED")),
         "{table}"
     );
     // The cost table says it too.

@@ -67,24 +67,33 @@ pub fn is_summary_request(messages: &[Value]) -> bool {
 }
 
 enum Reply {
-    Text {
-        text: String,
-        finish: &'static str,
-    },
-    ToolCall {
-        id: String,
-        name: String,
-        arguments: String,
-    },
+    Text { text: String, finish: &'static str },
+    ToolCalls(Vec<Call>),
+}
+
+/// One tool call of a reply.
+struct Call {
+    id: String,
+    name: String,
+    arguments: String,
 }
 
 impl Reply {
+    /// A text reply's text (empty for calls).
+    fn text(&self) -> &str {
+        match self {
+            Reply::Text { text, .. } => text,
+            Reply::ToolCalls(_) => "",
+        }
+    }
+
     fn completion_tokens(&self) -> u64 {
         match self {
             Reply::Text { text, .. } => text.split_whitespace().count() as u64,
-            Reply::ToolCall {
-                name, arguments, ..
-            } => ((name.len() + arguments.len()) as u64).div_ceil(4),
+            Reply::ToolCalls(calls) => calls
+                .iter()
+                .map(|c| ((c.name.len() + c.arguments.len()) as u64).div_ceil(4))
+                .sum(),
         }
     }
 }
@@ -166,6 +175,15 @@ pub(crate) fn answer(b: &Behavior, cache: &AutoCache, body: &Bytes) -> Answer {
     if let Some(refusal) = reasoning_refusal(&request) {
         return refusal;
     }
+    if let Some((status, message)) = b.shapes.refuse_tools(&request) {
+        return error_answer(
+            status,
+            &message,
+            "invalid_request_error",
+            Some("tools"),
+            None,
+        );
+    }
     let prompt_tokens = (count_tokens(messages) as f64 * b.token_scale).ceil() as u64;
     if let Some(window) = b.context_window
         && prompt_tokens > window
@@ -204,14 +222,21 @@ pub(crate) fn answer(b: &Behavior, cache: &AutoCache, body: &Bytes) -> Answer {
         Reply::Text { text, finish }
     } else if let Some(recalled) = recall_move(&request, messages).filter(|_| b.uses_recall) {
         match recalled {
-            crate::recall::Move::Call(query) => Reply::ToolCall {
-                id: format!(
-                    "call_r{:08x}",
-                    fnv(request["messages"].to_string().as_bytes()) as u32
-                ),
-                name: crate::recall::NAME.to_owned(),
-                arguments: json!({ "query": query }).to_string(),
-            },
+            crate::recall::Move::Call(query) => {
+                let hash = fnv(request["messages"].to_string().as_bytes()) as u32;
+                let name = recall_name(&request);
+                let calls = (0..b.shapes.recall_calls.unwrap_or(1))
+                    .map(|i| Call {
+                        id: match i {
+                            0 => format!("call_r{hash:08x}"),
+                            i => format!("call_r{hash:08x}_{i}"),
+                        },
+                        name: name.clone(),
+                        arguments: b.shapes.pad(json!({ "query": query }).to_string()),
+                    })
+                    .collect();
+                Reply::ToolCalls(calls)
+            }
             crate::recall::Move::Answer(text) => Reply::Text {
                 text,
                 finish: "stop",
@@ -223,14 +248,14 @@ pub(crate) fn answer(b: &Behavior, cache: &AutoCache, body: &Bytes) -> Answer {
             .and_then(|t| t["function"]["name"].as_str())
             .unwrap_or("tool")
             .to_owned();
-        Reply::ToolCall {
+        Reply::ToolCalls(vec![Call {
             id: format!(
                 "call_{:08x}",
                 fnv(request["messages"].to_string().as_bytes()) as u32
             ),
             name,
-            arguments: r#"{"path":"/tmp/fake.txt"}"#.to_owned(),
-        }
+            arguments: b.shapes.pad(r#"{"path":"/tmp/fake.txt"}"#.to_owned()),
+        }])
     } else {
         text_reply(messages, b.reply_words, max_tokens)
     };
@@ -262,6 +287,7 @@ pub(crate) fn answer(b: &Behavior, cache: &AutoCache, body: &Bytes) -> Answer {
             reply,
             usage,
             include_usage,
+            shapes: b.shapes.clone(),
         };
         let mut events: Vec<Bytes> = chunks
             .payloads()
@@ -275,20 +301,31 @@ pub(crate) fn answer(b: &Behavior, cache: &AutoCache, body: &Bytes) -> Answer {
             Reply::Text { text, .. } => {
                 json!({"role": "assistant", "content": text, "refusal": null, "annotations": []})
             }
-            Reply::ToolCall {
-                id,
-                name,
-                arguments,
-            } => json!({"role": "assistant", "content": null, "refusal": null,
-                "tool_calls": [{"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}]}),
+            Reply::ToolCalls(calls) => {
+                let calls: Vec<Value> = calls
+                    .iter()
+                    .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                    .collect();
+                json!({"role": "assistant", "content": null, "refusal": null, "tool_calls": calls})
+            }
         };
         let finish = match &reply {
             Reply::Text { finish, .. } => *finish,
-            Reply::ToolCall { .. } => "tool_calls",
+            Reply::ToolCalls(_) => "tool_calls",
         };
+        // Samples differ: with `n`, a recall call is the last choice's; the others answer.
+        let n = crate::shapes::choices(&request);
+        let recalls = matches!(&reply, Reply::ToolCalls(c) if c.iter().any(|c| crate::recall::proxy_tool(&request["tools"]).as_deref() == Some(c.name.as_str())));
+        let other = json!({"role": "assistant", "content": text_reply(messages, b.reply_words, max_tokens).text(), "refusal": null, "annotations": []});
+        let choices: Vec<Value> = (0..n)
+            .map(|i| match recalls && i + 1 < n {
+                true => json!({"index": i, "message": other, "logprobs": null, "finish_reason": "stop"}),
+                false => json!({"index": i, "message": message, "logprobs": null, "finish_reason": finish}),
+            })
+            .collect();
         let body = json!({
             "id": id, "object": "chat.completion", "created": CREATED, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+            "choices": choices,
             "usage": usage, "service_tier": "default", "system_fingerprint": "fp_fake",
         });
         Answer::Whole(
@@ -315,17 +352,24 @@ fn client_tools(request: &Value) -> impl Iterator<Item = &Value> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|t| t["function"]["name"] != crate::recall::NAME)
+        .filter(|t| !crate::recall::is_proxy_tool(t))
+}
+
+/// The name of the proxy's recall tool in `request` ([`crate::recall::NAME`] when it
+/// offers none).
+fn recall_name(request: &Value) -> String {
+    crate::recall::proxy_tool(&request["tools"]).unwrap_or_else(|| crate::recall::NAME.to_owned())
 }
 
 /// What the fake does with a proxy's recall tool (see [`crate::recall`]).
 fn recall_move(request: &Value, messages: &[Value]) -> Option<crate::recall::Move> {
     let asked = messages.iter().rposition(|m| m["role"] == "user")?;
+    let name = recall_name(request);
     let recall_calls: Vec<&str> = messages[asked..]
         .iter()
         .filter_map(|m| m["tool_calls"].as_array())
         .flatten()
-        .filter(|c| c["function"]["name"] == crate::recall::NAME)
+        .filter(|c| c["function"]["name"] == name.as_str())
         .filter_map(|c| c["id"].as_str())
         .collect();
     let results: Vec<String> = messages[asked..]
@@ -405,6 +449,7 @@ struct Chunks {
     reply: Reply,
     usage: Value,
     include_usage: bool,
+    shapes: crate::shapes::Shapes,
 }
 
 impl Chunks {
@@ -458,28 +503,23 @@ impl Chunks {
                 }
                 out.push(chunk(choice(json!({}), json!(finish)), None));
             }
-            Reply::ToolCall {
-                id,
-                name,
-                arguments,
-            } => {
-                out.push(chunk(
-                    choice(
-                        json!({"role": "assistant", "content": null, "tool_calls": [
-                            {"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
-                        Value::Null,
-                    ),
-                    None,
-                ));
-                let (a, b) = arguments.split_at(arguments.len() / 2);
-                for part in [a, b] {
-                    out.push(chunk(
-                        choice(
-                            json!({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}),
-                            Value::Null,
-                        ),
-                        None,
-                    ));
+            Reply::ToolCalls(calls) => {
+                for (index, call) in calls.iter().enumerate() {
+                    let start = json!([{"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}]);
+                    let delta = match index {
+                        0 => json!({"role": "assistant", "content": null, "tool_calls": start}),
+                        _ => json!({"tool_calls": start}),
+                    };
+                    out.push(chunk(choice(delta, Value::Null), None));
+                    for part in self.shapes.pieces(&call.arguments) {
+                        out.push(chunk(
+                            choice(
+                                json!({"tool_calls": [{"index": index, "function": {"arguments": part}}]}),
+                                Value::Null,
+                            ),
+                            None,
+                        ));
+                    }
                 }
                 out.push(chunk(choice(json!({}), json!("tool_calls")), None));
             }
@@ -564,6 +604,7 @@ mod tests {
             },
             usage: usage((5, 0), 2, false),
             include_usage: false,
+            shapes: crate::shapes::Shapes::default(),
         };
         let plain = chunks.payloads();
         assert!(plain.iter().all(|p| !p.contains("usage")));

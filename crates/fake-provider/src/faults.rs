@@ -204,13 +204,13 @@ fn presented(headers: &HeaderMap) -> Option<&str> {
 
 /// Whether a request answers an `abridge_recall` call: its conversation (not its tools)
 /// holds a call of the tool (any of the three formats).
-fn carries_recall_result(body: &[u8]) -> bool {
+pub(crate) fn carries_recall_result(body: &[u8]) -> bool {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
         return false;
     };
     let conversation = value.get("messages").or_else(|| value.get("input"));
     conversation.is_some_and(|c| {
         c.to_string()
-            .contains(&format!("\"name\":\"{}\"", crate::recall::NAME))
+            .contains(&format!("\"name\":\"{}", crate::recall::NAME))
     })
 }

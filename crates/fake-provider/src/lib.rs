@@ -23,8 +23,8 @@
 //! requests with `max_tokens` or a `temperature` other than 1, in OpenAI's words.
 //!
 //! It can be told to misbehave, for the whole instance ([`Behavior`]) or per request with
-//! `x-fake-*` headers: `x-fake-status: 503` (fail), `x-fake-stall: headers|body` (hang
-//! before the response headers / after the first SSE event), `x-fake-delay-ms` (between
+//! `x-fake-*` headers: `x-fake-status: 503` (fail), `x-fake-stall: headers|body|end` (hang
+//! before the response headers / after the first SSE event / before the last one), `x-fake-delay-ms` (between
 //! SSE events), `x-fake-latency-ms` (before the headers), `x-fake-words` (reply length),
 //! `x-fake-error-bytes` (with `x-fake-status`: an error body that much longer),
 //! `x-fake-window` (context window in tokens), `x-fake-overflow: FAMILY` (whose overflow
@@ -36,7 +36,8 @@
 //! N` (report N prompt tokens), the faults of [`faults`] (`x-fake-gzip-bomb`,
 //! `x-fake-garbage`, `x-fake-reset`, `x-fake-reject-stream-options`,
 //! `x-fake-reject-tools`; a key list that
-//! answers 401), `x-fake-leak-headers: 1` (hop-by-hop and `x-abridge-*` response
+//! answers 401), the answer shapes of [`shapes`] (many recall calls, padded tool
+//! arguments, one giant event, a slow follow-up, tools with a repeated name, `n`), `x-fake-leak-headers: 1` (hop-by-hop and `x-abridge-*` response
 //! headers a proxy must not pass on), `x-fake-thinking: 1` (Responses: a reasoning item
 //! first; Messages: a thinking block first), `x-fake-strict-alternation: 1` (Messages:
 //! reject consecutive same-role turns), `x-fake-request-id: none` (no `x-request-id`, or
@@ -59,6 +60,7 @@ pub mod overflow;
 pub mod prompt_cache;
 pub mod recall;
 pub mod responses;
+pub mod shapes;
 mod summary;
 mod transport;
 
@@ -92,6 +94,8 @@ pub enum Stall {
     BeforeHeaders,
     /// Send headers and the first SSE event (or nothing of a JSON body), then hang.
     AfterFirstEvent,
+    /// Send every SSE event but the last, then hang (a stream that never ends).
+    BeforeLastEvent,
 }
 
 /// What summaries look like (for testing a summariser's fallbacks).
@@ -148,6 +152,8 @@ pub struct Behavior {
     pub reported_prompt_tokens: Option<u64>,
     /// Faults of a misbehaving provider (see [`faults`]).
     pub faults: faults::Faults,
+    /// Shapes of chat answers for bound tests (see [`shapes`]).
+    pub shapes: shapes::Shapes,
     /// Prompt tokens are counted as documented, times this (a provider whose
     /// tokenizer counts more, or fewer, than abridge's estimate).
     pub token_scale: f64,
@@ -181,6 +187,7 @@ impl Default for Behavior {
             summary: SummaryMode::Good,
             reported_prompt_tokens: None,
             faults: faults::Faults::default(),
+            shapes: shapes::Shapes::default(),
             token_scale: 1.0,
             strict_alternation: false,
             thinking: false,
@@ -208,6 +215,7 @@ impl Behavior {
         match get("x-fake-stall") {
             Some("headers") => b.stall = Some(Stall::BeforeHeaders),
             Some("body") => b.stall = Some(Stall::AfterFirstEvent),
+            Some("end") => b.stall = Some(Stall::BeforeLastEvent),
             _ => {}
         }
         if let Some(d) = millis("x-fake-delay-ms") {
@@ -259,6 +267,7 @@ impl Behavior {
             b.token_scale = scale;
         }
         b.faults.apply_headers(headers);
+        b.shapes.apply_headers(headers);
         b
     }
 }
@@ -564,6 +573,11 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
 
     if !behavior.latency.is_zero() {
         tokio::time::sleep(behavior.latency).await;
+    }
+    if let Some(latency) = behavior.shapes.follow_up_latency
+        && faults::carries_recall_result(&body)
+    {
+        tokio::time::sleep(latency).await;
     }
     if behavior.stall == Some(Stall::BeforeHeaders) {
         // Hang until the peer goes away; `completion` then records the cancel.

@@ -398,8 +398,8 @@ impl Reply {
             .is_some_and(|m| m["role"] == "user" && !blocks(m).iter().any(is_result));
         let tool = request["tools"].as_array().and_then(|t| {
             t.iter()
-                .filter_map(|t| t["name"].as_str())
-                .find(|n| *n != crate::recall::NAME)
+                .filter(|t| !crate::recall::is_proxy_tool(t))
+                .find_map(|t| t["name"].as_str())
         });
         let asked = messages
             .iter()

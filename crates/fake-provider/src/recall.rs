@@ -90,11 +90,29 @@ pub fn decide_at(
 
 /// Whether `tools` (a request's `tools`) offers the recall tool, in any format's shape.
 pub fn offered(tools: &serde_json::Value) -> bool {
-    tools.as_array().is_some_and(|tools| {
-        tools
-            .iter()
-            .any(|t| t["name"] == NAME || t["function"]["name"] == NAME)
+    proxy_tool(tools).is_some()
+}
+
+/// The name of the proxy's recall tool among `tools`, in any format's shape: a tool
+/// named [`NAME`] (or a name that starts with it, when a client's own tool took that
+/// one) whose description says it reads what was condensed. A client's own tool of the
+/// same name is not it.
+pub fn proxy_tool(tools: &serde_json::Value) -> Option<String> {
+    tools.as_array()?.iter().rev().find_map(|t| {
+        let t = if t["function"].is_object() {
+            &t["function"]
+        } else {
+            t
+        };
+        let name = t["name"].as_str()?;
+        let description = t["description"].as_str().unwrap_or_default();
+        (name.starts_with(NAME) && description.contains("condensed")).then(|| name.to_owned())
     })
+}
+
+/// Whether `tool` (one of a request's `tools`, any format's shape) is the proxy's.
+pub fn is_proxy_tool(tool: &serde_json::Value) -> bool {
+    proxy_tool(&serde_json::Value::from(vec![tool.clone()])).is_some()
 }
 
 #[cfg(test)]

@@ -315,7 +315,7 @@ impl<'a> Reply<'a> {
                 tools.iter().find(|t| {
                     t["type"] == "function"
                         && t["name"].is_string()
-                        && t["name"] != crate::recall::NAME
+                        && !crate::recall::is_proxy_tool(t)
                 })
             })
             .and_then(|t| t["name"].as_str());

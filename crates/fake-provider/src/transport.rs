@@ -180,7 +180,9 @@ fn stream(b: &Behavior, events: Vec<Bytes>, completion: Completion) -> Response 
                 let _ = tx.send(Bytes::new()).await;
                 return;
             }
-            if i == 0 && b.stall == Some(Stall::AfterFirstEvent) {
+            if (i == 0 && b.stall == Some(Stall::AfterFirstEvent))
+                || (i + 2 == events.len() && b.stall == Some(Stall::BeforeLastEvent))
+            {
                 tx.closed().await;
                 return;
             }

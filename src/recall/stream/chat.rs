@@ -4,7 +4,6 @@
 use serde_json::{Value, json};
 
 use super::{Event, Kind, Part, Round};
-use crate::recall::NAME;
 
 impl Round {
     pub(super) fn read_chat(&mut self, event: &Event) -> Kind {
@@ -25,7 +24,9 @@ impl Round {
         if let Some(finish) = choice.get("finish_reason").filter(|f| !f.is_null()) {
             self.answer["finish_reason"] = finish.clone();
         }
-        if let Some(text) = choice.pointer("/delta/content").and_then(Value::as_str) {
+        if let Some(text) = choice.pointer("/delta/content").and_then(Value::as_str)
+            && !self.given_up
+        {
             if self.parts.first().is_none_or(|p| !p.block.is_null()) {
                 self.parts.insert(0, Part::default());
             }
@@ -39,6 +40,13 @@ impl Round {
         };
         for delta in deltas {
             let index = delta["index"].as_u64().unwrap_or(0);
+            if self.given_up {
+                // Only which calls are abridge's, to take them out.
+                if let Some(name) = delta.pointer("/function/name").and_then(Value::as_str) {
+                    self.called(name, index);
+                }
+                continue;
+            }
             let known = self.parts.iter().position(|p| p.block["index"] == index);
             let at = known.unwrap_or_else(|| {
                 self.parts.push(Part {
@@ -53,17 +61,22 @@ impl Round {
             }
             if let Some(name) = delta.pointer("/function/name").and_then(Value::as_str) {
                 call.block["function"]["name"] = Value::from(name);
-                if name == NAME {
-                    self.recalls.push(index);
-                } else {
-                    self.client_calls = true;
-                }
+                self.called(name, index);
             }
             if let Some(more) = delta.pointer("/function/arguments").and_then(Value::as_str) {
-                call.text.push_str(more);
+                self.parts[at].text.push_str(more);
             }
         }
         Kind::Hold
+    }
+
+    /// A call of `name` starts at `index`: abridge's, or a client's.
+    fn called(&mut self, name: &str, index: u64) {
+        if name == self.carry.name {
+            self.recalls.push(index);
+        } else {
+            self.client_calls = true;
+        }
     }
 
     /// `Some(changed)`, or `None` when nothing is left of the chunk.

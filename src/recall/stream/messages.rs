@@ -4,7 +4,6 @@
 use serde_json::Value;
 
 use super::{Event, Kind, Part, Round};
-use crate::recall::NAME;
 
 impl Round {
     pub(super) fn read_messages(&mut self, event: &Event) -> Kind {
@@ -26,14 +25,14 @@ impl Round {
             }
             "content_block_start" => {
                 let block = value["content_block"].clone();
-                if at == self.parts.len() {
+                if at == self.parts.len() && !self.given_up {
                     self.parts.push(Part {
                         block: block.clone(),
                         ..Part::default()
                     });
                 }
                 if block["type"] == "tool_use" {
-                    if block["name"] == NAME {
+                    if block["name"] == *self.carry.name {
                         self.recalls.push(index);
                     } else {
                         self.client_calls = true;

@@ -247,7 +247,10 @@ fn append(message: &mut Value, blocks: Vec<Value>) {
 fn bill(usage: &Value) -> Option<Tokens> {
     let n = |k: &str| usage[k].as_u64().unwrap_or(0);
     usage.get("input_tokens")?;
-    let (read, write) = (n("cache_read_input_tokens"), n("cache_creation_input_tokens"));
+    let (read, write) = (
+        n("cache_read_input_tokens"),
+        n("cache_creation_input_tokens"),
+    );
     Some(Tokens {
         input: n("input_tokens") + read + write,
         cached: read,

@@ -245,27 +245,73 @@ fn result_line(uuid: &str, parent: &str, tool: &str, text: &str) -> Value {
 
 /// Two tools called at once, as Claude Code writes them: each `tool_use` a record of the
 /// same answer, each result a user record whose parent is *its* `tool_use`.
-#[test]
-fn parallel_tool_calls_are_a_tree_and_every_result_is_kept() {
+fn parallel_calls() -> String {
     let lines = [
-        record("u1", None, "user", json!({"role": "user", "content": "Read both files."})),
-        usage_line("a1", "u1", "msg_1", json!({"type": "text", "text": "Reading."}), 1000),
-        usage_line("a2", "a1", "msg_1", json!({"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "/a"}}), 1000),
-        usage_line("a3", "a2", "msg_1", json!({"type": "tool_use", "id": "t2", "name": "Read", "input": {"file_path": "/b"}}), 1000),
+        record(
+            "u1",
+            None,
+            "user",
+            json!({"role": "user", "content": "Read both files."}),
+        ),
+        usage_line(
+            "a1",
+            "u1",
+            "msg_1",
+            json!({"type": "text", "text": "Reading."}),
+            1000,
+        ),
+        usage_line(
+            "a2",
+            "a1",
+            "msg_1",
+            json!({"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "/a"}}),
+            1000,
+        ),
+        usage_line(
+            "a3",
+            "a2",
+            "msg_1",
+            json!({"type": "tool_use", "id": "t2", "name": "Read", "input": {"file_path": "/b"}}),
+            1000,
+        ),
         result_line("r1", "a2", "t1", "contents of a"),
         result_line("r2", "a3", "t2", "contents of b"),
         // The next answer continues from the last result only.
-        usage_line("a4", "r2", "msg_2", json!({"type": "text", "text": "Both read."}), 1400),
+        usage_line(
+            "a4",
+            "r2",
+            "msg_2",
+            json!({"type": "text", "text": "Both read."}),
+            1400,
+        ),
         // A rewound prompt beside the chain: a dead branch.
-        record("x1", Some("a4"), "user", json!({"role": "user", "content": "abandoned ask"})),
-        record("u2", Some("a4"), "user", json!({"role": "user", "content": "Now fix b."})),
+        record(
+            "x1",
+            Some("a4"),
+            "user",
+            json!({"role": "user", "content": "abandoned ask"}),
+        ),
+        record(
+            "u2",
+            Some("a4"),
+            "user",
+            json!({"role": "user", "content": "Now fix b."}),
+        ),
     ];
-    let inputs = read(&jsonl(&lines)).unwrap();
+    jsonl(&lines)
+}
+
+#[test]
+fn parallel_tool_calls_are_a_tree_and_every_result_is_kept() {
+    let inputs = read(&parallel_calls()).unwrap();
     let input = &inputs[0];
     assert_eq!(input.len(), 3);
     let last = input.body(2);
     let messages = last["messages"].as_array().unwrap();
-    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
     assert_eq!(roles, ["user", "assistant", "user", "assistant", "user"]);
     let results: Vec<&str> = messages[2]["content"]
         .as_array()
@@ -276,59 +322,106 @@ fn parallel_tool_calls_are_a_tree_and_every_result_is_kept() {
     assert_eq!(results, ["t1", "t2"], "both results, one user message");
     assert_eq!(messages[1]["content"].as_array().unwrap().len(), 3);
     assert!(!last.to_string().contains("abandoned"));
+}
+
+#[test]
+fn parallel_calls_make_requests_a_provider_takes_each_with_its_bill() {
+    let inputs = read(&parallel_calls()).unwrap();
+    let input = &inputs[0];
     // Every request is one a provider takes: each tool_use answered right after it.
     for k in 0..input.len() {
         let body = input.body(k);
         let items = body["messages"].as_array().unwrap();
-        assert_eq!(crate::replay::rules::violation(Format::Messages, items), None, "{k}");
+        assert_eq!(
+            crate::replay::rules::violation(Format::Messages, items),
+            None,
+            "{k}"
+        );
     }
     // Each answer's bill is the request before it.
     let bill = input.bill(1).unwrap();
-    assert_eq!((bill.input, bill.cached, bill.cache_write), (1400 + 203, 1400, 200));
+    assert_eq!(
+        (bill.input, bill.cached, bill.cache_write),
+        (1400 + 203, 1400, 200)
+    );
     assert_eq!(input.bill(0).unwrap().cached, 1000);
-    assert_eq!(input.bill(2), None, "the last request was not answered in the file");
+    assert_eq!(
+        input.bill(2),
+        None,
+        "the last request was not answered in the file"
+    );
 }
 
 #[test]
 fn a_sub_agent_is_a_conversation_of_its_own() {
-    let mut side = |uuid: &str, parent: Option<&str>, kind: &str, message: Value| {
+    let side = |uuid: &str, parent: Option<&str>, kind: &str, message: Value| {
         let mut line = record(uuid, parent, kind, message);
         line["isSidechain"] = json!(true);
         line
     };
     let lines = [
-        record("u1", None, "user", json!({"role": "user", "content": "Explore."})),
-        side("s1", None, "user", json!({"role": "user", "content": "Find the config loader."})),
-        side("s2", Some("s1"), "assistant", json!({"id": "msg_s", "role": "assistant", "model": "claude-haiku-4-5",
-            "content": [{"type": "text", "text": "It is in src/config."}], "usage": {"input_tokens": 9, "output_tokens": 2}})),
-        answer_line("a1", "u1", "msg_1", json!({"type": "text", "text": "Explored."})),
+        record(
+            "u1",
+            None,
+            "user",
+            json!({"role": "user", "content": "Explore."}),
+        ),
+        side(
+            "s1",
+            None,
+            "user",
+            json!({"role": "user", "content": "Find the config loader."}),
+        ),
+        side(
+            "s2",
+            Some("s1"),
+            "assistant",
+            json!({"id": "msg_s", "role": "assistant", "model": "claude-haiku-4-5",
+            "content": [{"type": "text", "text": "It is in src/config."}], "usage": {"input_tokens": 9, "output_tokens": 2}}),
+        ),
+        answer_line(
+            "a1",
+            "u1",
+            "msg_1",
+            json!({"type": "text", "text": "Explored."}),
+        ),
     ];
     let inputs = read(&jsonl(&lines)).unwrap();
     assert_eq!(inputs.len(), 2);
     assert!(inputs[0].body(0).to_string().contains("Explore."));
     let sub = inputs[1].body(0).to_string();
-    assert!(sub.contains("config loader") && !sub.contains("Explore."), "{sub}");
+    assert!(
+        sub.contains("config loader") && !sub.contains("Explore."),
+        "{sub}"
+    );
     assert_eq!(inputs[1].body(0)["model"], "claude-haiku-4-5");
 }
 
 #[test]
 fn codex_bills_are_its_token_counts_written_once_each() {
     let count = |input: u64, cached: u64, total: u64| {
-        codex_line("event_msg", json!({"type": "token_count", "info": {
+        codex_line(
+            "event_msg",
+            json!({"type": "token_count", "info": {
             "total_token_usage": {"input_tokens": total, "cached_input_tokens": 0, "output_tokens": 9},
             "last_token_usage": {"input_tokens": input, "cached_input_tokens": cached, "output_tokens": 9,
-                                 "reasoning_output_tokens": 4}}}))
+                                 "reasoning_output_tokens": 4}}}),
+        )
     };
     let item = |v: Value| codex_line("response_item", v);
     let lines = [
         codex_line("turn_context", json!({"model": "gpt-5.1-codex"})),
-        item(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix"}]})),
+        item(
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix"}]}),
+        ),
         item(json!({"type": "reasoning", "summary": [], "encrypted_content": "gAAAA"})),
         item(json!({"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"})),
         count(5000, 0, 5000),
         count(5000, 0, 5000),
         item(json!({"type": "function_call_output", "call_id": "c1", "output": "ok"})),
-        item(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]})),
+        item(
+            json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]}),
+        ),
         count(5200, 4864, 10_200),
         count(5200, 4864, 10_200),
     ];
