@@ -118,13 +118,16 @@ impl Drop for Simulated {
 
 /// The tokens of a prompt's item (or head) as the simulation counts them: 4, and the
 /// model's tokens of every text in it (its strings, but for the ids, types, roles and
-/// signatures that name it rather than say anything).
+/// signatures that name it rather than say anything, and a reasoning item's
+/// `encrypted_content`: what the provider bills for reasoning is not the length of the
+/// ciphertext abridge passes back).
 pub fn count(estimator: &Estimator) -> impl Fn(&Value) -> u64 + '_ {
     move |item| 4 + strings(estimator, item)
 }
 
 fn strings(estimator: &Estimator, value: &Value) -> u64 {
-    const NAMES: [&str; 8] = [
+    const NAMES: [&str; 9] = [
+        "encrypted_content",
         "type",
         "id",
         "role",

@@ -181,7 +181,7 @@ pub fn claude_code(lines: &[(usize, Value)]) -> Result<Vec<Answers>, String> {
 /// error and synthetic answers left out.
 fn conversation(tree: &Tree<'_>, kept: &[usize]) -> Answers {
     let mut items: Vec<Value> = Vec::new();
-    let mut bills: Vec<(usize, Option<Tokens>)> = Vec::new();
+    let mut bills: Vec<Option<Tokens>> = Vec::new();
     // An answer's id → its message and its bill.
     let mut answers: HashMap<&str, (usize, Option<usize>)> = HashMap::new();
     for &i in kept {
@@ -200,7 +200,7 @@ fn conversation(tree: &Tree<'_>, kept: &[usize]) -> Answers {
             append(&mut items[at], blocks);
             // Its later records may carry the final output count.
             if let (Some(b), Some(later)) = (billed, bill(&message["usage"]))
-                && let Some(bill) = &mut bills[b].1
+                && let Some(bill) = &mut bills[b]
             {
                 bill.output = bill.output.max(later.output);
             }
@@ -213,7 +213,7 @@ fn conversation(tree: &Tree<'_>, kept: &[usize]) -> Answers {
             }
             _ => {
                 let billed = (role == "assistant").then(|| {
-                    bills.push((items.len() + 1, bill(&message["usage"])));
+                    bills.push(bill(&message["usage"]));
                     bills.len() - 1
                 });
                 items.push(json!({"role": role, "content": blocks}));

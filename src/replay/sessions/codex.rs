@@ -4,10 +4,11 @@
 //! `{"id", "timestamp", …}` line); `response_item` payloads are the Responses items it
 //! sends, `turn_context` names the model, and its compaction (`compacted`) replaces the
 //! history with `replacement_history` (or, in older files, the summary `message`): a
-//! conversation of its own from there. After each answer it writes a `token_count`
-//! event (twice, the same both times) whose `last_token_usage` is what the provider
-//! billed for the request that answer answered: `input_tokens` (of which
-//! `cached_input_tokens` read from the cache) and `output_tokens`.
+//! conversation of its own from there. For each answer it writes a `token_count` event
+//! (in some versions twice, the same both times; where, depends on the version: see
+//! [`super::Answers`]) whose `last_token_usage` is what the provider billed for the
+//! request that answer answered: `input_tokens` (of which `cached_input_tokens` read
+//! from the cache) and `output_tokens`.
 
 use serde_json::{Map, Value, json};
 
@@ -48,9 +49,7 @@ pub fn codex(lines: &[(usize, Value)]) -> Result<Vec<Answers>, String> {
                     continue;
                 }
                 last_total = Some(total);
-                segment
-                    .bills
-                    .push((segment.items.len(), bill(&info["last_token_usage"])));
+                segment.bills.push(bill(&info["last_token_usage"]));
             }
             "compacted" => segments.push(Answers {
                 items: compacted(payload),

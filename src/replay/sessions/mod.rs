@@ -18,30 +18,27 @@ pub use claude::claude_code;
 pub use codex::codex;
 
 /// One conversation of a session file: the request's other members, its history, and
-/// the bills the file recorded, each with how many history items were written when it
-/// came (after the answer it bills began).
+/// the bills the file recorded, one per answer in order (`None`: that answer's was not
+/// recorded). Both agents record one bill per answer: a Claude Code answer carries its
+/// own `usage`; Codex writes a `token_count` after each answer, but where depends on its
+/// version (before the answer's items, after them, or after the tool outputs that
+/// follow), so it is matched to the answers by order, not by place.
 #[derive(Debug, Default)]
 pub struct Answers {
     pub base: Map<String, Value>,
     pub items: Vec<Value>,
-    pub bills: Vec<(usize, Option<Tokens>)>,
+    pub bills: Vec<Option<Tokens>>,
 }
 
 impl Answers {
-    /// The conversation as replay's input: a request per answer, each with its bill
-    /// (the first recorded after the answer began and before the next began).
+    /// The conversation as replay's input: a request per answer, each with its bill.
     pub fn into_input(self, format: Format, kind: &'static str) -> Option<Input> {
         let cuts = cuts(&self.items, |item| is_output(format, item));
         if cuts.is_empty() {
             return None;
         }
-        let mut bills = self.bills.iter().peekable();
-        let billed: Vec<Option<Tokens>> = (0..cuts.len())
-            .map(|k| {
-                let next = cuts.get(k + 1).copied().unwrap_or(usize::MAX);
-                while bills.next_if(|(at, _)| *at <= cuts[k]).is_some() {}
-                bills.next_if(|(at, _)| *at <= next).and_then(|(_, b)| *b)
-            })
+        let billed = (0..cuts.len())
+            .map(|k| self.bills.get(k).copied().flatten())
             .collect();
         let input = Input::growing(format, kind, self.base, self.items, cuts);
         Some(input.with_bills(billed))
