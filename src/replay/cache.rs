@@ -4,8 +4,9 @@
 //! simulated provider's usage) and over the requests as the client sent them (the
 //! direct figures), so both are priced on one model of the cache.
 //!
-//! A prompt is its head (tools, then `system` or `instructions`) and its history items,
-//! cut after each: every cut has the tokens up to it and a hash of everything up to it
+//! A prompt is its head (tools, then `system` or `instructions`) and its history items
+//! (less the reasoning of earlier turns, which a Responses provider drops), cut after
+//! each: every cut has the tokens up to it and a hash of everything up to it
 //! (an item's `cache_control` marker left out, since a client moves its breakpoint from
 //! turn to turn). Automatic: the longest cut an earlier request of the conversation had
 //! is read, from 1,024 tokens, in steps of 128; every cut is remembered. Breakpoints: the
@@ -131,7 +132,11 @@ impl Cache {
         };
         let mut cuts = Vec::with_capacity(items.len() + 1);
         let last = items.len().saturating_sub(1);
+        let dropped = dropped_reasoning(format, items);
         for (i, (item, &item_key)) in items.iter().zip(keys).enumerate() {
+            if dropped(i) {
+                continue;
+            }
             let item = match newest {
                 Some(newest) if i == last => newest,
                 _ => item,
@@ -158,6 +163,22 @@ impl Cache {
             .entry(item_key)
             .or_insert_with(|| (key(&unmarked(item).to_string()), count(item)))
     }
+}
+
+/// Which items of a Responses prompt the provider drops: the reasoning of turns before
+/// the latest user message (a reasoning model keeps only the current turn's). Dropped,
+/// they are neither billed nor part of the cached prefix: a new user turn after
+/// reasoning reads nothing from the cache past the first dropped item, as the providers'
+/// bills show.
+fn dropped_reasoning(format: Format, items: &[Value]) -> impl Fn(usize) -> bool + '_ {
+    let last_user = (format == Format::Responses)
+        .then(|| {
+            items.iter().rposition(|i| {
+                i["role"] == "user" && matches!(i["type"].as_str(), Some("message") | None)
+            })
+        })
+        .flatten();
+    move |i| last_user.is_some_and(|u| i < u) && items[i]["type"] == "reasoning"
 }
 
 /// What starts a prompt: its tools and its `system` or `instructions`.

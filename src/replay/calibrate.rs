@@ -9,6 +9,10 @@
 //! ([`pad`]): filler text the simulated provider counts as it counts the rest, cached
 //! at the head as the clients mark theirs.
 //!
+//! What the requests add, one after another, is counted at the rate the bills grew
+//! ([`scale`]): replay's estimate of Claude's tokenizer reads code and JSON lighter than
+//! the provider bills it, and the error would grow with every request.
+//!
 //! [`Calibration`] then compares, request by request, replay's count of what the client
 //! sent with what the session recorded: the error replay reports per conversation (the
 //! goal: within 5 %), and the share of the recorded prompt the provider's cache served.
@@ -28,20 +32,53 @@ const MIN_PAD: u64 = 64;
 const FILLER: &str = "The tool reads the named file and returns its lines with numbers; \
                       paths are absolute, and an offset and a limit select a range. ";
 
+/// How many tokens the provider billed for each the estimator counts, fitted to what
+/// the requests added one after another: over the requests with a bill, the least
+/// squares of the bills' growth from the first against replay's count's growth
+/// (`Σ Δbill·Δcount / Σ Δcount²`), clamped to 0.5–2; 1 with fewer than two bills. (The
+/// head the file left out is the same in every request: the growth does not see it.)
+pub fn scale(input: &Input, estimator: &Estimator) -> f64 {
+    let count = provider::count(estimator, 1.0);
+    let mut cache = Cache::default();
+    let mut first = None;
+    let (mut cross, mut square) = (0.0, 0.0);
+    for k in 0..input.len() {
+        let Some(bill) = input.bill(k) else { continue };
+        let sent = input.sent(k);
+        let own = cache
+            .serve_items(
+                input.format,
+                (input.rest(k), sent.items, &sent.keys, sent.newest.as_ref()),
+                &count,
+            )
+            .input;
+        let (bill0, own0) = *first.get_or_insert((bill.input, own));
+        let (db, dc) = (bill.input as f64 - bill0 as f64, own as f64 - own0 as f64);
+        cross += db * dc;
+        square += dc * dc;
+    }
+    if square <= 0.0 {
+        return 1.0;
+    }
+    (cross / square).clamp(0.5, 2.0)
+}
+
 /// Adds to `input`'s head what its file left out, sized from its first recorded bill
-/// (see the module docs): the tokens added (0: nothing recorded, or nothing missing).
-pub fn pad(input: &mut Input, estimator: &Estimator) -> u64 {
+/// against replay's count at `scale` (see the module docs): the tokens added (0:
+/// nothing recorded, or nothing missing).
+pub fn pad(input: &mut Input, estimator: &Estimator, scale: f64) -> u64 {
     let Some(bill) = input.bill(0) else {
         return 0;
     };
-    let count = provider::count(estimator);
+    let count = provider::count(estimator, scale);
     let own = own_count(input, 0, &count);
     let missing = bill.input.saturating_sub(own);
     if missing < MIN_PAD {
         return 0;
     }
-    // The head block counts 4 besides its text (as every item does).
-    let target = missing.saturating_sub(4);
+    // In the estimator's tokens, less the 4 the head block counts besides its text (as
+    // every item does).
+    let target = ((missing as f64 / scale.max(0.01)) as u64).saturating_sub(4);
     let unit = estimator.text(FILLER).max(1);
     let mut text = FILLER.repeat(usize::try_from(target / unit).unwrap_or(0));
     // Close the rest a word at a time.
@@ -69,21 +106,28 @@ fn own_count(input: &Input, k: usize, count: &dyn Fn(&Value) -> u64) -> u64 {
 pub struct Calibration {
     /// Requests with a recorded bill.
     pub requests: u64,
-    /// Replay's count of them, and what was recorded: in all, and read from the cache.
+    /// Replay's count of them and what was recorded: in all, and read from the cache.
     pub counted: u64,
+    pub counted_cached: u64,
     pub recorded: u64,
     pub recorded_cached: u64,
     /// The largest error of one request (a share of what was recorded).
     pub worst: f64,
     /// Tokens added to each request's head for what the file left out.
     pub head: u64,
+    /// The provider's tokens per token replay's estimator counts ([`scale`]; 0: not
+    /// fitted, nothing recorded).
+    pub scale: f64,
 }
 
 impl Calibration {
-    /// One request: replay counted `own` of what the provider billed as `bill`.
-    pub fn add(&mut self, own: u64, bill: Tokens) {
+    /// One request: replay counted `own` (its simulated cache served part of it) of
+    /// what the provider billed as `bill`.
+    pub fn add(&mut self, own: Tokens, bill: Tokens) {
         self.requests += 1;
-        self.counted += own;
+        self.counted += own.input;
+        self.counted_cached += own.cached;
+        let own = own.input;
         self.recorded += bill.input;
         self.recorded_cached += bill.cached;
         if bill.input > 0 {
@@ -96,6 +140,7 @@ impl Calibration {
     pub fn merge(&mut self, other: &Calibration) {
         self.requests += other.requests;
         self.counted += other.counted;
+        self.counted_cached += other.counted_cached;
         self.recorded += other.recorded;
         self.recorded_cached += other.recorded_cached;
         self.worst = self.worst.max(other.worst);
@@ -109,6 +154,11 @@ impl Calibration {
     /// The share of the recorded prompt tokens the provider's cache served.
     pub fn cached_share(&self) -> Option<f64> {
         (self.recorded > 0).then(|| self.recorded_cached as f64 / self.recorded as f64)
+    }
+
+    /// The share of replay's count of the same requests its simulated cache served.
+    pub fn simulated_cached_share(&self) -> Option<f64> {
+        (self.counted > 0).then(|| self.counted_cached as f64 / self.counted as f64)
     }
 }
 
@@ -139,9 +189,9 @@ mod tests {
         let mut input = Input::growing(Format::Messages, "claude-code", base, items, vec![1, 3])
             .with_bills(vec![bill(18_000), bill(18_040)]);
         let estimator = Estimator::for_model("claude-sonnet-4-5");
-        let count = provider::count(&estimator);
+        let count = provider::count(&estimator, 1.0);
         let before = own_count(&input, 1, &count);
-        let added = pad(&mut input, &estimator);
+        let added = pad(&mut input, &estimator, 1.0);
         let first = own_count(&input, 0, &count);
         assert!(first.abs_diff(18_000) < 40, "{first}");
         // Every request carries it, cached at the head as Claude Code marks its own.
@@ -152,7 +202,11 @@ mod tests {
                 .contains("cache_control")
         );
         let mut calibration = Calibration::default();
-        calibration.add(first, bill(18_000).unwrap());
+        let own = Tokens {
+            input: first,
+            ..Tokens::default()
+        };
+        calibration.add(own, bill(18_000).unwrap());
         assert!(calibration.error().unwrap().abs() < 0.01);
     }
 }

@@ -40,10 +40,11 @@ pub(super) struct Answer {
 }
 
 impl Harness {
-    /// abridge with `config`, its upstream the simulated provider, its store in-process,
-    /// admin off; requests of `format` go to its route.
-    pub async fn start(config: &Config, format: Format) -> Result<Self, String> {
-        let provider = Simulated::start().await.map_err(|e| e.to_string())?;
+    /// abridge with `config`, its upstream the simulated provider (counting as `scale`
+    /// says: see `provider::count`), its store in-process, admin off; requests of
+    /// `format` go to its route.
+    pub async fn start(config: &Config, format: Format, scale: f64) -> Result<Self, String> {
+        let provider = Simulated::start(scale).await.map_err(|e| e.to_string())?;
         let mut config = config.clone();
         config.upstream = provider.url.parse()?;
         config.anthropic_upstream = None;

@@ -70,7 +70,9 @@ impl Seen {
 /// what the summaries it answered spent.
 #[derive(Default)]
 struct Shared {
-    seen: Vec<Seen>,
+    /// The session's calibration (see [`count`]).
+    scale: f64,
+    seen: Vec<Arc<Seen>>,
     cache: Cache,
     summaries: Tokens,
     summary_calls: u64,
@@ -84,10 +86,14 @@ pub struct Simulated {
 }
 
 impl Simulated {
-    pub async fn start() -> std::io::Result<Self> {
+    /// Counting as `scale` says (see [`count`]).
+    pub async fn start(scale: f64) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}/v1", listener.local_addr()?);
-        let shared: Arc<Mutex<Shared>> = Arc::default();
+        let shared: Arc<Mutex<Shared>> = Arc::new(Mutex::new(Shared {
+            scale,
+            ..Shared::default()
+        }));
         let app = Router::new().fallback(answer).with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -96,7 +102,7 @@ impl Simulated {
     }
 
     /// The last two forwarded requests (the one before the last, the last).
-    pub fn last_two(&self) -> (Option<Seen>, Option<Seen>) {
+    pub fn last_two(&self) -> (Option<Arc<Seen>>, Option<Arc<Seen>>) {
         let shared = lock(&self.shared);
         let n = shared.seen.len();
         let at = |i: Option<usize>| i.and_then(|i| shared.seen.get(i)).cloned();
@@ -118,11 +124,33 @@ impl Drop for Simulated {
 
 /// The tokens of a prompt's item (or head) as the simulation counts them: 4, and the
 /// model's tokens of every text in it (its strings, but for the ids, types, roles and
-/// signatures that name it rather than say anything, and a reasoning item's
-/// `encrypted_content`: what the provider bills for reasoning is not the length of the
-/// ciphertext abridge passes back).
-pub fn count(estimator: &Estimator) -> impl Fn(&Value) -> u64 + '_ {
-    move |item| 4 + strings(estimator, item)
+/// signatures that name it rather than say anything). A reasoning item is billed for
+/// the reasoning it carries, not the length of its `encrypted_content` — about
+/// [`REASONING_CHARS_PER_TOKEN`] characters of ciphertext per reasoning token past
+/// [`REASONING_OVERHEAD_CHARS`] — and only within the turn that made it (the provider
+/// drops earlier turns' reasoning: see `cache`).
+///
+/// `scale` is the session's calibration (see `super::calibrate`): how many tokens the
+/// provider billed for what the estimator counts one.
+pub fn count(estimator: &Estimator, scale: f64) -> impl Fn(&Value) -> u64 + '_ {
+    move |item| {
+        let reasoning = match (item["type"].as_str(), item["encrypted_content"].as_str()) {
+            (Some("reasoning"), Some(cipher)) => reasoning_tokens(cipher.len()),
+            _ => 0,
+        };
+        ((4 + strings(estimator, item)) as f64 * scale).round() as u64 + reasoning
+    }
+}
+
+/// Measured on a gpt-5-codex rollout: its `token_count` events' `reasoning_output_tokens`
+/// against the length of the `encrypted_content` of the reasoning item each answer left
+/// (64 → 1,528 characters, 448 → 3,832, 1,472 → 9,356, 1,856 → 11,980, 0 → ~950).
+pub const REASONING_OVERHEAD_CHARS: usize = 950;
+pub const REASONING_CHARS_PER_TOKEN: f64 = 5.9;
+
+/// The reasoning tokens a ciphertext of `len` characters carries.
+fn reasoning_tokens(len: usize) -> u64 {
+    (len.saturating_sub(REASONING_OVERHEAD_CHARS) as f64 / REASONING_CHARS_PER_TOKEN) as u64
 }
 
 fn strings(estimator: &Estimator, value: &Value) -> u64 {
@@ -195,6 +223,8 @@ async fn answer(State(shared): State<Arc<Mutex<Shared>>>, uri: Uri, body: Bytes)
     let format = format_of(&uri);
     let model = request["model"].as_str().unwrap_or("replay").to_owned();
     let estimator = Estimator::for_model(&model);
+    let scale = lock(&shared).scale;
+    let count = count(&estimator, scale);
     if is_summary(&request) {
         let last = &request["messages"]
             .as_array()
@@ -203,7 +233,7 @@ async fn answer(State(shared): State<Arc<Mutex<Shared>>>, uri: Uri, body: Bytes)
         let prompt = last.as_ref().and_then(|m| m["content"].as_str());
         let summary = stand_in(prompt.unwrap_or_default());
         let spent = Tokens {
-            input: count(&estimator)(&request["messages"]) + count(&estimator)(&request["system"]),
+            input: count(&request["messages"]) + count(&request["system"]),
             output: estimator.text(&summary),
             ..Tokens::default()
         };
@@ -226,11 +256,11 @@ async fn answer(State(shared): State<Arc<Mutex<Shared>>>, uri: Uri, body: Bytes)
         if shared.seen.len() == 2 {
             shared.seen.remove(0);
         }
-        shared.seen.push(forwarded);
+        shared.seen.push(Arc::new(forwarded));
         // A refused request leaves nothing in the cache.
         refused
             .is_none()
-            .then(|| shared.cache.serve(format, &request, &count(&estimator)))
+            .then(|| shared.cache.serve(format, &request, &count))
     };
     match (refused, usage) {
         (None, Some(usage)) => {

@@ -68,7 +68,14 @@ pub struct Conversation {
     pub worst_request_error_percent: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_cache_read_share: Option<f64>,
+    /// The share replay's simulated cache served of the same requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulated_cache_read_share: Option<f64>,
     pub head_tokens_added: u64,
+    /// The provider's tokens per token of replay's estimate, fitted to the bills' growth
+    /// (`None`: nothing recorded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count_scale: Option<f64>,
 }
 
 impl Conversation {
@@ -93,7 +100,9 @@ impl Conversation {
             count_error_percent: c.error().map(|e| 100.0 * e),
             worst_request_error_percent: c.error().map(|_| 100.0 * c.worst),
             recorded_cache_read_share: c.cached_share(),
+            simulated_cache_read_share: c.error().and(c.simulated_cached_share()),
             head_tokens_added: c.head,
+            count_scale: (c.scale > 0.0).then_some(c.scale),
         }
     }
 }
@@ -308,8 +317,10 @@ strategy       conversation                          requests  compactions      
                 usd(c.cost_through_usd),
                 net,
                 pct(c.count_error_percent),
-                c.recorded_cache_read_share
-                    .map_or_else(|| "–".to_owned(), |s| format!("{:.0}%", 100.0 * s)),
+                match (c.recorded_cache_read_share, c.simulated_cache_read_share) {
+                    (Some(r), Some(s)) => format!("{:.0}% ({:.0}%)", 100.0 * r, 100.0 * s),
+                    _ => "–".to_owned(),
+                },
             );
         }
     }

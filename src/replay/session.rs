@@ -53,17 +53,23 @@ pub async fn replay(config: &Config, input: &Input, name: String) -> Result<Repl
     let mut calibration = Calibration::default();
     let mut padded = None;
     if input.bill(0).is_some() {
+        calibration.scale = calibrate::scale(input, &estimator);
         let mut copy = input.clone();
-        calibration.head = calibrate::pad(&mut copy, &estimator);
+        calibration.head = calibrate::pad(&mut copy, &estimator, calibration.scale);
         padded = Some(copy);
     }
     let input = padded.as_ref().unwrap_or(input);
-    let harness = Harness::start(config, input.format).await?;
+    let scale = if calibration.scale > 0.0 {
+        calibration.scale
+    } else {
+        1.0
+    };
+    let harness = Harness::start(config, input.format, scale).await?;
     let mut run = Run {
         price: harness.prices.of(&model),
         harness,
         input,
-        count: &provider::count(&estimator),
+        count: &provider::count(&estimator, scale),
         direct: cache::Cache::default(),
         spend: Spend::default(),
         calibration,
@@ -124,7 +130,7 @@ impl Run<'_> {
         );
         let bill = input.bill(n);
         if let Some(bill) = bill {
-            self.calibration.add(simulated.input, bill);
+            self.calibration.add(simulated, bill);
         }
         let reported = crate::relay::usage::of_value(&answer.body["usage"])
             .map(|u| crate::accounting::reported(&u))
@@ -156,7 +162,7 @@ impl Run<'_> {
         if n + 1 == input.len() {
             let client = Request::parse(format, sent.bytes).ok();
             let max_tokens = self.harness.max_tokens;
-            finals(&mut turn, client.as_ref(), forwarded.as_ref(), max_tokens);
+            finals(&mut turn, client.as_ref(), forwarded.as_deref(), max_tokens);
         }
         Ok(turn)
     }

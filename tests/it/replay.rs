@@ -423,3 +423,71 @@ async fn replay_says_what_leaves_the_machine_and_offline_sends_nothing() {
     let plain = replay(&["--json", "--strategy", "recency", CHAT]);
     assert!(String::from_utf8_lossy(&plain.stderr).contains("nothing leaves this machine"));
 }
+
+const SESSIONS: [&str; 4] = [
+    "tests/data/sessions/claude-code/entire-opus45-parallel-review.jsonl",
+    "tests/data/sessions/claude-code/yoavf-sonnet45-pomodoro.jsonl",
+    "tests/data/sessions/codex/duet-gpt55-onboarding.jsonl",
+    "tests/data/sessions/codex/yoavf-gpt5codex-pomodoro.jsonl",
+];
+
+/// Real sessions people committed (`tests/data/sessions/SOURCES.md`), replayed with a
+/// threshold they cross: every request is one a provider takes (parallel tool calls
+/// rebuilt intact), replay's count of what each client sent is within 5 % of the bill
+/// the session recorded, and the share of it the provider's cache served is what they
+/// recorded (89–98 % on agents' long sessions).
+#[test]
+fn real_sessions_replay_as_sent_and_within_five_percent_of_their_bill() {
+    let mut args = vec![
+        "--json",
+        "--offline",
+        "--strategy",
+        "recency",
+        "--threshold",
+        "30000",
+    ];
+    args.extend(SESSIONS);
+    let f = figures_of(&args);
+    assert_eq!(f["all_valid"], true, "{f}");
+    assert_eq!(f["failed_conversations"], 0, "{f}");
+    let conversations = f["conversations"].as_array().unwrap();
+    let billed: Vec<&Value> = conversations
+        .iter()
+        .filter(|c| c.get("count_error_percent").is_some())
+        .collect();
+    // Each file's main conversation, and the Claude Code sub-agent.
+    assert_eq!(billed.len(), 5, "{f}");
+    for c in &billed {
+        let error = c["count_error_percent"].as_f64().unwrap();
+        assert!(
+            error.abs() < 5.0,
+            "{}: {error:+.1} % against its bill",
+            c["name"]
+        );
+        assert!(c["failed"].is_null(), "{c}");
+    }
+    let by_name = |name: &str| {
+        *billed
+            .iter()
+            .find(|c| c["name"].as_str().unwrap().starts_with(name))
+            .unwrap()
+    };
+    // Claude Code leaves its system prompt and tools out of the transcript: ~20 K
+    // tokens a request, sized from the first bill.
+    let sonnet = by_name("yoavf-sonnet45-pomodoro.jsonl#1");
+    assert!(sonnet["requests"].as_u64().unwrap() >= 40, "{sonnet}");
+    assert!(
+        sonnet["head_tokens_added"].as_u64().unwrap() > 15_000,
+        "{sonnet}"
+    );
+    let share = sonnet["recorded_cache_read_share"].as_f64().unwrap();
+    assert!(share > 0.89, "{sonnet}");
+    // It crosses the threshold: compacted, as its size says.
+    assert!(sonnet["compactions"].as_u64().unwrap() >= 1, "{sonnet}");
+    let codex = by_name("yoavf-gpt5codex-pomodoro.jsonl");
+    assert_eq!(codex["requests"], 21, "{codex}");
+    assert!(
+        codex["recorded_cache_read_share"].as_f64().unwrap() > 0.8,
+        "{codex}"
+    );
+}
