@@ -15,7 +15,10 @@
 //!
 //! Response: `x-abridge-compacted: true|false`, `x-abridge-strategy`,
 //! `x-abridge-tokens-before`, `x-abridge-tokens-after` (estimates),
-//! `x-abridge-messages-replaced`, `x-abridge-conversation` (the conversation key), and
+//! `x-abridge-messages-replaced`, `x-abridge-conversation` (the conversation key),
+//! `x-abridge-reason` (why the cost policy compacted or not: `window`, `threshold`,
+//! `pays`, `cache-cold`, `not-worth-it`; `size-no-price` when a model without a price
+//! was compacted by size), and
 //! `x-abridge-note` when something deserves saying (observe mode, anti-thrash, a
 //! fallback, the store being unavailable).
 
@@ -159,6 +162,10 @@ pub struct Report {
     pub note: Option<String>,
     /// Recall calls abridge answered for this request (`None`: no recall tool added).
     pub recalls: Option<u32>,
+    /// Why the cost policy compacted this request, or did not (`window`, `threshold`,
+    /// `pays`, `cache-cold`, `not-worth-it`; `size-no-price`: compacted by size, the
+    /// model having no price).
+    pub reason: Option<&'static str>,
 }
 
 impl Report {
@@ -178,6 +185,9 @@ impl Report {
             }
         };
         put("x-abridge-compacted", self.compacted.to_string());
+        if let Some(reason) = self.reason {
+            put("x-abridge-reason", reason.to_owned());
+        }
         if let Some(s) = self.strategy {
             put("x-abridge-strategy", s.to_string());
         }
@@ -301,8 +311,10 @@ mod tests {
             conversation: None,
             note: Some("fallback: summariser timed out".into()),
             recalls: Some(2),
+            reason: Some("pays"),
         }
         .write(&mut h);
+        assert_eq!(h["x-abridge-reason"], "pays");
         assert_eq!(h["x-abridge-compacted"], "true");
         assert_eq!(h["x-abridge-strategy"], "recency");
         assert_eq!(h["x-abridge-tokens-before"], "9000");

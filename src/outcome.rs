@@ -62,3 +62,37 @@ impl Uncompactable {
         }
     }
 }
+
+/// Why a request was, or was not, compacted under the cost policy (`compactor::cost`):
+/// the `x-abridge-reason` header and the `cost_decisions` metric's label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Why {
+    /// It would not fit the model's window for long: compacted whatever it costs.
+    Window,
+    /// Over the operator's `threshold_tokens`: a bound they chose.
+    Threshold,
+    /// Over the threshold, and compacting pays before the window forces it.
+    Pays,
+    /// The provider's cache had expired: compacting now costs nearly nothing more.
+    CacheCold,
+    /// Over the threshold, but compacting would cost more than it saves.
+    NotWorthIt,
+}
+
+impl Why {
+    /// As the `x-abridge-reason` header and the metric's label say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::Window => "window",
+            Why::Threshold => "threshold",
+            Why::Pays => "pays",
+            Why::CacheCold => "cache-cold",
+            Why::NotWorthIt => "not-worth-it",
+        }
+    }
+
+    /// Whether it says to compact.
+    pub fn compacts(self) -> bool {
+        !matches!(self, Why::NotWorthIt)
+    }
+}

@@ -19,7 +19,7 @@ use serde::Serialize;
 mod table;
 
 use crate::accounting::Tally;
-use crate::outcome::{Trigger, Uncompactable};
+use crate::outcome::{Trigger, Uncompactable, Why};
 use crate::relay::{End, Outcome};
 use crate::strategies::Strategy;
 
@@ -96,7 +96,15 @@ macro_rules! label_value {
     )*};
 }
 
-label_value!(Trigger, Route, Class, StrategyLabel, Phase, Uncompactable);
+label_value!(
+    Trigger,
+    Route,
+    Class,
+    StrategyLabel,
+    Phase,
+    Uncompactable,
+    Why
+);
 
 impl Route {
     pub fn as_str(self) -> &'static str {
@@ -164,6 +172,11 @@ impl EncodeLabelValue for Escaped {
         }
         Ok(())
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: Why,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -361,6 +374,14 @@ metrics! {
         "context_overflows_by_model",
         "Context overflows the provider answered, by model (the first 64 models; then other)"
         => {};
+    decisions: Family<ReasonLabel, Counter> = Family::default(),
+        "cost_decisions",
+        "Requests the cost policy weighed, by its verdict: window, threshold, pays, cache-cold (compacted) or not-worth-it (forwarded as they are)"
+        => {
+        /// Requests over the threshold the cost policy left alone: compacting them
+        /// would have cost more than it saves.
+        not_worth_it: u64 = |s| count(&s.decisions, &ReasonLabel { reason: Why::NotWorthIt }),
+    };
     anti_thrash: Family<CaseLabel, Counter> = Family::default(),
         "anti_thrash",
         "Requests not compacted because even the minimal plan (head, marker, final turn) is over the threshold, by case: head or final_turn"
@@ -519,6 +540,11 @@ impl Stats {
                 model: Escaped(model.to_owned()),
             })
             .inc();
+    }
+
+    /// The cost policy weighed a request: its verdict.
+    pub fn decided(&self, reason: Why) {
+        self.decisions.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     pub fn anti_thrash(&self, case: Uncompactable) {

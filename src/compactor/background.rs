@@ -92,9 +92,11 @@ impl Compactor {
                 .await;
         });
         // Prepare the next checkpoint once over the soft threshold, or when the next
-        // two turns at this history's pace would cross the hard one.
+        // two turns at this history's pace would cross the hard one — where it will be
+        // used (the cost policy may expect the conversation to go on uncompacted).
         let soon = reported.saturating_add(followup.growth.saturating_mul(2)) > followup.threshold;
-        if self.config.background && followup.active && (reported > followup.soft || soon) {
+        let near = reported > followup.soft || soon;
+        if self.config.background && followup.active && followup.expects && near {
             self.queue_job(followup);
         }
     }
@@ -259,7 +261,10 @@ impl Compactor {
         let permit = self.cpu.permit_for(turn.size).await;
         let (ratio, estimate, target) = self.cpu.run_with(&permit, || {
             let ratio = decide::calibration(turn, usage.as_ref(), active);
-            let target = decide::target(&self.config, threshold, soft, job.growth);
+            let target = match self.costs(turn.model) {
+                true => decide::deep(&self.config, threshold, job.growth),
+                false => decide::target(&self.config, threshold, soft, job.growth),
+            };
             (
                 ratio,
                 scaled(decide::estimate(turn, deepest, threshold), ratio),

@@ -10,6 +10,12 @@
 //!                               apply it; else compact now, to the target
 //! ```
 //!
+//! Under `compaction.policy = "cost"` (with a price for the model: [`Economics`]) a
+//! request over the threshold is compacted only when [`cost::judge`] says so — the
+//! window needs it, the operator's threshold says so, or it pays at the provider's
+//! prices — and a cold cache can make it compact earlier; it then aims deep
+//! (`compaction.target_ratio` of the threshold), so one checkpoint serves many requests.
+//!
 //! Predicted tokens are the provider's own count for this history's last request,
 //! corrected for a head that changed since, plus an estimate of what was appended,
 //! scaled by how this provider counts appended turns; without a record, the forwarded
@@ -24,7 +30,18 @@ use crate::outcome::Trigger;
 use crate::store::{Checkpoint, Piece, Usage};
 use crate::tokens::Estimator;
 
+use super::cost::{self, Why};
 use super::turn::{Decision, Reason, Turn};
+
+/// What the cost policy weighs a request with: the model's prices, its window, whether
+/// the strategy summarises (a summary is paid for), and the time (for the cache).
+#[derive(Debug, Clone, Copy)]
+pub struct Economics {
+    pub rates: cost::Rates,
+    pub window: u64,
+    pub summarises: bool,
+    pub now_ms: u64,
+}
 
 /// What to do with a request.
 #[derive(Debug, Clone, Copy)]
@@ -65,12 +82,17 @@ pub struct Decided<'c> {
     pub deepest: Option<&'c Checkpoint>,
     /// The operator's scheduled compaction and its focus (empty: none).
     pub scheduled: Option<&'c str>,
+    /// Under the cost policy, what was weighed and why it did, or did not, compact.
+    pub why: Option<Why>,
+    /// Whether a compaction is expected when the history reaches the threshold (so a
+    /// checkpoint built ahead will be used): always under the size policy.
+    pub expects: bool,
 }
 
 /// Decides for `turn` (see the module docs). `threshold` is the model's.
 pub fn decide<'c>(
     config: &CompactionConfig,
-    threshold: u64,
+    (threshold, economics): (u64, Option<&Economics>),
     turn: &Turn<'c, '_>,
     reason: Reason,
 ) -> Decided<'c> {
@@ -101,6 +123,8 @@ pub fn decide<'c>(
         active,
         deepest: matching.first().copied(),
         scheduled,
+        why: None,
+        expects: true,
     };
     let forced = turn.controls.compact == Compact::Force
         || matches!(reason, Reason::Overflow { .. })
@@ -110,11 +134,21 @@ pub fn decide<'c>(
     // allowed for its error, so a request predicted just under the threshold is not one
     // the provider counts just over it.
     let margin = prediction.appended / 20 + threshold / 200;
-    if !forced && prediction.tokens.saturating_add(margin) <= threshold {
+    let over = prediction.tokens.saturating_add(margin) > threshold;
+    if let Some(e) = economics {
+        let weighed = weigh(config, e, turn, &decided, margin);
+        (decided.why, decided.expects) = weighed;
+        if !forced && !decided.why.is_some_and(Why::compacts) {
+            return decided;
+        }
+    } else if !forced && !over {
         return decided;
     }
     decided.ratio = calibration(turn, usage.as_ref(), active);
-    let target = target(config, threshold, soft, growth);
+    let target = match economics {
+        Some(_) => deep(config, threshold, growth),
+        None => target(config, threshold, soft, growth),
+    };
     if !forced {
         // A prepared checkpoint was built for the target up to two turns ago; the
         // history has grown since by about that much.
@@ -125,23 +159,130 @@ pub fn decide<'c>(
             return decided;
         }
     }
+    decided.action = compaction(turn, reason, forced, &decided, target);
+    decided
+}
+
+/// The compaction `decided` calls for (`target`: where it aims): its budget, in
+/// abridge's estimate, and what started it.
+fn compaction<'c>(
+    turn: &Turn<'_, '_>,
+    reason: Reason,
+    forced: bool,
+    decided: &Decided<'c>,
+    target: u64,
+) -> Action<'c> {
+    let (threshold, soft, growth) = (decided.threshold, decided.soft, decided.growth);
     let (budget, trigger, ceiling) = match reason {
         Reason::Overflow { sent } => (
             (sent / 2).min(target),
             Trigger::Retry,
             (sent / 2).max(soft.min(sent / 10 * 9)),
         ),
-        _ if forced => ((prediction.tokens / 2).min(target), Trigger::Forced, soft),
+        _ if forced => ((decided.predicted / 2).min(target), Trigger::Forced, soft),
         _ => (target, Trigger::Threshold, soft),
     };
     let ceiling = ceiling.min(raised_at_most(threshold, growth));
     let budget = with_room(turn, budget, ceiling, decided.ratio);
-    decided.action = Action::Compact {
+    Action::Compact {
         // The strategies plan the messages; the recall tool goes beside them.
         budget: unscaled(budget, decided.ratio).saturating_sub(added(turn)),
         trigger,
+    }
+}
+
+/// Under the cost policy, where a compaction aims: `compaction.target_ratio` of the
+/// threshold, far below it, so one checkpoint serves many requests — but never below
+/// [`DEEP_FLOOR`], which leaves a summary or index room to keep what matters, nor above
+/// where the size policy aims (`growth`: the history's, for [`target`]). So on a small
+/// window nothing changes.
+pub fn deep(config: &CompactionConfig, threshold: u64, growth: u64) -> u64 {
+    let soft = ((threshold as f64) * config.soft_ratio) as u64;
+    let deep = ((threshold as f64) * config.target_ratio) as u64;
+    target(config, threshold, soft, growth).min(deep.max(DEEP_FLOOR))
+}
+
+/// The fewest tokens a deep compaction leaves (see [`deep`]).
+pub const DEEP_FLOOR: u64 = 16_000;
+
+/// The cost policy's verdict on `decided` (see [`cost::judge`]), and whether it expects
+/// to compact once the history reaches the threshold.
+fn weigh(
+    config: &CompactionConfig,
+    e: &Economics,
+    turn: &Turn<'_, '_>,
+    decided: &Decided<'_>,
+    margin: u64,
+) -> (Option<Why>, bool) {
+    let threshold = decided.threshold;
+    let made = turn
+        .messages
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| {
+            m.role == Role::Assistant && (*i == 0 || turn.messages[i - 1].role != Role::Assistant)
+        })
+        .count() as u64;
+    let cold = decided
+        .usage
+        .is_some_and(|u| e.now_ms.saturating_sub(u.at_ms) > config.cache_ttl_ms);
+    let prompt = decided.predicted.saturating_add(margin);
+    let bounds = cost::Bounds {
+        threshold,
+        chosen: config.threshold_tokens > 0,
+        must: e.window.saturating_sub(e.window / 10).max(threshold),
+        early: decided.soft,
     };
-    decided
+    // Far from every bound (and from being near one in two requests): nothing to weigh,
+    // and no checkpoint to build ahead.
+    if prompt.saturating_add(decided.growth.saturating_mul(2)) <= bounds.early {
+        return (None, false);
+    }
+    // What the request carries besides its items (tools, a `system` or `instructions`
+    // field): the provider's count less abridge's estimate of the items as forwarded. It
+    // stays whatever a compaction does.
+    let items = forwarded_estimate(
+        &Estimator::approx(),
+        turn.format,
+        turn.messages,
+        decided.active,
+    );
+    let beside = prompt.saturating_sub(items);
+    let head = beside + decided.head_tokens;
+    // The first compaction adds the recall tool, and the tools lead the cached prefix:
+    // nothing of the old prefix stays cached.
+    let cached_head = match decided.active.is_none() && added(turn) > 0 {
+        true => 0,
+        false => head,
+    };
+    let outlook = cost::Outlook {
+        prompt,
+        head: cached_head,
+        growth: decided.growth,
+        remaining: cost::remaining(made),
+        cold,
+    };
+    // Where it can get: no lower than what every plan keeps (the head, the final turn,
+    // room for a summary or index).
+    let floor = beside + essential(turn) + added(turn) + REPLACEMENT_FLOOR;
+    let target = deep(config, threshold, decided.growth).max(floor);
+    let summary = |prompt: u64| match e.summarises {
+        true => cost::Summary {
+            input: prompt.saturating_sub(target),
+            output: (target / 10).clamp(500, 4000),
+        },
+        false => cost::Summary::default(),
+    };
+    let why = cost::judge(&outlook, &bounds, &e.rates, target, summary(outlook.prompt));
+    // At the threshold, with as many requests still to come as now, warm.
+    let at = cost::Outlook {
+        prompt: threshold.saturating_add(1),
+        cold: false,
+        ..outlook
+    };
+    let expects =
+        cost::judge(&at, &bounds, &e.rates, target, summary(at.prompt)).is_some_and(Why::compacts);
+    (why, expects)
 }
 
 /// Tokens a compaction leaves, where the threshold allows, for what replaces the
@@ -442,6 +583,7 @@ impl Decision {
             .map(|u| (u.tokens, u.ratio_permille, u.applied));
         self.previous_at_ms = decided.usage.map(|u| u.at_ms);
         self.previous_client_tokens = decided.usage.map_or(0, |u| u.client_tokens);
+        self.expects = decided.expects;
     }
 }
 

@@ -93,7 +93,7 @@ fn a_compaction_aims_lower_by_the_recall_tool_it_adds() {
     let threshold = whole * 4 / 5;
     let budget = |recall_tool| match decide(
         &CompactionConfig::default(),
-        threshold,
+        (threshold, None),
         &turn(recall_tool),
         super::super::Reason::Request,
     )

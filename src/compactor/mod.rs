@@ -19,6 +19,7 @@
 
 mod background;
 mod build;
+pub mod cost;
 pub mod decide;
 pub mod overflow;
 pub mod params;
@@ -124,12 +125,7 @@ impl Compactor {
         if turn.loaded.is_none() && turn.conversation.is_some() {
             decision.report.note = Some("store unavailable: no checkpoints this turn".to_owned());
         }
-        let permit = self.cpu.permit_for(turn.size).await;
-        let decided = self.cpu.run_with(&permit, || {
-            decide::decide(&self.config, threshold, turn, reason)
-        });
-        drop(permit);
-        decision.carry(&decided);
+        let decided = self.decided(turn, threshold, reason, &mut decision).await;
         let observe = self.config.mode == CompactionMode::Observe;
         decision.active = !observe;
         let dry = reason == Reason::Preview;
@@ -193,6 +189,61 @@ impl Compactor {
         decision
     }
 
+    /// The decision for `turn` (off the async workers for a large request), carried into
+    /// `decision` with why the cost policy made it (see [`decide`]).
+    async fn decided<'t>(
+        &self,
+        turn: &Turn<'t, '_>,
+        threshold: u64,
+        reason: Reason,
+        decision: &mut Decision,
+    ) -> Decided<'t> {
+        let economics = self.economics(turn, decision.strategy, &mut decision.report);
+        let permit = self.cpu.permit_for(turn.size).await;
+        let decided = self.cpu.run_with(&permit, || {
+            decide::decide(&self.config, (threshold, economics.as_ref()), turn, reason)
+        });
+        drop(permit);
+        decision.carry(&decided);
+        if let Some(why) = decided.why {
+            self.stats.decided(why);
+            decision.report.reason = Some(why.as_str());
+        } else if !matches!(decided.action, Action::Compact { .. }) {
+            // Said only of a compaction by size (see `economics`).
+            decision.report.reason = None;
+        }
+        decided
+    }
+
+    /// Whether the cost policy decides for `model` (configured, and a price known).
+    fn costs(&self, model: &str) -> bool {
+        self.config.policy == crate::config::Policy::Cost && self.prices.of(model).is_some()
+    }
+
+    /// What the cost policy weighs `turn` with (`None`: the size policy decides — as
+    /// configured, or, said in `report`, for a model without a price).
+    fn economics(
+        &self,
+        turn: &Turn<'_, '_>,
+        strategy: Strategy,
+        report: &mut Report,
+    ) -> Option<decide::Economics> {
+        if self.config.policy != crate::config::Policy::Cost {
+            return None;
+        }
+        let Some(price) = self.prices.of(turn.model) else {
+            // Said when it matters: a compaction by size.
+            report.reason = Some("size-no-price");
+            return None;
+        };
+        Some(decide::Economics {
+            rates: cost::Rates::of(&price),
+            window: self.window(turn.provider, turn.model, turn.payer),
+            summarises: strategy.summarises(),
+            now_ms: crate::store::now_ms(),
+        })
+    }
+
     /// Whether a summary the threshold calls for waits for the background: the tenant's
     /// budget refuses it now (an update; a first summary has its floor), and the request
     /// still fits the model's window with half the room above the threshold to spare.
@@ -249,6 +300,7 @@ impl Compactor {
             previous_at_ms: None,
             previous_client_tokens: 0,
             last_seen_ms: state.map_or(0, |s| s.last_seen_ms),
+            expects: true,
         }
     }
 

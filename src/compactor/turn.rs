@@ -90,6 +90,9 @@ pub struct Decision {
     pub previous_client_tokens: u64,
     /// When the conversation was last seen (from the store; 0: new).
     pub last_seen_ms: u64,
+    /// A compaction is expected once the history reaches the threshold, so a checkpoint
+    /// built ahead would be used (the cost policy may expect none).
+    pub expects: bool,
 }
 
 /// What the record stage needs about a request, built by the request path.
@@ -114,6 +117,8 @@ pub struct Followup {
     pub previous: Option<(u64, u32, Option<u32>)>,
     /// When the conversation was last seen, per the store (0: new).
     pub last_seen_ms: u64,
+    /// A checkpoint built ahead would be used (see [`Decision::expects`]).
+    pub expects: bool,
     /// For a background build: the request as parsed at ingress (never parsed again),
     /// its prefix hashes, and the credentials and tenant for the summariser.
     pub request: Arc<formats::Request>,

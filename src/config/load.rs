@@ -219,6 +219,7 @@ impl Config {
         for (key, ratio) in [
             ("compaction.threshold_ratio", c.threshold_ratio),
             ("compaction.soft_ratio", c.soft_ratio),
+            ("compaction.target_ratio", c.target_ratio),
         ] {
             if !(ratio > 0.0 && ratio <= 1.0) {
                 return Err((key, format!("must be in (0, 1], not {ratio}")));

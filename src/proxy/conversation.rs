@@ -419,6 +419,7 @@ fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
         appended: decision.appended,
         previous: decision.previous,
         last_seen_ms: decision.last_seen_ms,
+        expects: decision.expects,
         request: Arc::clone(&prepared.request),
         prefixes: identified.hashes.prefixes.clone(),
         credentials: prepared.credentials.clone(),

@@ -36,6 +36,8 @@ pub(super) struct Harness {
 pub(super) struct Answer {
     pub status: u16,
     pub compacted: bool,
+    /// Why the cost policy compacted the request, or did not (`x-abridge-reason`).
+    pub reason: Option<String>,
     pub body: Value,
 }
 
@@ -104,6 +106,11 @@ impl Harness {
             .headers()
             .get("x-abridge-compacted")
             .is_some_and(|v| v == "true");
+        let reason = response
+            .headers()
+            .get("x-abridge-reason")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = response
             .into_body()
             .collect()
@@ -113,6 +120,7 @@ impl Harness {
         Ok(Answer {
             status,
             compacted,
+            reason,
             body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         })
     }

@@ -34,6 +34,8 @@ pub struct Options {
     pub config: Option<PathBuf>,
     pub strategies: Vec<Strategy>,
     pub threshold: Option<u64>,
+    /// Every model's context window for the run (the threshold stays a share of it).
+    pub window: Option<u64>,
     pub json: bool,
     pub html: Option<PathBuf>,
     pub prices: Option<PathBuf>,
@@ -47,7 +49,8 @@ abridge replay — how each strategy would treat your conversations
 
 USAGE:
     abridge replay [--config FILE] [--strategy S ...] [--threshold TOKENS]
-                   [--prices FILE] [--offline] [--json] [--html OUT] FILE...
+                   [--window TOKENS] [--prices FILE] [--offline] [--json]
+                   [--html OUT] FILE...
 
 FILE is one of (the format is found by itself):
   - a Claude Code transcript: ~/.claude/projects/*/*.jsonl
@@ -67,7 +70,11 @@ OPTIONS:
                            stand-in summarises (and says so)
         --strategy S       deterministic, recency, structured or llm_replace; repeat
                            for several (default: every strategy)
-        --threshold TOKENS compaction.threshold_tokens for the run
+        --threshold TOKENS compaction.threshold_tokens for the run: a bound the
+                           operator chose, which compacts whatever it costs
+        --window TOKENS    every model's context window for the run: the threshold
+                           stays compaction.threshold_ratio of it, and the cost
+                           policy decides whether crossing it pays
         --prices FILE      prices per model (TOML: \"model\" = { input = 2.5,
                            cached_input = 1.25, cache_write = 2.5, output = 10 },
                            US dollars per million tokens; a [prices] table of it
@@ -83,6 +90,7 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Option<Options>, lexopt:
         config: None,
         strategies: Vec::new(),
         threshold: None,
+        window: None,
         json: false,
         html: None,
         prices: None,
@@ -94,6 +102,7 @@ pub fn parse_args(mut parser: lexopt::Parser) -> Result<Option<Options>, lexopt:
             Short('c') | Long("config") => o.config = Some(parser.value()?.into()),
             Long("strategy") => o.strategies.push(parser.value()?.parse()?),
             Long("threshold") => o.threshold = Some(parser.value()?.parse()?),
+            Long("window") => o.window = Some(parser.value()?.parse()?),
             Long("json") => o.json = true,
             Long("html") => o.html = Some(parser.value()?.into()),
             Long("prices") => o.prices = Some(parser.value()?.into()),
@@ -148,6 +157,10 @@ pub async fn run(options: Options, notify: &dyn Fn(&str)) -> Result<String, Stri
         config.compaction.strategy = strategy;
         if let Some(t) = options.threshold {
             config.compaction.threshold_tokens = t;
+        }
+        if let Some(w) = options.window {
+            // The empty prefix names every model.
+            config.compaction.context_windows.insert(String::new(), w);
         }
         let mut replayed = Vec::new();
         for (name, input) in &inputs {

@@ -20,6 +20,9 @@ use crate::strategies::Strategy;
 pub struct Turn {
     pub status: u16,
     pub compacted: bool,
+    /// Why the cost policy compacted it, or did not (`x-abridge-reason`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// Prompt tokens of the request as the client sent it (as the simulated provider
     /// counts).
     pub client_tokens: u64,
@@ -50,6 +53,9 @@ pub struct Conversation {
     pub requests: usize,
     pub compactions: u64,
     pub compacted_requests: usize,
+    /// The cost policy's verdicts on its requests, and how many of each (`pays`,
+    /// `not-worth-it`, `window`, …: see `x-abridge-reason`).
+    pub reasons: std::collections::BTreeMap<String, usize>,
     /// The first request a provider would refuse: the conversation failed, and its
     /// figures are left out of the totals.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -91,6 +97,13 @@ impl Conversation {
             requests: r.turns.len(),
             compactions: r.compactions,
             compacted_requests: r.turns.iter().filter(|t| t.compacted).count(),
+            reasons: r.turns.iter().filter_map(|t| t.reason.clone()).fold(
+                std::collections::BTreeMap::new(),
+                |mut counts, reason| {
+                    *counts.entry(reason).or_default() += 1;
+                    counts
+                },
+            ),
             failed: r.refusal(),
             cost_direct_usd: usd(spend.direct_micros),
             cost_through_usd: usd(through),

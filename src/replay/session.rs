@@ -139,6 +139,7 @@ impl Run<'_> {
         let mut turn = Turn {
             status: answer.status,
             compacted: answer.compacted,
+            reason: answer.reason.clone(),
             client_tokens: simulated.input,
             provider_tokens: reported.input,
             recorded_tokens: bill.map(|b| b.input),

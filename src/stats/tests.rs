@@ -56,11 +56,10 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
     stats.compaction(Strategy::Recency, Trigger::Threshold, 2, 1);
     stats.anti_thrash(Uncompactable::Head);
     stats.context_overflow("fake-model");
+    stats.decided(crate::outcome::Why::Pays);
     let usage = crate::relay::Usage {
         prompt_tokens: 1,
-        completion_tokens: None,
-        cached_tokens: None,
-        cache_write_tokens: None,
+        ..crate::relay::Usage::default()
     };
     let outcome = Outcome {
         usage: Some(usage),
@@ -88,7 +87,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         summary_calls summary_input_tokens summary_output_tokens recalls recall_tokens recall_input_tokens \
         recall_output_tokens recall_failures summary_failures summary_refused summary_deferred \
         summary_gate_score summary_repairs \
-        fallbacks retries context_overflows context_overflows_by_model anti_thrash observed waited_for_peer background_dropped";
+        fallbacks retries context_overflows context_overflows_by_model cost_decisions anti_thrash observed waited_for_peer background_dropped";
     assert_eq!(names, expected.split(' ').collect::<Vec<_>>(), "{text}");
     // The reference page names each, as a query does (a counter with `_total`).
     let page = include_str!("../../docs/src/metrics.md");
@@ -122,7 +121,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         checkpoints_applied summary_calls summary_input_tokens summary_output_tokens recalls recall_tokens \
         recall_input_tokens recall_output_tokens recall_failures summary_failures \
         summary_refused summary_deferred summary_repairs \
-        fallbacks retries context_overflows anti_thrash observed waited_for_peer background_dropped";
+        fallbacks retries context_overflows not_worth_it anti_thrash observed waited_for_peer background_dropped";
     let mut expected: Vec<&str> = expected.split(' ').collect();
     // A `serde_json::Value` map may be sorted by key: compare as sets.
     fields.sort_unstable();

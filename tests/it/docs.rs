@@ -41,7 +41,7 @@ async fn the_metrics_page_documents_every_metric_exposed() {
         "not in docs/src/metrics.md: {undocumented:?}"
     );
     // A labelled family shows once it has a series; these need a compaction (or an
-    // overflow). (The unit
+    // overflow, or a priced request over its threshold). (The unit
     // test `stats::tests` checks the page names every metric of the table too.)
     let mut unseen: Vec<&str> = documented
         .iter()
@@ -55,7 +55,8 @@ async fn the_metrics_page_documents_every_metric_exposed() {
             "abridge_anti_thrash_total",
             "abridge_compaction_tokens_estimated_total",
             "abridge_compactions_total",
-            "abridge_context_overflows_by_model_total"
+            "abridge_context_overflows_by_model_total",
+            "abridge_cost_decisions_total"
         ],
         "documented but not exposed"
     );

@@ -20,6 +20,7 @@ mod cli;
 mod codex;
 mod connections;
 mod conversations;
+mod cost;
 mod credentials;
 mod dashboard;
 mod docs;

@@ -1,0 +1,153 @@
+//! Whether a compaction pays, at the provider's prices (`compaction.policy = "cost"`).
+//! Pure: no I/O, no clock (the caller says whether the cache is cold).
+//!
+//! Agents' requests are read mostly from the provider's prompt cache, at a tenth of the
+//! input price (Anthropic's cache reads, OpenAI's cached input for the gpt-5 family). A
+//! compaction is an expense first — the prefix after the head is new, so it is written
+//! (Anthropic: 1.25× input) or sent uncached (OpenAI), and a summary is a call of its own
+//! — and pays back only through what each later request no longer reads from the cache.
+//! For a request of `P` tokens (`H` of them the head a compaction keeps: tools, system),
+//! growing `G` a request, with `R` requests still to come, compacted to `T`:
+//!
+//! ```text
+//! as it is:   c·P + w·G           then c·(P + (i−1)·G) + w·G  for i = 2…R
+//! compacted:  c·H + w·(T − H + G) then c·(T + (i−1)·G) + w·G  for i = 2…R, plus the summary S
+//! net = (R − 1)·c·(P − T) + c·(P − H) − w·(T − H) − S
+//! ```
+//!
+//! with `c` the cached price, `w` the price of a token written (the cache-write price,
+//! or input where writing costs nothing more). When the cache has gone cold (the
+//! conversation's last request is older than the cache lives), the request as it is
+//! pays `w·(P + G)` anyway, and the compacted one `w·(T + G)`:
+//! `net = w·(P − T) + (R − 1)·c·(P − T) − S` — a compaction then costs nearly nothing.
+//!
+//! `R` is not known; a conversation that has made `n` requests is expected to make about
+//! as many more ([`remaining`]), at least [`MIN_REMAINING`].
+
+use crate::prices::Price;
+
+/// A conversation is expected to make at least this many more requests.
+pub const MIN_REMAINING: u64 = 4;
+/// …and at most this many count (a long session's far future is not paid for now).
+pub const MAX_REMAINING: u64 = 200;
+
+/// What the model knows of a conversation at a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outlook {
+    /// The request as it would go (the provider's count).
+    pub prompt: u64,
+    /// Of which the head a compaction keeps (read from the cache after it too).
+    pub head: u64,
+    /// Tokens a request adds.
+    pub growth: u64,
+    /// Requests still to come, this one included.
+    pub remaining: u64,
+    /// The provider's cache has expired since the conversation's last request.
+    pub cold: bool,
+}
+
+/// Prices per token, in millionths of a dollar.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rates {
+    pub input: f64,
+    pub cached: f64,
+    pub write: f64,
+    pub output: f64,
+}
+
+impl Rates {
+    pub fn of(price: &Price) -> Self {
+        Self {
+            input: price.input,
+            cached: price.cached_input.unwrap_or(price.input),
+            write: price.cache_write.unwrap_or(price.input),
+            output: price.output,
+        }
+    }
+
+    /// Whether nothing costs anything (a local model priced at zero).
+    pub fn free(&self) -> bool {
+        self.input == 0.0 && self.cached == 0.0 && self.write == 0.0 && self.output == 0.0
+    }
+}
+
+/// What a summary of the condensed part costs: its prompt and its answer, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Summary {
+    pub input: u64,
+    pub output: u64,
+}
+
+/// Requests a conversation that has made `made` is expected to make, this one included.
+pub fn remaining(made: u64) -> u64 {
+    made.clamp(MIN_REMAINING, MAX_REMAINING)
+}
+
+/// What compacting to `target` tokens now saves over the conversation's expected
+/// requests, less what it costs (see the module docs), in millionths of a dollar;
+/// negative when it costs more.
+pub fn net(o: &Outlook, r: &Rates, target: u64, summary: Summary) -> f64 {
+    let (p, t) = (o.prompt as f64, target.min(o.prompt) as f64);
+    let h = o.head.min(target).min(o.prompt) as f64;
+    let later = o.remaining.saturating_sub(1) as f64 * r.cached * (p - t);
+    let now = if o.cold {
+        r.write * (p - t)
+    } else {
+        r.cached * (p - h) - r.write * (t - h)
+    };
+    let summary = summary.input as f64 * r.input + summary.output as f64 * r.output;
+    later + now - summary
+}
+
+/// After how many requests a compaction to `target` has paid for itself (`None`: not
+/// within [`MAX_REMAINING`]): the break-even the docs speak of.
+pub fn break_even(o: &Outlook, r: &Rates, target: u64, summary: Summary) -> Option<u64> {
+    (1..=MAX_REMAINING).find(|&n| {
+        let o = Outlook { remaining: n, ..*o };
+        net(&o, r, target, summary) > 0.0
+    })
+}
+
+pub use crate::outcome::Why;
+
+/// The request and the bounds it is judged against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bounds {
+    /// The hard threshold in force.
+    pub threshold: u64,
+    /// Whether the operator set it (`threshold_tokens`), rather than a share of the window.
+    pub chosen: bool,
+    /// Over this the request compacts whatever it costs: the window, less room for the
+    /// next request.
+    pub must: u64,
+    /// Under the threshold, a cold cache makes a compaction this deep worth weighing
+    /// (the soft threshold).
+    pub early: u64,
+}
+
+/// Whether to compact `o` now to `target` under the cost policy (`None`: under every
+/// bound, nothing to weigh).
+pub fn judge(o: &Outlook, b: &Bounds, r: &Rates, target: u64, summary: Summary) -> Option<Why> {
+    if o.prompt.saturating_add(o.growth) > b.must {
+        return Some(Why::Window);
+    }
+    let over = o.prompt > b.threshold;
+    if over && b.chosen {
+        return Some(Why::Threshold);
+    }
+    let weighed = over || (o.cold && o.prompt > b.early);
+    if !weighed {
+        return None;
+    }
+    let pays = !r.free() && net(o, r, target, summary) > 0.0;
+    Some(match (pays, o.cold) {
+        (true, true) => Why::CacheCold,
+        (true, false) => Why::Pays,
+        (false, _) if over => Why::NotWorthIt,
+        // Under the threshold, cold, and not worth it: nothing said.
+        (false, _) => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,156 @@
+//! The cost model on cases worked out by hand (prices: list prices in dollars per
+//! million tokens, i.e. millionths of a dollar per token).
+
+use super::*;
+
+/// Claude Sonnet: input 3, cache read 0.3, cache write 3.75, output 15.
+const SONNET: Rates = Rates {
+    input: 3.0,
+    cached: 0.3,
+    write: 3.75,
+    output: 15.0,
+};
+/// gpt-5: input 1.25, cached 0.125, writes cost what input costs, output 10.
+const GPT5: Rates = Rates {
+    input: 1.25,
+    cached: 0.125,
+    write: 1.25,
+    output: 10.0,
+};
+
+/// A 100,000-token request (20,000 of it the head), growing 2,000 a request, 20 to
+/// come, compacted to 30,000.
+fn outlook(remaining: u64, cold: bool) -> Outlook {
+    Outlook {
+        prompt: 100_000,
+        head: 20_000,
+        growth: 2_000,
+        remaining,
+        cold,
+    }
+}
+
+const NONE: Summary = Summary {
+    input: 0,
+    output: 0,
+};
+
+#[test]
+fn a_deep_cut_pays_back_what_its_new_prefix_costs() {
+    // Later: 19 requests × 0.3 × 70,000 = 399,000. Now: 0.3 × 80,000 (the old prefix
+    // not read) − 3.75 × 10,000 (the new one written) = −13,500.
+    assert_eq!(net(&outlook(20, false), &SONNET, 30_000, NONE), 385_500.0);
+    // One request to come: only the expense.
+    assert_eq!(net(&outlook(1, false), &SONNET, 30_000, NONE), -13_500.0);
+    assert_eq!(
+        break_even(&outlook(20, false), &SONNET, 30_000, NONE),
+        Some(2)
+    );
+    // OpenAI: 19 × 0.125 × 70,000 + 0.125 × 80,000 − 1.25 × 10,000.
+    assert_eq!(net(&outlook(20, false), &GPT5, 30_000, NONE), 163_750.0);
+}
+
+#[test]
+fn a_summary_is_paid_before_the_saving_and_moves_the_break_even() {
+    // 70,000 tokens of transcript at 3, 2,000 of summary at 15: 240,000.
+    let summary = Summary {
+        input: 70_000,
+        output: 2_000,
+    };
+    assert_eq!(
+        net(&outlook(20, false), &SONNET, 30_000, summary),
+        145_500.0
+    );
+    // (n − 1) × 21,000 − 13,500 − 240,000 > 0 from n = 14.
+    assert_eq!(
+        break_even(&outlook(20, false), &SONNET, 30_000, summary),
+        Some(14)
+    );
+    // A shallow cut (to 90,000) saves 3,000 a request against 0.3 × 80,000 − 3.75 ×
+    // 70,000 − 240,000 = −478,500 now: paid back after 161 requests.
+    assert_eq!(
+        break_even(&outlook(20, false), &SONNET, 90_000, summary),
+        Some(161)
+    );
+}
+
+#[test]
+fn on_a_cold_cache_a_compaction_costs_nearly_nothing_more() {
+    // The whole prompt is written again either way: 3.75 × 70,000 saved at once.
+    assert_eq!(net(&outlook(1, true), &SONNET, 30_000, NONE), 262_500.0);
+    assert_eq!(net(&outlook(20, true), &SONNET, 30_000, NONE), 661_500.0);
+}
+
+#[test]
+fn the_judge_compacts_for_the_window_the_operator_and_the_money_only() {
+    let bounds = Bounds {
+        threshold: 75_000,
+        chosen: false,
+        must: 190_000,
+        early: 52_500,
+    };
+    let judge = |o: Outlook, b: &Bounds, r: &Rates| judge(&o, b, r, 30_000, NONE);
+    assert_eq!(judge(outlook(20, false), &bounds, &SONNET), Some(Why::Pays));
+    assert_eq!(
+        judge(outlook(1, false), &bounds, &SONNET),
+        Some(Why::NotWorthIt)
+    );
+    assert_eq!(
+        judge(outlook(1, true), &bounds, &SONNET),
+        Some(Why::CacheCold)
+    );
+    // Under the threshold: nothing, unless the cache is cold and it pays.
+    let under = Outlook {
+        prompt: 60_000,
+        ..outlook(20, false)
+    };
+    assert_eq!(judge(under, &bounds, &SONNET), None);
+    let cold = Outlook {
+        cold: true,
+        ..under
+    };
+    assert_eq!(judge(cold, &bounds, &SONNET), Some(Why::CacheCold));
+    let small = Outlook {
+        prompt: 40_000,
+        ..cold
+    };
+    assert_eq!(
+        judge(small, &bounds, &SONNET),
+        None,
+        "under the soft threshold"
+    );
+    // The window: whatever it costs.
+    let full = Outlook {
+        prompt: 189_000,
+        ..outlook(1, false)
+    };
+    assert_eq!(judge(full, &bounds, &SONNET), Some(Why::Window));
+    // The operator's threshold: a bound they chose.
+    let chosen = Bounds {
+        chosen: true,
+        ..bounds
+    };
+    assert_eq!(
+        judge(outlook(1, false), &chosen, &SONNET),
+        Some(Why::Threshold)
+    );
+    // A local model priced at zero: the window and the operator's bound only.
+    let free = Rates {
+        input: 0.0,
+        cached: 0.0,
+        write: 0.0,
+        output: 0.0,
+    };
+    assert_eq!(
+        judge(outlook(20, false), &bounds, &free),
+        Some(Why::NotWorthIt)
+    );
+    assert_eq!(judge(full, &bounds, &free), Some(Why::Window));
+}
+
+#[test]
+fn a_conversation_is_expected_to_go_on_about_as_long_as_it_has() {
+    assert_eq!(remaining(0), MIN_REMAINING);
+    assert_eq!(remaining(37), 37);
+    assert_eq!(remaining(5_000), MAX_REMAINING);
+}

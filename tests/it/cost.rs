@@ -1,0 +1,160 @@
+//! Compaction decided by cost (`compaction.policy = "cost"`, the default) through the
+//! proxy, against the fake provider with its prompt cache (OpenAI's automatic prefix
+//! caching on chat): a conversation over its threshold with little ahead of it is left
+//! alone and told why; the window compacts it whatever it costs; a conversation resumed
+//! after its cache expired is compacted, since that costs nearly nothing more; and an
+//! operator's own threshold is a bound, compacted whatever it costs.
+
+use std::time::Duration;
+
+use abridge::config::Config;
+use fake_provider::{Behavior, FakeProvider};
+use serde_json::{Value, json};
+
+use crate::common::{Proxy, client, config_for};
+
+/// gpt-5 (priced: cached input a tenth of input) served with an 8,000-token window, so
+/// the default threshold (three quarters of it) is 6,000 tokens and the window compacts
+/// whatever it costs over 7,200.
+fn config(provider: &FakeProvider) -> Config {
+    let mut cfg = config_for(&provider.url());
+    cfg.compaction
+        .context_windows
+        .insert("gpt-5".to_owned(), 8000);
+    cfg
+}
+
+/// A conversation of a few requests that starts with a long document: over the
+/// threshold early, with little ahead of it.
+fn opening(words: usize) -> Vec<Value> {
+    vec![
+        json!({"role": "system", "content": "You are a careful reviewer."}),
+        json!({"role": "user", "content": format!(
+            "Review this design document. {}",
+            "The service keeps its queue in Redis and retries a failed job three times. ".repeat(words)
+        )}),
+    ]
+}
+
+/// Sends `messages` once; the answer's compaction header, reason and reply.
+async fn send(proxy: &Proxy, messages: &[Value]) -> (bool, Option<String>, Value) {
+    let answer = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .bearer_auth("sk-cost")
+        .json(&json!({"model": "gpt-5", "messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let compacted = answer.headers()["x-abridge-compacted"] == "true";
+    let reason = answer
+        .headers()
+        .get("x-abridge-reason")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body: Value = answer.json().await.unwrap();
+    (compacted, reason, body["choices"][0]["message"].clone())
+}
+
+/// One turn: the client's message, the answer appended; what abridge said of it.
+async fn turn(proxy: &Proxy, messages: &mut Vec<Value>, n: usize) -> (bool, Option<String>) {
+    messages.push(json!({"role": "user", "content": format!("Question {n}: what fails first?")}));
+    let (compacted, reason, reply) = send(proxy, messages).await;
+    messages.push(reply);
+    crate::common::agent::idle(proxy).await;
+    (compacted, reason)
+}
+
+#[tokio::test]
+async fn over_the_threshold_with_little_ahead_it_is_left_alone_until_the_window_needs_it() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let proxy = Proxy::start_with(config(&provider)).await;
+    let mut messages = opening(300);
+    let (compacted, reason) = turn(&proxy, &mut messages, 1).await;
+    assert!(
+        !compacted && reason.is_none(),
+        "under the threshold: {reason:?}"
+    );
+    // ~6,500 tokens: over the threshold, three requests made. Compacting would write a
+    // new prefix at the input price to save a tenth of it on the few requests ahead.
+    messages.push(json!({"role": "user", "content": format!(
+        "More of it: {}", "Each retry waits twice as long as the one before it. ".repeat(40)
+    )}));
+    let (compacted, reason, reply) = send(&proxy, &messages).await;
+    messages.push(reply);
+    assert!(!compacted, "not worth it");
+    assert_eq!(reason.as_deref(), Some("not-worth-it"));
+    assert!(proxy.stats().not_worth_it >= 1);
+    // Grown to the window's edge: compacted whatever it costs.
+    let mut n = 2;
+    let reason = loop {
+        n += 1;
+        assert!(n < 40, "never compacted");
+        messages.push(json!({"role": "user", "content": format!(
+            "Part {n}: {}", "The dead-letter queue keeps what failed three times. ".repeat(12)
+        )}));
+        let (compacted, reason, reply) = send(&proxy, &messages).await;
+        messages.push(reply);
+        if compacted {
+            break reason;
+        }
+        assert_eq!(reason.as_deref(), Some("not-worth-it"), "part {n}");
+    };
+    assert_eq!(reason.as_deref(), Some("window"));
+}
+
+#[tokio::test]
+async fn a_conversation_resumed_after_its_cache_expired_is_compacted() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider);
+    cfg.compaction.cache_ttl_ms = 500;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut messages = opening(300);
+    turn(&proxy, &mut messages, 1).await;
+    messages.push(json!({"role": "user", "content": format!(
+        "More of it: {}", "Each retry waits twice as long as the one before it. ".repeat(40)
+    )}));
+    let (compacted, reason, reply) = send(&proxy, &messages).await;
+    assert_eq!(
+        (compacted, reason.as_deref()),
+        (false, Some("not-worth-it"))
+    );
+    messages.push(reply);
+    // The user comes back after the cache has gone: the whole prefix is paid for again
+    // either way, so compacting costs nearly nothing more.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (compacted, reason) = turn(&proxy, &mut messages, 3).await;
+    assert!(compacted, "{reason:?}");
+    assert_eq!(reason.as_deref(), Some("cache-cold"));
+}
+
+#[tokio::test]
+async fn an_operators_threshold_is_a_bound_compacted_whatever_it_costs() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider);
+    cfg.compaction.threshold_tokens = 6000;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut messages = opening(300);
+    turn(&proxy, &mut messages, 1).await;
+    messages.push(json!({"role": "user", "content": format!(
+        "More of it: {}", "Each retry waits twice as long as the one before it. ".repeat(40)
+    )}));
+    let (compacted, reason, _) = send(&proxy, &messages).await;
+    assert!(compacted);
+    assert_eq!(reason.as_deref(), Some("threshold"));
+}
+
+#[tokio::test]
+async fn the_size_policy_compacts_as_before_and_says_nothing_of_cost() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider);
+    cfg.compaction.policy = abridge::config::Policy::Size;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut messages = opening(300);
+    turn(&proxy, &mut messages, 1).await;
+    messages.push(json!({"role": "user", "content": format!(
+        "More of it: {}", "Each retry waits twice as long as the one before it. ".repeat(40)
+    )}));
+    let (compacted, reason, _) = send(&proxy, &messages).await;
+    assert!(compacted);
+    assert_eq!(reason, None);
+}
