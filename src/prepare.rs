@@ -60,6 +60,7 @@ impl Prepared {
             provider: self.provider,
             payer: self.identified.as_ref().map(|i| i.payer),
             size: self.request.body().len(),
+            body: self.request.body(),
             format: self.request.format(),
             recall_tool: self.recall_tool.is_some(),
         }

@@ -23,7 +23,7 @@ use crate::strategies::CannotCompact;
 
 use super::Compactor;
 use super::build::{Attempt, summary_kind};
-use super::decide::{self, applicable, next_ratio, scaled, unscaled};
+use super::decide::{self, applicable, next_ratio, scaled};
 use super::turn::{Followup, Turn};
 
 /// The queue and who is in it.
@@ -171,6 +171,7 @@ impl Compactor {
         let controls = Controls::default();
         let turn = Turn {
             size: job.request.body().len(),
+            body: job.request.body(),
             format: job.request.format(),
             messages: job.request.items(),
             prefixes: &job.prefixes,
@@ -197,7 +198,8 @@ impl Compactor {
         // Not even the minimal plan fits the target: the minimal plan, if it fits the
         // threshold.
         if let Err(CannotCompact::TooLarge { estimate, .. }) = result
-            && scaled(estimate, ratio) <= self.threshold(job.provider, model, Some(job.payer))
+            && scaled(estimate, ratio) + decide::beside(&turn)
+                <= self.threshold(job.provider, model, Some(job.payer))
         {
             attempt.budget = estimate;
             result = self.compact_now(&turn, attempt).await;
@@ -267,7 +269,7 @@ impl Compactor {
             };
             (
                 ratio,
-                scaled(decide::estimate(turn, deepest, threshold), ratio),
+                scaled(decide::estimate(turn, deepest, threshold), ratio) + decide::beside(turn),
                 decide::with_room(
                     turn,
                     target,
@@ -284,7 +286,7 @@ impl Compactor {
         let attempt = Attempt {
             strategy: job.strategy,
             previous: deepest,
-            budget: unscaled(target, ratio).saturating_sub(decide::added(turn)),
+            budget: decide::items_budget(turn, target, ratio),
             ratio,
             trigger: Trigger::Background,
             real: true,

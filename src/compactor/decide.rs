@@ -185,10 +185,18 @@ fn compaction<'c>(
     let ceiling = ceiling.min(raised_at_most(threshold, growth));
     let budget = with_room(turn, budget, ceiling, decided.ratio);
     Action::Compact {
-        // The strategies plan the messages; the recall tool goes beside them.
-        budget: unscaled(budget, decided.ratio).saturating_sub(added(turn)),
+        // The strategies plan the messages; the recall tool, the tools and the system
+        // prompt go beside them.
+        budget: items_budget(turn, budget, decided.ratio),
         trigger,
     }
+}
+
+/// A compaction's budget for the items (in abridge's estimate) when the request is to
+/// come to `budget` (the provider's count): what is left beside the recall tool and what
+/// the request carries besides its items.
+pub fn items_budget(turn: &Turn<'_, '_>, budget: u64, ratio: f64) -> u64 {
+    unscaled(budget.saturating_sub(beside(turn)), ratio).saturating_sub(added(turn))
 }
 
 /// Under the cost policy, where a compaction aims: `compaction.target_ratio` of the
@@ -239,15 +247,8 @@ fn weigh(
         return (None, false);
     }
     // What the request carries besides its items (tools, a `system` or `instructions`
-    // field): the provider's count less abridge's estimate of the items as forwarded. It
-    // stays whatever a compaction does.
-    let items = forwarded_estimate(
-        &Estimator::approx(),
-        turn.format,
-        turn.messages,
-        decided.active,
-    );
-    let beside = prompt.saturating_sub(items);
+    // field): it stays whatever a compaction does.
+    let beside = beside(turn);
     let head = beside + decided.head_tokens;
     // The first compaction adds the recall tool, and the tools lead the cached prefix:
     // nothing of the old prefix stays cached.
@@ -264,7 +265,11 @@ fn weigh(
     };
     // Where it can get: no lower than what every plan keeps (the head, the final turn,
     // room for a summary or index).
-    let floor = beside + essential(turn) + added(turn) + REPLACEMENT_FLOOR;
+    let floor = beside
+        + scaled(
+            essential(turn) + added(turn) + REPLACEMENT_FLOOR,
+            decided.ratio,
+        );
     let target = deep(config, threshold, decided.growth).max(floor);
     let summary = |prompt: u64| match e.summarises {
         true => cost::Summary {
@@ -325,7 +330,7 @@ fn prepared<'c>(
         .copied()
         .filter(|c| active.is_none_or(|a| c.through > a.through))
         .find_map(|candidate| {
-            let estimate = scaled(estimate(turn, Some(candidate), threshold), ratio);
+            let estimate = scaled(estimate(turn, Some(candidate), threshold), ratio) + beside(turn);
             (estimate <= reach).then_some(Action::Apply {
                 checkpoint: candidate,
                 estimate,
@@ -338,7 +343,7 @@ fn prepared<'c>(
 /// threshold, and [`raised_at_most`]): a fast-growing history on a small window must
 /// not aim so low that no summary or index fits.
 pub fn with_room(turn: &Turn<'_, '_>, budget: u64, ceiling: u64, ratio: f64) -> u64 {
-    let floor = scaled(essential(turn) + added(turn) + REPLACEMENT_FLOOR, ratio);
+    let floor = scaled(essential(turn) + added(turn) + REPLACEMENT_FLOOR, ratio) + beside(turn);
     budget.max(floor.min(ceiling))
 }
 
@@ -429,10 +434,28 @@ pub fn predict(
         }
     }
     Prediction {
-        tokens: estimate(turn, applied, threshold),
+        tokens: estimate(turn, applied, threshold) + beside(turn),
         head,
         appended: 0,
     }
+}
+
+/// abridge's estimate of what `turn`'s request carries besides its items — tools, a
+/// `system` or `instructions` field (an agent's are ~20 K tokens) — which no compaction
+/// changes: the body's estimate less its items'. Linear in the body; worked out only
+/// where a compaction is weighed or planned. Taken as the provider counts it (text and
+/// schemas, which the estimate is calibrated on) and kept apart from the items: the
+/// provider's count over abridge's estimate of the items (the calibration) is not
+/// inflated by it, and a compaction's budget for the items is what the target leaves
+/// beside it.
+pub fn beside(turn: &Turn<'_, '_>) -> u64 {
+    let body = std::str::from_utf8(turn.body).map_or(0, crate::tokens::approx_text);
+    let items: u64 = turn
+        .messages
+        .iter()
+        .map(|m| crate::tokens::approx_text(m.raw.get()))
+        .sum();
+    body.saturating_sub(items)
 }
 
 /// Estimated prompt tokens of the forwarded view with `applied` applied. Cheap
@@ -491,10 +514,12 @@ pub fn calibration(turn: &Turn<'_, '_>, usage: Option<&Usage>, active: Option<&C
     let estimator = Estimator::for_model_ready(turn.model);
     let estimate = forwarded_estimate(&estimator, turn.format, &turn.messages[..n], active)
         + active.map_or(0, |_| added(turn));
-    if estimate == 0 || u.tokens == 0 {
+    // What the request carries besides its items is counted as it is (see [`beside`]).
+    let items = u.tokens.saturating_sub(beside(turn));
+    if estimate == 0 || items == 0 {
         return 1.0;
     }
-    (u.tokens as f64 / estimate as f64).clamp(0.5, 4.0)
+    (items as f64 / estimate as f64).clamp(0.5, 4.0)
 }
 
 /// Tokens a history grows by per turn: what this request added to the last report

@@ -86,6 +86,7 @@ fn a_compaction_aims_lower_by_the_recall_tool_it_adds() {
         provider: Default::default(),
         payer: None,
         size: body.len(),
+        body: body.as_bytes(),
         format: Format::Chat,
         recall_tool,
     };
@@ -144,4 +145,55 @@ fn the_ratio_follows_what_the_provider_counts_for_appended_turns() {
     );
     // Clamped.
     assert_eq!(next_ratio(Some((0, 4000, None)), None, 100, 100_000), 4000);
+}
+
+/// What a request carries besides its items (an agent's tools and system prompt, ~20 K
+/// tokens) is no part of what the strategies can condense: the calibration does not
+/// count it as the items' density, and a compaction's budget for the items is what the
+/// target leaves beside it.
+#[test]
+fn the_tools_and_system_prompt_stay_beside_the_items_budget() {
+    let tools: Vec<serde_json::Value> = (0..40)
+        .map(|n| {
+            serde_json::json!({"type": "function", "function": {"name": format!("tool_{n}"),
+            "description": "Reads the named file and returns its lines with numbers. ".repeat(8),
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}})
+        })
+        .collect();
+    let messages = vec![
+        serde_json::json!({"role": "system", "content": "Be brief."}),
+        serde_json::json!({"role": "user", "content": "Fix the build."}),
+    ];
+    let body = serde_json::json!({"model": "m", "messages": messages, "tools": tools}).to_string();
+    let parsed = crate::formats::chat::parse(body.as_bytes()).unwrap();
+    let (controls, credentials) = (Default::default(), Default::default());
+    let turn = Turn {
+        messages: &parsed.messages,
+        prefixes: &[],
+        conversation: None,
+        loaded: None,
+        controls: &controls,
+        model: "m",
+        deployment: None,
+        credentials: &credentials,
+        provider: Default::default(),
+        payer: None,
+        size: body.len(),
+        body: body.as_bytes(),
+        format: Format::Chat,
+        recall_tool: false,
+    };
+    let beside = beside(&turn);
+    let tools_alone = crate::tokens::approx_text(&serde_json::to_string(&tools).unwrap());
+    assert!(
+        beside.abs_diff(tools_alone) < 20,
+        "{beside} against {tools_alone}"
+    );
+    // A request aiming at 3,000 tokens more than what it carries besides its items: the
+    // items get those (at a provider's count of twice the estimate, half as many).
+    assert_eq!(items_budget(&turn, beside + 3_000, 1.0), 3_000);
+    assert_eq!(items_budget(&turn, beside + 3_000, 2.0), 1_500);
+    // Without a report, the prediction counts it.
+    let (usage, active) = (None, None);
+    assert!(predict(&turn, usage, active, 100_000).tokens > beside);
 }

@@ -325,7 +325,7 @@ impl Compactor {
         let dry = reason == Reason::Preview;
         let mut result = self.compact_now(turn, attempt).await;
         if let Err(CannotCompact::TooLarge { estimate, .. }) = result {
-            let sent_as = scaled(estimate + decide::added(turn), ratio);
+            let sent_as = scaled(estimate + decide::added(turn), ratio) + decide::beside(turn);
             let fits = match reason {
                 Reason::Overflow { sent } => sent_as < sent,
                 _ => sent_as <= threshold,
@@ -341,6 +341,7 @@ impl Compactor {
                 let permit = self.cpu.permit_for(turn.size).await;
                 let estimate = self.cpu.run_with(&permit, || {
                     scaled(decide::estimate(turn, Some(&checkpoint), threshold), ratio)
+                        + decide::beside(turn)
                 });
                 drop(permit);
                 if observe {
@@ -373,7 +374,7 @@ impl Compactor {
                 self.use_checkpoint(decision, active, (decided.predicted, ratio), dry);
                 decision.report.add_note(format!(
                     "not compacted: the leading system messages and the final turn alone are about {} tokens, over the threshold of {threshold} ({}); forwarded as it was",
-                    scaled(estimate, ratio),
+                    scaled(estimate, ratio) + decide::beside(turn),
                     case.why()
                 ));
             }
@@ -417,7 +418,7 @@ impl Compactor {
         let estimate = scaled(
             decide::estimate(turn, Some(deepest), decided.threshold),
             ratio,
-        );
+        ) + decide::beside(turn);
         self.use_checkpoint(decision, Some(deepest), (estimate, ratio), dry);
         decision
             .report

@@ -37,6 +37,9 @@ pub struct Turn<'t, 'a> {
     pub payer: Option<Fingerprint>,
     /// Bytes of the request body: how heavy its estimates and compaction are.
     pub size: usize,
+    /// The request body, for what it carries besides its items (see
+    /// `decide::beside`).
+    pub body: &'t [u8],
     /// The wire format the request came in.
     pub format: Format,
     /// A compacted request gets the recall tool, which the provider counts: compactions
