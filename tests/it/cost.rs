@@ -2,8 +2,10 @@
 //! proxy, against the fake provider with its prompt cache (OpenAI's automatic prefix
 //! caching on chat): a conversation over its threshold with little ahead of it is left
 //! alone and told why; the window compacts it whatever it costs; a conversation resumed
-//! after its cache expired is compacted, since that costs nearly nothing more; and an
-//! operator's own threshold is a bound, compacted whatever it costs.
+//! after its cache expired is compacted, since that costs nearly nothing more; an
+//! operator's own threshold is a bound, compacted whatever it costs; and a long agent
+//! session costs less through abridge than sent as it is (15 % less when written,
+//! priced from the fake's own usage reports).
 
 use std::time::Duration;
 
@@ -157,4 +159,81 @@ async fn the_size_policy_compacts_as_before_and_says_nothing_of_cost() {
     let (compacted, reason, _) = send(&proxy, &messages).await;
     assert!(compacted);
     assert_eq!(reason, None);
+}
+
+/// What a provider's `usage` (chat) costs at gpt-5's list price (abridge's built-in:
+/// $1.25 input, $0.125 cached, $10 output a million tokens), in millionths of a dollar.
+fn gpt5_priced(usage: &Value) -> f64 {
+    let n = |v: &Value| v.as_u64().unwrap_or(0) as f64;
+    let (prompt, hit) = (
+        n(&usage["prompt_tokens"]),
+        n(&usage["prompt_tokens_details"]["cached_tokens"]),
+    );
+    (prompt - hit) * 1.25 + hit * 0.125 + n(&usage["completion_tokens"]) * 10.0
+}
+
+/// An agent's long session on a 16,000-token window (gpt-5 priced; the fake caches as
+/// OpenAI does): through abridge it costs less than the same requests sent straight to
+/// the provider, compactions and all, and no request fails.
+#[tokio::test]
+async fn a_long_agent_session_costs_less_through_abridge_than_sent_as_it_is() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config_for(&provider.url());
+    cfg.compaction
+        .context_windows
+        .insert("gpt-5".to_owned(), 16_000);
+    let proxy = Proxy::start_with(cfg).await;
+    let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
+    let mut sent = Vec::new();
+    for n in 1..=60 {
+        messages.push(json!({"role": "user", "content": format!(
+            "Step {n}: read src/module_{n}.rs and say what it does. {}",
+            "The module parses the configuration and checks every key. ".repeat(40)
+        )}));
+        let body = json!({"model": "gpt-5", "messages": messages});
+        sent.push(body.clone());
+        let answer = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth("sk-long")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "step {n}");
+        let reply: Value = answer.json().await.unwrap();
+        messages.push(reply["choices"][0]["message"].clone());
+        crate::common::agent::idle(&proxy).await;
+    }
+    let through: f64 = provider
+        .reports()
+        .iter()
+        .map(|r| gpt5_priced(&r.usage))
+        .sum();
+    let direct_provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    for body in &sent {
+        let status = client()
+            .post(format!("{}/chat/completions", direct_provider.url()))
+            .bearer_auth("sk-long")
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 200);
+    }
+    let direct: f64 = direct_provider
+        .reports()
+        .iter()
+        .map(|r| gpt5_priced(&r.usage))
+        .sum();
+    eprintln!(
+        "through {through:.0} direct {direct:.0} ({:+.1} %), decisions {:?}",
+        100.0 * (direct - through) / direct,
+        proxy.stats().not_worth_it
+    );
+    assert!(proxy.stats().compactions_total() >= 1);
+    assert!(
+        through < direct,
+        "through abridge {through:.0} µ$, sent as it is {direct:.0} µ$"
+    );
 }
