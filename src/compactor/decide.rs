@@ -443,8 +443,10 @@ pub fn predict(
 /// abridge's estimate of what `turn`'s request carries besides its items — tools, a
 /// `system` or `instructions` field (an agent's are ~20 K tokens) — which no compaction
 /// changes: the body's estimate less its items'. Linear in the body; worked out only
-/// where a compaction is weighed or planned. Taken as the provider counts it (text and
-/// schemas, which the estimate is calibrated on) and kept apart from the items: the
+/// where a compaction is weighed or planned; never more than the provider's count of
+/// the history's last request leaves beside its items. Taken as the provider counts it
+/// (text and schemas, which the estimate is calibrated on) and kept apart from the
+/// items: the
 /// provider's count over abridge's estimate of the items (the calibration) is not
 /// inflated by it, and a compaction's budget for the items is what the target leaves
 /// beside it.
@@ -455,7 +457,33 @@ pub fn beside(turn: &Turn<'_, '_>) -> u64 {
         .iter()
         .map(|m| crate::tokens::approx_text(m.raw.get()))
         .sum();
-    body.saturating_sub(items)
+    let estimated = body.saturating_sub(items);
+    // Never more than the provider's own count of this history's last request leaves
+    // beside its items (a server that does not count tools, say).
+    let Some((loaded, u)) = turn
+        .loaded
+        .and_then(|l| Some((l, l.usage_for(turn.prefixes)?)))
+    else {
+        return estimated;
+    };
+    let applied = u.applied.map(|through| {
+        loaded
+            .all_matching(turn.prefixes)
+            .find(|c| c.through == through)
+    });
+    let applied = match applied {
+        Some(None) => return estimated,
+        Some(Some(c)) => Some(c),
+        None => None,
+    };
+    let n = (u.messages as usize).min(turn.messages.len());
+    let forwarded = forwarded_estimate(
+        &Estimator::approx(),
+        turn.format,
+        &turn.messages[..n],
+        applied,
+    ) + applied.map_or(0, |_| added(turn));
+    estimated.min(u.tokens.saturating_sub(forwarded))
 }
 
 /// Estimated prompt tokens of the forwarded view with `applied` applied. Cheap

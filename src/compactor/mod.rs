@@ -45,6 +45,9 @@ use crate::strategies::{CannotCompact, Settings, Strategy};
 use crate::tenants::{self, Tenants};
 use crate::windows::Windows;
 
+/// `x-abridge-reason` of a compaction by size for a model without a price.
+const SIZE_NO_PRICE: &str = "size-no-price";
+
 use background::Background;
 use build::Attempt;
 use decide::{Action, Decided, scaled};
@@ -186,6 +189,10 @@ impl Compactor {
                 Box::pin(self.compact(turn, &decided, reason, attempt, &mut decision)).await;
             }
         }
+        // Said only of a compaction by size that happened.
+        if !decision.report.compacted && decision.report.reason == Some(SIZE_NO_PRICE) {
+            decision.report.reason = None;
+        }
         decision
     }
 
@@ -233,7 +240,7 @@ impl Compactor {
         }
         let Some(price) = self.prices.of(turn.model) else {
             // Said when it matters: a compaction by size.
-            report.reason = Some("size-no-price");
+            report.reason = Some(SIZE_NO_PRICE);
             return None;
         };
         Some(decide::Economics {
