@@ -4,6 +4,10 @@
 //! rewrite → forward (→ retry without what abridge added, if the provider refused it →
 //! compact-and-retry, if it said the prompt is too long) → relay → record.
 //!
+//! Where abridge serves the provider compaction APIs ([`crate::provider_apis`]), a
+//! Responses body is first handed to them: answered there (Codex's compaction trigger)
+//! or its `compaction` items expanded into their summaries before it is prepared.
+//!
 //! A request whose state lives on the provider (a Responses `previous_response_id`, …)
 //! or that asks for the provider's own compaction is forwarded untouched whatever the
 //! headers say, and the client is told why. abridge's own errors answer in the route's
@@ -26,6 +30,7 @@ use crate::formats::{Format, Request as Conversation};
 use crate::headers::{self, Credentials};
 use crate::ingress;
 use crate::prepare::{Prepared, prepare};
+use crate::provider_apis::{self, Before};
 use crate::relay::Watch;
 use crate::state::AppState;
 use crate::stats::Route;
@@ -80,16 +85,11 @@ async fn stages(
         .upstream()
         .route(&parts.method, &parts.uri, &parts.headers)?;
 
-    // ingress: the one body abridge reads whole, bounded.
-    let (body, held) = ingress::read_body(
-        body,
-        &parts.headers,
-        state.config().limits.max_body_bytes,
-        state.config().timeouts.client_body(),
-        state.body_budget(),
-    )
-    .await?;
-    exchange.held = Some(held);
+    // ingress, and the provider compaction APIs abridge serves.
+    let (body, served) = match read(state, &parts, body, format, exchange).await? {
+        Before::Forward(body, note) => (body, note),
+        Before::Answer(response) => return Ok(response),
+    };
     // The credentials as the provider will see them (hop-by-hop headers gone).
     let credentials = Credentials::from_headers(
         &parts.headers,
@@ -110,19 +110,23 @@ async fn stages(
         Ok(prepared) => prepared,
         Err((body, reason)) => {
             tracing::debug!(%reason, "forwarding a body abridge does not understand untouched");
-            let note = "request body not understood: forwarded untouched";
-            return untouched(state, (&parts, &target), body, note, exchange).await;
+            let note = with(served, "request body not understood: forwarded untouched");
+            return untouched(state, (&parts, &target), body, &note, exchange).await;
         }
     };
     if let Some(note) = prepared.request.untouchable() {
         let body = prepared.request.body().clone();
-        return untouched(state, (&parts, &target), body, note, exchange).await;
+        let note = with(served, note);
+        return untouched(state, (&parts, &target), body, &note, exchange).await;
     }
     let turn = prepared.turn();
     ask_window(state, &turn);
 
     // plan → rewrite → forward, with its retries.
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
+    if let Some(note) = served {
+        decision.report.add_note(note);
+    }
     let (mut upstream, watch, recalling) = forward(
         state,
         &turn,
@@ -174,6 +178,32 @@ fn relay(
         (followup, billing),
         exchange,
     )
+}
+
+/// ingress: the one body abridge reads whole, bounded; then handed to the provider
+/// compaction APIs abridge serves, which answer it here or expand their items in it.
+async fn read(
+    state: &AppState,
+    parts: &Parts,
+    body: axum::body::Body,
+    format: Format,
+    exchange: &mut Exchange,
+) -> Result<Before, Error> {
+    let (body, held) = ingress::read_body(
+        body,
+        &parts.headers,
+        state.config().limits.max_body_bytes,
+        state.config().timeouts.client_body(),
+        state.body_budget(),
+    )
+    .await?;
+    exchange.held = Some(held);
+    Ok(provider_apis::before(state, format, body).await)
+}
+
+/// `note` after what the provider compaction APIs said, if anything.
+fn with(served: Option<&str>, note: &str) -> String {
+    served.map_or_else(|| note.to_owned(), |served| format!("{served}; {note}"))
 }
 
 /// For a model whose window abridge does not know, asks its server in the background
