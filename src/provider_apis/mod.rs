@@ -15,6 +15,7 @@ mod answer;
 mod compacted;
 pub mod sealed;
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Request, State};
@@ -25,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{Config, ProviderCompaction, UpstreamBase};
 use crate::error::{Error, Shape};
-use crate::formats::Format;
+use crate::formats;
 use crate::formats::responses::{self, Parsed};
 use crate::identity::IdentityKey;
 use crate::ingress;
@@ -64,36 +65,44 @@ fn has_them(base: &UpstreamBase) -> bool {
         })
 }
 
-/// What the conversation handler does with a Responses body.
+/// What the conversation handler does with a parsed request.
 pub enum Before {
-    /// Goes on: the client's bytes, or with its compaction items expanded; and a note
-    /// for the client.
-    Forward(Bytes, Option<&'static str>),
+    /// Goes on as parsed (nothing of the compaction APIs in it, or abridge does not
+    /// serve them), with a note for the client.
+    Go(Arc<formats::Request>, Option<&'static str>),
+    /// Goes on as these bytes, its compaction items expanded (parsed by the caller: they
+    /// are a new body), with a note.
+    Expanded(Bytes, Option<&'static str>),
     /// abridge answered it (a compaction trigger, or its refusal).
     Answer(Response),
 }
 
-/// The body of a `/v1/responses` request, before it is prepared: unchanged unless
-/// abridge serves the compaction APIs and it carries their items (a cheap byte search
-/// tells; only then is it parsed here, and the expanded body again by the handler).
-pub async fn before(state: &AppState, format: Format, body: Bytes) -> Before {
-    if format != Format::Responses
-        || !serves(state.config())
-        || memchr::memmem::find(&body, b"\"compaction").is_none()
-    {
-        return Before::Forward(body, None);
+/// A parsed `/v1/responses` request, before it is identified: as it is, unless abridge
+/// serves the compaction APIs and it carries their items (a byte search tells cheaply);
+/// the work runs off the async workers, as the parse did.
+pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before {
+    let formats::Request::Responses(responses) = &*request else {
+        return Before::Go(request, None);
+    };
+    let body = responses.body();
+    if !serves(state.config()) || memchr::memmem::find(body, b"\"compaction").is_none() {
+        return Before::Go(request, None);
+    }
+    let parsed = responses.parsed();
+    if on_provider(parsed) {
+        return Before::Go(request, None);
     }
     let key = state.identity_key().await;
     let role = state.config().strategies.summary_role;
-    let outcome = match responses::parse(&body) {
-        Ok(parsed) if !on_provider(&parsed) => decide(key.as_deref(), (&body, &parsed), role),
-        _ => None,
-    };
+    let permit = state.cpu().permit_for(body.len()).await;
+    let outcome = state
+        .cpu()
+        .run_with(&permit, || decide(key.as_deref(), (body, parsed), role));
     match outcome {
-        None => Before::Forward(body, None),
+        None => Before::Go(request, None),
         Some(Outcome::Answer(response)) => Before::Answer(response),
-        Some(Outcome::Expanded(expanded, note)) => Before::Forward(expanded, note),
-        Some(Outcome::Untouched(note)) => Before::Forward(body, Some(note)),
+        Some(Outcome::Expanded(expanded, note)) => Before::Expanded(expanded, note),
+        Some(Outcome::Untouched(note)) => Before::Go(request, Some(note)),
     }
 }
 

@@ -29,7 +29,7 @@ use crate::error::{Error, Shape};
 use crate::formats::{Format, Request as Conversation};
 use crate::headers::{self, Credentials};
 use crate::ingress;
-use crate::prepare::{Prepared, prepare};
+use crate::prepare::{Prepared, parse, prepare_parsed};
 use crate::provider_apis::{self, Before};
 use crate::relay::Watch;
 use crate::state::AppState;
@@ -85,10 +85,14 @@ async fn stages(
         .upstream()
         .route(&parts.method, &parts.uri, &parts.headers)?;
 
-    // ingress, and the provider compaction APIs abridge serves.
-    let (body, served) = match read(state, &parts, body, format, exchange).await? {
-        Before::Forward(body, note) => (body, note),
-        Before::Answer(response) => return Ok(response),
+    // ingress → parse, and the provider compaction APIs abridge serves.
+    let (request, served) = match read(state, &parts, body, format, exchange).await? {
+        Read::Parsed(request, note) => (request, note),
+        Read::Answer(response) => return Ok(response),
+        Read::Unparsed(body, note) => {
+            let note = with(note, "request body not understood: forwarded untouched");
+            return untouched(state, (&parts, &target), body, &note, exchange).await;
+        }
     };
     // The credentials as the provider will see them (hop-by-hop headers gone).
     let credentials = Credentials::from_headers(
@@ -96,24 +100,16 @@ async fn stages(
         state.config().identity.tenant_headers.iter().map(|h| &h.0),
     );
 
-    // prepare: a body abridge does not understand goes untouched.
+    // prepare: identify, load; a request left to the provider goes untouched.
     let deployment = Deployment::of(parts.uri.path(), parts.uri.query());
-    let prepared = match prepare(
+    let prepared = prepare_parsed(
         state,
         Reason::Request,
         (controls, credentials),
-        (format, body),
+        request,
         (deployment, provider),
     )
-    .await
-    {
-        Ok(prepared) => prepared,
-        Err((body, reason)) => {
-            tracing::debug!(%reason, "forwarding a body abridge does not understand untouched");
-            let note = with(served, "request body not understood: forwarded untouched");
-            return untouched(state, (&parts, &target), body, &note, exchange).await;
-        }
-    };
+    .await;
     if let Some(note) = prepared.request.untouchable() {
         let body = prepared.request.body().clone();
         let note = with(served, note);
@@ -180,15 +176,25 @@ fn relay(
     )
 }
 
-/// ingress: the one body abridge reads whole, bounded; then handed to the provider
-/// compaction APIs abridge serves, which answer it here or expand their items in it.
+/// What the read stages make of a body.
+enum Read {
+    Parsed(Arc<Conversation>, Option<&'static str>),
+    /// Not understood: forwarded untouched.
+    Unparsed(Bytes, Option<&'static str>),
+    /// Answered by abridge (see [`crate::provider_apis`]).
+    Answer(Response),
+}
+
+/// ingress: the one body abridge reads whole, bounded; parse (once); then the provider
+/// compaction APIs abridge serves, which answer it here or expand their items (a new
+/// body, parsed once in turn).
 async fn read(
     state: &AppState,
     parts: &Parts,
     body: axum::body::Body,
     format: Format,
     exchange: &mut Exchange,
-) -> Result<Before, Error> {
+) -> Result<Read, Error> {
     let (body, held) = ingress::read_body(
         body,
         &parts.headers,
@@ -198,7 +204,22 @@ async fn read(
     )
     .await?;
     exchange.held = Some(held);
-    Ok(provider_apis::before(state, format, body).await)
+    let parsed = |body| parse(state, Reason::Request, format, body);
+    let request = match parsed(body).await {
+        Ok(request) => request,
+        Err((body, reason)) => {
+            tracing::debug!(%reason, "forwarding a body abridge does not understand untouched");
+            return Ok(Read::Unparsed(body, None));
+        }
+    };
+    Ok(match provider_apis::before(state, request).await {
+        Before::Go(request, note) => Read::Parsed(request, note),
+        Before::Answer(response) => Read::Answer(response),
+        Before::Expanded(body, note) => match parsed(body).await {
+            Ok(request) => Read::Parsed(request, note),
+            Err((body, _)) => Read::Unparsed(body, note),
+        },
+    })
 }
 
 /// `note` after what the provider compaction APIs said, if anything.
