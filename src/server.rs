@@ -22,7 +22,7 @@ pub fn router(state: AppState) -> Router {
     let responses = || post(proxy::responses).fallback(proxy::passthrough);
     let mut router = Router::new();
     if provider_apis::serves(state.config()) {
-        let compact = || post(provider_apis::compact).fallback(proxy::passthrough);
+        let compact = || post(proxy::compact).fallback(proxy::passthrough);
         router = router
             .route("/v1/responses/compact", compact())
             .route("/openai/v1/responses/compact", compact());

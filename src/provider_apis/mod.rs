@@ -8,8 +8,9 @@
 //! the identity secret, readable by every replica and after a restart) — and expands
 //! such an item into its summary before a later request goes on ([`before`]).
 //!
-//! Calls from the request path: the router adds [`compact`] when serving; the
-//! conversation handler calls [`before`] on a Responses body before it is prepared.
+//! Calls from the request path: the proxy's `/responses/compact` handler (routed only
+//! when serving) calls [`compact`]; the conversation handler calls [`before`] on a
+//! parsed Responses request before it is identified.
 
 mod answer;
 mod compacted;
@@ -18,7 +19,7 @@ pub mod sealed;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
@@ -219,14 +220,9 @@ fn respond(body: Bytes, kind: &'static str, note: Option<&str>) -> Response {
 
 /// `POST /v1/responses/compact` (and Azure's v1 spelling), when abridge serves it:
 /// the user messages of the input (the newest within a budget) and one `compaction`
-/// item, as OpenAI answers it. Nothing is forwarded.
-pub async fn compact(State(state): State<AppState>, request: Request) -> Response {
-    compact_stages(&state, request)
-        .await
-        .unwrap_or_else(|e| e.response_in(Shape::OpenAi))
-}
-
-async fn compact_stages(state: &AppState, request: Request) -> Result<Response, Error> {
+/// item, as OpenAI answers it. Nothing is forwarded. abridge's errors are the caller's
+/// to shape (OpenAI's).
+pub async fn compact(state: &AppState, request: Request) -> Result<Response, Error> {
     let (parts, body) = request.into_parts();
     let config = state.config();
     let (body, _held) = ingress::read_body(

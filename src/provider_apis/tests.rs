@@ -130,3 +130,49 @@ fn openai_and_azure_hosts_have_the_apis() {
     config.upstream = "https://api.openai.com/v1".parse().unwrap();
     assert!(serves(&config));
 }
+
+#[test]
+fn a_second_compaction_starts_from_the_first() {
+    let mut input = history();
+    input.push(json!({"type": "compaction_trigger"}));
+    let first = item_of(run(&json!({"model": "m", "input": input})));
+    let input = json!([
+        history()[0], user("Fix the parser in src/parse.rs"), first,
+        user("Now write docs/parser.md"),
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Written."}]},
+        {"type": "additional_tools", "tools": []},
+        {"type": "compaction_trigger"},
+    ]);
+    let second = item_of(run(&json!({"model": "m", "input": input, "stream": false})));
+    let token = second["encrypted_content"].as_str().unwrap();
+    let opened = sealed::open(&key(), token).unwrap();
+    assert!(opened.summary.contains("Earlier, as compacted before"));
+    assert!(
+        opened.summary.contains("src/parse.rs"),
+        "{}",
+        opened.summary
+    );
+    assert!(
+        opened.summary.contains("docs/parser.md"),
+        "{}",
+        opened.summary
+    );
+    // The first item's 5, and the 4 conversation items around it (not the item, the
+    // request-scoped tools or the trigger).
+    assert_eq!(opened.items, 5 + 4);
+}
+
+#[test]
+fn compact_keeps_the_newest_user_messages_within_the_budget() {
+    let body = Bytes::from(
+        json!({"model": "m", "input": [user(&"old ".repeat(400)), user("middle"), user("new")]})
+            .to_string(),
+    );
+    let parsed = responses::parse(&body).unwrap();
+    let kinds = compacted::kinds(&parsed.items);
+    let all = compacted::kept_users(&parsed.items, &kinds, 10_000);
+    assert_eq!(all.len(), 3);
+    let kept = compacted::kept_users(&parsed.items, &kinds, 100);
+    let kept: Vec<&str> = kept.iter().map(|r| r.get()).collect();
+    assert_eq!(kept, [parsed.raw_items[1].get(), parsed.raw_items[2].get()]);
+}

@@ -53,6 +53,17 @@ pub async fn messages(State(state): State<AppState>, request: Request) -> Respon
     conversation(&state, request, Format::Messages, Route::Messages).await
 }
 
+/// `POST /v1/responses/compact`, routed only where abridge serves OpenAI's compaction
+/// APIs: answered by [`crate::provider_apis::compact`], nothing forwarded.
+pub async fn compact(State(state): State<AppState>, request: Request) -> Response {
+    let exchange = Exchange::start(&state);
+    let response = provider_apis::compact(&state, request)
+        .await
+        .unwrap_or_else(|e| e.response_in(Shape::OpenAi));
+    exchange.finish(&state, Route::Responses, &response);
+    response
+}
+
 async fn conversation(
     state: &AppState,
     request: Request,
