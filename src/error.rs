@@ -79,6 +79,13 @@ pub enum Error {
     BodyTimeout { after: Duration, key: &'static str },
     #[error("Internal error in abridge: {0}")]
     Internal(String),
+    /// A request abridge answers itself that asks for what cannot be done (the message
+    /// says what, as the provider would).
+    #[error("{message}")]
+    InvalidValue {
+        message: &'static str,
+        param: &'static str,
+    },
 }
 
 impl Error {
@@ -90,7 +97,8 @@ impl Error {
             | Error::BadHeader { .. }
             | Error::BodyTooLarge { .. }
             | Error::ClientBody(_)
-            | Error::BodyTimeout { .. } => Origin::Client,
+            | Error::BodyTimeout { .. }
+            | Error::InvalidValue { .. } => Origin::Client,
             Error::Overloaded(_) => Origin::Internal,
             Error::UpstreamUnreachable(_) | Error::UpstreamTimeout(_) => Origin::Upstream,
             Error::Internal(_) => Origin::Internal,
@@ -100,9 +108,10 @@ impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
             Error::NotFound { .. } | Error::NotAzure { .. } => StatusCode::NOT_FOUND,
-            Error::BadPath | Error::BadHeader { .. } | Error::ClientBody(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Error::BadPath
+            | Error::BadHeader { .. }
+            | Error::ClientBody(_)
+            | Error::InvalidValue { .. } => StatusCode::BAD_REQUEST,
             Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Error::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -122,6 +131,7 @@ impl Error {
             Error::BadHeader { .. } => ("invalid_request_error", "invalid_header"),
             Error::BodyTooLarge { .. } => ("invalid_request_error", "request_too_large"),
             Error::ClientBody(_) => ("invalid_request_error", "invalid_body"),
+            Error::InvalidValue { .. } => ("invalid_request_error", "invalid_value"),
             Error::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
             Error::Overloaded(_) => ("server_error", "overloaded"),
             Error::UpstreamUnreachable(_) => ("upstream_error", "upstream_unreachable"),
@@ -146,6 +156,7 @@ impl Error {
         let (r#type, code) = self.kind();
         let param = match self {
             Error::BadHeader { header, .. } => Some(*header),
+            Error::InvalidValue { param, .. } => Some(*param),
             _ => None,
         };
         let envelope = Envelope {

@@ -206,6 +206,17 @@ impl IdentityKey {
     }
 }
 
+impl IdentityKey {
+    /// A key for `purpose`, derived from the secret (a keyed hash of the framed label):
+    /// what abridge signs its own tokens with, never the secret itself, so every replica
+    /// sharing the secret derives the same key.
+    pub fn derived(&self, purpose: &[u8]) -> [u8; 32] {
+        let mut mac = self.keyed.clone();
+        frame(&mut mac, b'K', purpose);
+        mac.finalize().into_bytes().into()
+    }
+}
+
 impl fmt::Debug for IdentityKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("IdentityKey(*****)")

@@ -13,6 +13,9 @@
 //!   Responses: one handler whatever the format) and pass-through (everything else).
 //! - [`prepare`]   — the stages shared by the handler and the admin preview: parse,
 //!   identify, load.
+//! - [`provider_apis`] — the provider compaction APIs (OpenAI's `/responses/compact`,
+//!   Codex's `compaction_trigger`, `compaction` items) served for an upstream that lacks
+//!   them, with abridge's own signed `compaction` items.
 //! - [`state`]     — [`AppState`] (one `Arc`): configuration, store, compactor, stats.
 //! - [`compactor`] — the plan stage: a pure decision per request, the single-flight
 //!   build, persistence, background pre-compaction, the summariser, overflow recognition.
@@ -104,6 +107,7 @@ pub mod offload;
 pub mod outcome;
 pub mod prepare;
 pub mod prices;
+pub mod provider_apis;
 pub mod proxy;
 pub mod recall;
 pub mod relay;

@@ -104,24 +104,54 @@ pub async fn prepare(
     (format, body): (Format, Bytes),
     (deployment, provider): (Option<Deployment>, Provider),
 ) -> Result<Prepared, (Bytes, Unparseable)> {
+    let request = parse(state, reason, format, body).await?;
+    Ok(prepare_parsed(
+        state,
+        reason,
+        (controls, credentials),
+        request,
+        (deployment, provider),
+    )
+    .await)
+}
+
+/// The parse stage alone (a large body off the async workers): the request, or the body
+/// handed back with the reason it is not understood.
+pub async fn parse(
+    state: &AppState,
+    reason: Reason,
+    format: Format,
+    body: Bytes,
+) -> Result<Arc<Request>, (Bytes, Unparseable)> {
+    let permit = state.cpu().permit_for(body.len()).await;
+    match state
+        .cpu()
+        .run_with(&permit, || Request::parse(format, body))
+    {
+        Ok(request) => Ok(Arc::new(request)),
+        Err(unparsed) => {
+            if reason != Reason::Preview {
+                state.stats().unparseable();
+            }
+            Err(unparsed)
+        }
+    }
+}
+
+/// [`prepare`] after the parse: identifies and loads `request`.
+pub async fn prepare_parsed(
+    state: &AppState,
+    reason: Reason,
+    (controls, credentials): (Controls, Credentials),
+    request: Arc<Request>,
+    (deployment, provider): (Option<Deployment>, Provider),
+) -> Prepared {
     let counted = reason != Reason::Preview;
     let key = state.identity_key().await;
     if key.is_none() && counted {
         state.stats().store_unavailable();
     }
-    let permit = state.cpu().permit_for(body.len()).await;
-    let request = match state
-        .cpu()
-        .run_with(&permit, || Request::parse(format, body))
-    {
-        Ok(request) => Arc::new(request),
-        Err(unparsed) => {
-            if counted {
-                state.stats().unparseable();
-            }
-            return Err(unparsed);
-        }
-    };
+    let permit = state.cpu().permit_for(request.body().len()).await;
     let refused = credentials.is_empty() && state.config().identity.anonymous == Anonymous::None;
     // A request left to the provider (its state lives there) is neither identified nor
     // loaded: nothing of abridge's applies to it.
@@ -152,7 +182,7 @@ pub async fn prepare(
     let note = (refused && key.is_some()).then_some(
         "no credential: forwarded without conversation state (identity.anonymous = none)",
     );
-    Ok(Prepared {
+    Prepared {
         recall_tool: recall_tool(
             state,
             &controls,
@@ -167,7 +197,7 @@ pub async fn prepare(
         identified,
         loaded,
         note,
-    })
+    }
 }
 
 /// The conversation of a request, from its credentials (the tenant), its format, the

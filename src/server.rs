@@ -9,16 +9,25 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::state::AppState;
-use crate::{admin, proxy, serve};
+use crate::{admin, provider_apis, proxy, serve};
 
 /// The proxy's routes: chat completions, Responses and Anthropic Messages are read —
 /// chat completions and Responses also at Azure OpenAI's paths (the v1 base, the classic
 /// deployment path and the classic preview Responses path; see [`crate::azure`]);
-/// everything else (other methods on those paths included) passes through.
+/// everything else (other methods on those paths included) passes through. Where
+/// abridge serves the provider compaction APIs ([`provider_apis::serves`]),
+/// `/responses/compact` is answered too.
 pub fn router(state: AppState) -> Router {
     let chat = || post(proxy::chat).fallback(proxy::passthrough);
     let responses = || post(proxy::responses).fallback(proxy::passthrough);
-    Router::new()
+    let mut router = Router::new();
+    if provider_apis::serves(state.config()) {
+        let compact = || post(proxy::compact).fallback(proxy::passthrough);
+        router = router
+            .route("/v1/responses/compact", compact())
+            .route("/openai/v1/responses/compact", compact());
+    }
+    router
         .route("/v1/chat/completions", chat())
         .route("/openai/v1/chat/completions", chat())
         .route("/openai/deployments/{deployment}/chat/completions", chat())

@@ -26,6 +26,7 @@ use crate::secret::Secret;
 mod compaction;
 mod load;
 mod log;
+mod provider_apis;
 mod recall;
 #[cfg(test)]
 mod tests;
@@ -34,6 +35,7 @@ mod tls;
 pub use compaction::{CompactionConfig, CompactionMode, Policy};
 pub use load::ConfigError;
 pub use log::{LogConfig, LogFilter, LogFormat};
+pub use provider_apis::{Compaction as ProviderCompaction, ProviderApisConfig};
 pub use recall::RecallConfig;
 pub use tls::{PemFile, RedisTls, is_tls_url};
 
@@ -68,6 +70,8 @@ pub struct Config {
     pub strategies: crate::strategies::Settings,
     pub summary: SummaryConfig,
     pub recall: RecallConfig,
+    /// Which provider APIs abridge serves for an upstream that lacks them.
+    pub provider_apis: ProviderApisConfig,
     /// Prices by model name prefix, US dollars per million tokens, overriding and
     /// extending the built-in table (see `prices`).
     pub prices: std::collections::BTreeMap<String, crate::prices::Price>,
@@ -293,6 +297,7 @@ impl Default for Config {
             strategies: crate::strategies::Settings::default(),
             summary: SummaryConfig::default(),
             recall: RecallConfig::default(),
+            provider_apis: ProviderApisConfig::default(),
             prices: std::collections::BTreeMap::new(),
         }
     }

@@ -4,6 +4,10 @@
 //! rewrite → forward (→ retry without what abridge added, if the provider refused it →
 //! compact-and-retry, if it said the prompt is too long) → relay → record.
 //!
+//! Where abridge serves the provider compaction APIs ([`crate::provider_apis`]), a
+//! Responses body is first handed to them: answered there (Codex's compaction trigger)
+//! or its `compaction` items expanded into their summaries before it is prepared.
+//!
 //! A request whose state lives on the provider (a Responses `previous_response_id`, …)
 //! or that asks for the provider's own compaction is forwarded untouched whatever the
 //! headers say, and the client is told why. abridge's own errors answer in the route's
@@ -25,7 +29,8 @@ use crate::error::{Error, Shape};
 use crate::formats::{Format, Request as Conversation};
 use crate::headers::{self, Credentials};
 use crate::ingress;
-use crate::prepare::{Prepared, prepare};
+use crate::prepare::{Prepared, parse, prepare_parsed};
+use crate::provider_apis::{self, Before};
 use crate::relay::Watch;
 use crate::state::AppState;
 use crate::stats::Route;
@@ -46,6 +51,17 @@ pub async fn responses(State(state): State<AppState>, request: Request) -> Respo
 /// `POST /v1/messages` (Anthropic): see the module docs.
 pub async fn messages(State(state): State<AppState>, request: Request) -> Response {
     conversation(&state, request, Format::Messages, Route::Messages).await
+}
+
+/// `POST /v1/responses/compact`, routed only where abridge serves OpenAI's compaction
+/// APIs: answered by [`crate::provider_apis::compact`], nothing forwarded.
+pub async fn compact(State(state): State<AppState>, request: Request) -> Response {
+    let exchange = Exchange::start(&state);
+    let response = provider_apis::compact(&state, request)
+        .await
+        .unwrap_or_else(|e| e.response_in(Shape::OpenAi));
+    exchange.finish(&state, Route::Responses, &response);
+    response
 }
 
 async fn conversation(
@@ -80,49 +96,44 @@ async fn stages(
         .upstream()
         .route(&parts.method, &parts.uri, &parts.headers)?;
 
-    // ingress: the one body abridge reads whole, bounded.
-    let (body, held) = ingress::read_body(
-        body,
-        &parts.headers,
-        state.config().limits.max_body_bytes,
-        state.config().timeouts.client_body(),
-        state.body_budget(),
-    )
-    .await?;
-    exchange.held = Some(held);
+    // ingress → parse, and the provider compaction APIs abridge serves.
+    let (request, served) = match read(state, &parts, body, format, exchange).await? {
+        Read::Parsed(request, note) => (request, note),
+        Read::Answer(response) => return Ok(response),
+        Read::Unparsed(body, note) => {
+            let note = with(note, "request body not understood: forwarded untouched");
+            return untouched(state, (&parts, &target), body, &note, exchange).await;
+        }
+    };
     // The credentials as the provider will see them (hop-by-hop headers gone).
     let credentials = Credentials::from_headers(
         &parts.headers,
         state.config().identity.tenant_headers.iter().map(|h| &h.0),
     );
 
-    // prepare: a body abridge does not understand goes untouched.
+    // prepare: identify, load; a request left to the provider goes untouched.
     let deployment = Deployment::of(parts.uri.path(), parts.uri.query());
-    let prepared = match prepare(
+    let prepared = prepare_parsed(
         state,
         Reason::Request,
         (controls, credentials),
-        (format, body),
+        request,
         (deployment, provider),
     )
-    .await
-    {
-        Ok(prepared) => prepared,
-        Err((body, reason)) => {
-            tracing::debug!(%reason, "forwarding a body abridge does not understand untouched");
-            let note = "request body not understood: forwarded untouched";
-            return untouched(state, (&parts, &target), body, note, exchange).await;
-        }
-    };
+    .await;
     if let Some(note) = prepared.request.untouchable() {
         let body = prepared.request.body().clone();
-        return untouched(state, (&parts, &target), body, note, exchange).await;
+        let note = with(served, note);
+        return untouched(state, (&parts, &target), body, &note, exchange).await;
     }
     let turn = prepared.turn();
     ask_window(state, &turn);
 
     // plan → rewrite → forward, with its retries.
     let mut decision = state.compactor().plan(&turn, Reason::Request).await;
+    if let Some(note) = served {
+        decision.report.add_note(note);
+    }
     let (mut upstream, watch, recalling) = forward(
         state,
         &turn,
@@ -174,6 +185,57 @@ fn relay(
         (followup, billing),
         exchange,
     )
+}
+
+/// What the read stages make of a body.
+enum Read {
+    Parsed(Arc<Conversation>, Option<&'static str>),
+    /// Not understood: forwarded untouched.
+    Unparsed(Bytes, Option<&'static str>),
+    /// Answered by abridge (see [`crate::provider_apis`]).
+    Answer(Response),
+}
+
+/// ingress: the one body abridge reads whole, bounded; parse (once); then the provider
+/// compaction APIs abridge serves, which answer it here or expand their items (a new
+/// body, parsed once in turn).
+async fn read(
+    state: &AppState,
+    parts: &Parts,
+    body: axum::body::Body,
+    format: Format,
+    exchange: &mut Exchange,
+) -> Result<Read, Error> {
+    let (body, held) = ingress::read_body(
+        body,
+        &parts.headers,
+        state.config().limits.max_body_bytes,
+        state.config().timeouts.client_body(),
+        state.body_budget(),
+    )
+    .await?;
+    exchange.held = Some(held);
+    let parsed = |body| parse(state, Reason::Request, format, body);
+    let request = match parsed(body).await {
+        Ok(request) => request,
+        Err((body, reason)) => {
+            tracing::debug!(%reason, "forwarding a body abridge does not understand untouched");
+            return Ok(Read::Unparsed(body, None));
+        }
+    };
+    Ok(match provider_apis::before(state, request).await {
+        Before::Go(request, note) => Read::Parsed(request, note),
+        Before::Answer(response) => Read::Answer(response),
+        Before::Expanded(body, note) => match parsed(body).await {
+            Ok(request) => Read::Parsed(request, note),
+            Err((body, _)) => Read::Unparsed(body, note),
+        },
+    })
+}
+
+/// `note` after what the provider compaction APIs said, if anything.
+fn with(served: Option<&str>, note: &str) -> String {
+    served.map_or_else(|| note.to_owned(), |served| format!("{served}; {note}"))
 }
 
 /// For a model whose window abridge does not know, asks its server in the background

@@ -12,7 +12,7 @@ mod peek;
 mod recall;
 mod recall_stream;
 
-pub use conversation::{chat, messages, responses};
+pub use conversation::{chat, compact, messages, responses};
 
 use axum::body::Body;
 use axum::extract::{Request, State};

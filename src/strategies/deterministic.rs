@@ -14,6 +14,7 @@ use super::index;
 use super::text::{first_line, paths, scanned, thousands, truncate_chars};
 use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
 use crate::conversation::{Item, Role};
+use crate::tokens::Estimator;
 
 /// Tokens set aside for the summary while choosing the edges; the real size is checked
 /// afterwards.
@@ -62,6 +63,15 @@ pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
         }
         reserve = plan.tokens_after - ctx.total(head, 0, start);
     }
+}
+
+/// The digest of `items` whole, no head kept and no tail: what abridge answers a
+/// provider's compaction API with (see `crate::provider_apis`). `index_budget`: the
+/// tokens its index of the items may take.
+pub(crate) fn digest(items: &[Item<'_>], index_budget: u64, estimator: &Estimator) -> String {
+    let tokens = |text: &str| estimator.text(text);
+    let index = index::index((0, items), index_budget, &tokens);
+    summary(items, index)
 }
 
 fn cue_pattern() -> &'static Regex {

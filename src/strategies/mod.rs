@@ -87,6 +87,7 @@ use crate::json::Raw;
 use crate::tokens::Estimator;
 
 pub(crate) use ctx::{Ctx, Edges, Tail};
+pub(crate) use deterministic::digest;
 pub use gate::Verdict;
 pub(crate) use layout::Layout;
 use layout::is_result;

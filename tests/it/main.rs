@@ -33,6 +33,7 @@ mod llama;
 mod messages;
 mod outage;
 mod passthrough;
+mod provider_apis;
 mod recall;
 mod recall_bounds;
 mod recall_stream;

@@ -2,7 +2,7 @@
 //!
 //! Requests: `model`, `instructions`, `input` (a string — one user message — or a list of
 //! items: `message` (an item with a `role` and no `type` is one), `function_call`,
-//! `function_call_output`, `custom_tool_call(_output)`, `reasoning`, `compaction`; other
+//! `function_call_output`, `custom_tool_call(_output)`, `reasoning`; other
 //! types are accepted as they are), `stream`, `tools`, `tool_choice`, `max_output_tokens`,
 //! `previous_response_id`, `store`, `include`.
 //!
@@ -22,6 +22,9 @@
 //! - a `reasoning` item not followed by an item of the assistant it belongs to (an
 //!   assistant message, or an item whose type ends in `_call`):
 //!   `Item '{id}' of type 'reasoning' was provided without its required following item.`;
+//! - a `compaction` or `compaction_trigger` item (OpenAI's compaction APIs, which this
+//!   fake, like llama-server or vLLM, does not have): `Invalid value: '{type}'. …`,
+//!   param `input[i].type`, code `invalid_value`; `POST …/responses/compact` is a 404;
 //! - more prompt tokens than the context window (`x-fake-window`): `Your input exceeds the
 //!   context window of this model. Please adjust your input and try again.`, code
 //!   `context_length_exceeded`.
@@ -207,6 +210,16 @@ fn validate(request: &Value) -> Result<(), Answer> {
                 &format!("Invalid type for 'input[{i}]': expected an input item object."),
                 Some(&format!("input[{i}]")),
                 Some("invalid_type"),
+            ));
+        }
+        // A server without OpenAI's compaction APIs (llama-server, vLLM, …) knows neither.
+        if let k @ ("compaction" | "compaction_trigger") = kind(item) {
+            return Err(invalid(
+                &format!(
+                    "Invalid value: '{k}'. Supported values are: 'message', 'function_call', 'function_call_output', 'custom_tool_call', 'custom_tool_call_output' and 'reasoning'."
+                ),
+                Some(&format!("input[{i}].type")),
+                Some("invalid_value"),
             ));
         }
         let call_id = item["call_id"].as_str().unwrap_or("");

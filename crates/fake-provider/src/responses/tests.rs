@@ -339,3 +339,25 @@ fn thinking_puts_a_reasoning_item_first_that_replays_cleanly() {
     );
     assert_eq!(evs[8].1["output_index"], 1);
 }
+
+#[test]
+fn the_compaction_apis_are_not_known_here() {
+    for (item, kind) in [
+        (json!({"type": "compaction_trigger"}), "compaction_trigger"),
+        (
+            json!({"type": "compaction", "encrypted_content": "gAAAA"}),
+            "compaction",
+        ),
+    ] {
+        let e = error_of(&body(json!([user("x"), item])));
+        assert!(
+            e["message"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("Invalid value: '{kind}'.")),
+            "{e}"
+        );
+        assert_eq!(e["param"], "input[1].type");
+        assert_eq!(e["code"], "invalid_value");
+    }
+}

@@ -1,0 +1,261 @@
+//! Provider compaction APIs for an upstream that lacks them (DESIGN §10): OpenAI's
+//! `POST /v1/responses/compact`, Codex's remote compaction v2 (a `/v1/responses`
+//! request whose input ends with `{"type": "compaction_trigger"}`) and the `compaction`
+//! items a client sends back later. Behind OpenAI's or Azure OpenAI's own host they are
+//! the provider's and pass untouched ([`serves`]); behind any other server abridge
+//! answers them itself — a summary of the history (the `deterministic` digest, no model
+//! asked) in a `compaction` item of its own ([`sealed`]: signed with a key derived from
+//! the identity secret, readable by every replica and after a restart) — and expands
+//! such an item into its summary before a later request goes on ([`before`]).
+//!
+//! Calls from the request path: the proxy's `/responses/compact` handler (routed only
+//! when serving) calls [`compact`]; the conversation handler calls [`before`] on a
+//! parsed Responses request before it is identified.
+
+mod answer;
+mod compacted;
+pub mod sealed;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
+use sha2::{Digest, Sha256};
+
+use crate::config::{Config, ProviderCompaction, UpstreamBase};
+use crate::error::{Error, Shape};
+use crate::formats;
+use crate::formats::responses::{self, Parsed};
+use crate::identity::IdentityKey;
+use crate::ingress;
+use crate::state::AppState;
+
+use compacted::Kind;
+
+/// Hosts (and their subdomains) whose Responses API has the compaction APIs itself.
+const OWN: &[&str] = &[
+    "api.openai.com",
+    "openai.azure.com",
+    "cognitiveservices.azure.com",
+    "services.ai.azure.com",
+];
+
+/// The note when a compaction item abridge did not make was dropped.
+const FOREIGN: &str = "a compaction item abridge did not make (another provider's, or altered) was dropped: its summary could not be read";
+
+/// Whether abridge serves the Responses compaction APIs for the configured upstream:
+/// `provider_apis.responses_compaction`, `auto` meaning all but OpenAI's and Azure
+/// OpenAI's own hosts.
+pub fn serves(config: &Config) -> bool {
+    match config.provider_apis.responses_compaction {
+        ProviderCompaction::Native => false,
+        ProviderCompaction::Serve => true,
+        ProviderCompaction::Auto => !has_them(&config.upstream),
+    }
+}
+
+fn has_them(base: &UpstreamBase) -> bool {
+    let host = base.authority.host().to_ascii_lowercase();
+    crate::azure::classic_root(&base.path).is_some()
+        || OWN.iter().any(|own| {
+            host.strip_suffix(own)
+                .is_some_and(|rest| rest.is_empty() || rest.ends_with('.'))
+        })
+}
+
+/// What the conversation handler does with a parsed request.
+pub enum Before {
+    /// Goes on as parsed (nothing of the compaction APIs in it, or abridge does not
+    /// serve them), with a note for the client.
+    Go(Arc<formats::Request>, Option<&'static str>),
+    /// Goes on as these bytes, its compaction items expanded (parsed by the caller: they
+    /// are a new body), with a note.
+    Expanded(Bytes, Option<&'static str>),
+    /// abridge answered it (a compaction trigger, or its refusal).
+    Answer(Response),
+}
+
+/// A parsed `/v1/responses` request, before it is identified: as it is, unless abridge
+/// serves the compaction APIs and it carries their items (a byte search tells cheaply);
+/// the work runs off the async workers, as the parse did.
+pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before {
+    let formats::Request::Responses(responses) = &*request else {
+        return Before::Go(request, None);
+    };
+    let body = responses.body();
+    if !serves(state.config()) || memchr::memmem::find(body, b"\"compaction").is_none() {
+        return Before::Go(request, None);
+    }
+    let parsed = responses.parsed();
+    if on_provider(parsed) {
+        return Before::Go(request, None);
+    }
+    let key = state.identity_key().await;
+    let role = state.config().strategies.summary_role;
+    let permit = state.cpu().permit_for(body.len()).await;
+    let outcome = state
+        .cpu()
+        .run_with(&permit, || decide(key.as_deref(), (body, parsed), role));
+    match outcome {
+        None => Before::Go(request, None),
+        Some(Outcome::Answer(response)) => Before::Answer(response),
+        Some(Outcome::Expanded(expanded, note)) => Before::Expanded(expanded, note),
+        Some(Outcome::Untouched(note)) => Before::Go(request, Some(note)),
+    }
+}
+
+enum Outcome {
+    Answer(Response),
+    Expanded(Bytes, Option<&'static str>),
+    Untouched(&'static str),
+}
+
+/// State on the provider (`previous_response_id`, `conversation`): nothing to summarise
+/// here; left to the provider as before.
+fn on_provider(parsed: &Parsed<'_>) -> bool {
+    let present = |v: Option<crate::json::Raw<'_>>| v.is_some_and(|v| v.get() != "null");
+    present(parsed.fields.previous_response_id) || present(parsed.fields.conversation)
+}
+
+fn decide(
+    key: Option<&IdentityKey>,
+    (body, parsed): (&Bytes, &Parsed<'_>),
+    role: crate::strategies::SummaryRole,
+) -> Option<Outcome> {
+    let kinds = compacted::kinds(&parsed.items);
+    let trigger = kinds.iter().position(|k| *k == Kind::Trigger);
+    if trigger.is_some_and(|at| at + 1 != kinds.len()) {
+        let error = Error::InvalidValue {
+            message: "compaction_trigger must be the last item of input",
+            param: "input",
+        };
+        return Some(Outcome::Answer(error.response_in(Shape::OpenAi)));
+    }
+    let compactions = kinds.iter().any(|k| matches!(k, Kind::Compaction(_)));
+    if trigger.is_none() && !compactions {
+        return None;
+    }
+    let Some(key) = key else {
+        return Some(Outcome::Untouched(
+            "compaction: abridge's identity secret is not available (store unreachable); forwarded untouched",
+        ));
+    };
+    let opened = compacted::opened(key, &kinds);
+    let note = compacted::any_foreign(&kinds, &opened).then_some(FOREIGN);
+    if trigger.is_some() {
+        let stream = parsed.fields.stream == Some(true);
+        let model = parsed.fields.model.as_deref().unwrap_or_default();
+        let made = make(key, parsed, (&kinds, &opened));
+        return Some(Outcome::Answer(triggered(&made, model, stream, note)));
+    }
+    let expanded = compacted::expand(&parsed.items, &kinds, &opened, role);
+    let body = responses::with_input(body, parsed, &expanded.forwarded())?;
+    Some(Outcome::Expanded(body, note))
+}
+
+/// A compaction made: its item and its id.
+struct Made {
+    id: String,
+    item: serde_json::Value,
+    created_at: u64,
+}
+
+/// The compaction of `parsed`'s input: its summary sealed into a `compaction` item.
+fn make(
+    key: &IdentityKey,
+    parsed: &Parsed<'_>,
+    (kinds, opened): (&[Kind<'_>], &[Option<sealed::Summary>]),
+) -> Made {
+    let created_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let summary = compacted::summarise(&parsed.items, kinds, opened, created_at);
+    let token = sealed::seal(key, &summary);
+    let id = format!(
+        "cmp_{}",
+        &hex::encode(Sha256::digest(token.as_bytes()))[..32]
+    );
+    let item = answer::item(&id, &token);
+    Made {
+        id,
+        item,
+        created_at,
+    }
+}
+
+/// Codex's remote compaction v2 answered: one `compaction` output item, whole or
+/// streamed.
+fn triggered(made: &Made, model: &str, stream: bool, note: Option<&str>) -> Response {
+    let shape = answer::Made {
+        id: &made.id,
+        created_at: made.created_at,
+        model,
+    };
+    let (body, kind) = match stream {
+        true => (answer::stream(&shape, &made.item), "text/event-stream"),
+        false => {
+            let response = answer::response(&shape, "completed", vec![made.item.clone()]);
+            (Bytes::from(response.to_string()), "application/json")
+        }
+    };
+    respond(body, kind, note)
+}
+
+fn respond(body: Bytes, kind: &'static str, note: Option<&str>) -> Response {
+    let mut response = (StatusCode::OK, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+    headers.insert(
+        "x-abridge-compaction",
+        HeaderValue::from_static("served by abridge"),
+    );
+    if let Some(note) = note.and_then(|n| HeaderValue::from_str(n).ok()) {
+        headers.insert("x-abridge-note", note);
+    }
+    response
+}
+
+/// `POST /v1/responses/compact` (and Azure's v1 spelling), when abridge serves it:
+/// the user messages of the input (the newest within a budget) and one `compaction`
+/// item, as OpenAI answers it. Nothing is forwarded. abridge's errors are the caller's
+/// to shape (OpenAI's).
+pub async fn compact(state: &AppState, request: Request) -> Result<Response, Error> {
+    let (parts, body) = request.into_parts();
+    let config = state.config();
+    let (body, _held) = ingress::read_body(
+        body,
+        &parts.headers,
+        config.limits.max_body_bytes,
+        config.timeouts.client_body(),
+        state.body_budget(),
+    )
+    .await?;
+    let parsed = responses::parse(&body).map_err(|e| Error::ClientBody(e.to_string()))?;
+    let key = state.identity_key().await.ok_or_else(|| {
+        Error::Internal("the identity secret is not available (store unreachable)".into())
+    })?;
+    let kinds = compacted::kinds(&parsed.items);
+    let opened = compacted::opened(&key, &kinds);
+    let note = compacted::any_foreign(&kinds, &opened).then_some(FOREIGN);
+    let made = make(&key, &parsed, (&kinds, &opened));
+    let kept = compacted::kept_users(&parsed.items, &kinds, compacted::KEPT_USER_TOKENS);
+    let mut output: Vec<serde_json::Value> = kept
+        .iter()
+        .filter_map(|raw| serde_json::from_str(raw.get()).ok())
+        .collect();
+    output.push(made.item.clone());
+    let model = parsed.fields.model.as_deref().unwrap_or_default();
+    let shape = answer::Made {
+        id: &made.id,
+        created_at: made.created_at,
+        model,
+    };
+    let body = Bytes::from(answer::compacted(&shape, output).to_string());
+    Ok(respond(body, "application/json", note))
+}
+
+#[cfg(test)]
+mod tests;

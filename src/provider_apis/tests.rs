@@ -1,0 +1,178 @@
+//! The wing's decisions, without a network: what a request becomes.
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::secret::Secret;
+use crate::strategies::SummaryRole;
+
+fn key() -> IdentityKey {
+    IdentityKey::new(Secret::new("test secret"))
+}
+
+fn run(body: &Value) -> Option<Outcome> {
+    let body = Bytes::from(body.to_string());
+    let parsed = responses::parse(&body).unwrap();
+    decide(Some(&key()), (&body, &parsed), SummaryRole::User)
+}
+
+fn user(text: &str) -> Value {
+    json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+}
+
+fn history() -> Vec<Value> {
+    vec![
+        json!({"type": "message", "role": "developer", "content": "You are a coding agent."}),
+        user("Fix the parser in src/parse.rs"),
+        json!({"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{\"cmd\":\"cargo test\"}"}),
+        json!({"type": "function_call_output", "call_id": "c1", "output": "3 tests failed"}),
+        json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Fixed."}]}),
+    ]
+}
+
+fn item_of(outcome: Option<Outcome>) -> Value {
+    let Some(Outcome::Answer(response)) = outcome else {
+        panic!("not answered");
+    };
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = futures_body(response);
+    body["output"][0].clone()
+}
+
+fn futures_body(response: Response) -> Value {
+    let bytes = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(http_body_util::BodyExt::collect(response.into_body()))
+        .unwrap()
+        .to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[test]
+fn a_trigger_is_answered_with_one_compaction_item_that_expands_later() {
+    let mut input = history();
+    input.push(json!({"type": "compaction_trigger"}));
+    let item = item_of(run(&json!({"model": "m", "input": input})));
+    assert_eq!(item["type"], "compaction");
+    let token = item["encrypted_content"].as_str().unwrap();
+    let opened = sealed::open(&key(), token).unwrap();
+    assert!(
+        opened.summary.contains("src/parse.rs"),
+        "{}",
+        opened.summary
+    );
+    assert_eq!(opened.items, 5);
+
+    // Sent back: expanded into a message, what it summarised dropped.
+    let next = json!({"model": "m", "input": [
+        history()[0], user("Fix the parser in src/parse.rs"), item, user("Now the docs"),
+    ]});
+    let Some(Outcome::Expanded(body, None)) = run(&next) else {
+        panic!("not expanded");
+    };
+    let sent: Value = serde_json::from_slice(&body).unwrap();
+    let input = sent["input"].as_array().unwrap();
+    assert_eq!(input.len(), 4, "{sent}");
+    assert_eq!(input[0], history()[0]);
+    let text = input[2]["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with(crate::strategies::FRAME), "{text}");
+    assert!(text.contains("src/parse.rs"));
+    assert_eq!(input[3], user("Now the docs"));
+    assert!(!body.windows(10).any(|w| w == b"compaction"));
+}
+
+#[test]
+fn a_foreign_item_is_dropped_with_a_note() {
+    let mut input = history();
+    input.push(json!({"type": "compaction", "encrypted_content": "gAAAAABfromOpenAI"}));
+    input.push(user("go on"));
+    let Some(Outcome::Expanded(body, Some(note))) = run(&json!({"model": "m", "input": input}))
+    else {
+        panic!("not dropped");
+    };
+    assert!(note.contains("did not make"));
+    let sent: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(sent["input"].as_array().unwrap().len(), 6, "the rest kept");
+}
+
+#[test]
+fn a_trigger_that_is_not_last_is_refused() {
+    let input = json!([user("x"), {"type": "compaction_trigger"}, user("y")]);
+    let Some(Outcome::Answer(response)) = run(&json!({"model": "m", "input": input})) else {
+        panic!("not refused");
+    };
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body = futures_body(response);
+    assert_eq!(body["error"]["param"], "input");
+    assert!(body["error"]["message"].as_str().unwrap().contains("last"));
+}
+
+#[test]
+fn nothing_of_the_apis_is_left_alone() {
+    assert!(run(&json!({"model": "m", "input": history()})).is_none());
+}
+
+#[test]
+fn openai_and_azure_hosts_have_the_apis() {
+    let mut config = Config::default();
+    assert!(!serves(&config), "api.openai.com");
+    for (url, serving) in [
+        ("http://127.0.0.1:8080/v1", true),
+        ("https://x.openai.azure.com/openai/v1", false),
+        ("https://openrouter.ai/api/v1", true),
+    ] {
+        config.upstream = url.parse().unwrap();
+        assert_eq!(serves(&config), serving, "{url}");
+    }
+    config.provider_apis.responses_compaction = ProviderCompaction::Serve;
+    config.upstream = "https://api.openai.com/v1".parse().unwrap();
+    assert!(serves(&config));
+}
+
+#[test]
+fn a_second_compaction_starts_from_the_first() {
+    let mut input = history();
+    input.push(json!({"type": "compaction_trigger"}));
+    let first = item_of(run(&json!({"model": "m", "input": input})));
+    let input = json!([
+        history()[0], user("Fix the parser in src/parse.rs"), first,
+        user("Now write docs/parser.md"),
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Written."}]},
+        {"type": "additional_tools", "tools": []},
+        {"type": "compaction_trigger"},
+    ]);
+    let second = item_of(run(&json!({"model": "m", "input": input, "stream": false})));
+    let token = second["encrypted_content"].as_str().unwrap();
+    let opened = sealed::open(&key(), token).unwrap();
+    assert!(opened.summary.contains("Earlier, as compacted before"));
+    assert!(
+        opened.summary.contains("src/parse.rs"),
+        "{}",
+        opened.summary
+    );
+    assert!(
+        opened.summary.contains("docs/parser.md"),
+        "{}",
+        opened.summary
+    );
+    // The first item's 5, and the 4 conversation items around it (not the item, the
+    // request-scoped tools or the trigger).
+    assert_eq!(opened.items, 5 + 4);
+}
+
+#[test]
+fn compact_keeps_the_newest_user_messages_within_the_budget() {
+    let body = Bytes::from(
+        json!({"model": "m", "input": [user(&"old ".repeat(400)), user("middle"), user("new")]})
+            .to_string(),
+    );
+    let parsed = responses::parse(&body).unwrap();
+    let kinds = compacted::kinds(&parsed.items);
+    let all = compacted::kept_users(&parsed.items, &kinds, 10_000);
+    assert_eq!(all.len(), 3);
+    let kept = compacted::kept_users(&parsed.items, &kinds, 100);
+    let kept: Vec<&str> = kept.iter().map(|r| r.get()).collect();
+    assert_eq!(kept, [parsed.raw_items[1].get(), parsed.raw_items[2].get()]);
+}
