@@ -1,6 +1,7 @@
 //! Tests of the decision: targets, growth, calibration, what abridge adds.
 
 use super::*;
+use crate::formats::Format;
 
 #[test]
 fn the_target_leaves_room_for_the_growth_within_what_is_left() {

@@ -21,6 +21,7 @@ mod background;
 mod build;
 pub mod cost;
 pub mod decide;
+mod estimate;
 pub mod overflow;
 pub mod params;
 mod ring;
