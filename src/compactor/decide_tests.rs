@@ -75,21 +75,13 @@ fn a_compaction_aims_lower_by_the_recall_tool_it_adds() {
     let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
     let parsed = crate::formats::chat::parse(body.as_bytes()).unwrap();
     let (controls, credentials) = (Default::default(), Default::default());
-    let turn = |recall_tool| Turn {
-        messages: &parsed.messages,
-        prefixes: &[],
-        conversation: None,
-        loaded: None,
-        controls: &controls,
-        model: "m",
-        deployment: None,
-        credentials: &credentials,
-        provider: Default::default(),
-        payer: None,
-        size: body.len(),
-        body: body.as_bytes(),
-        format: Format::Chat,
-        recall_tool,
+    let turn = |recall_tool| {
+        chat_turn(
+            &parsed.messages,
+            &body,
+            (&controls, &credentials),
+            recall_tool,
+        )
     };
     let whole = Estimator::approx().messages(&parsed.messages);
     let threshold = whole * 4 / 5;
@@ -168,22 +160,7 @@ fn the_tools_and_system_prompt_stay_beside_the_items_budget() {
     let body = serde_json::json!({"model": "m", "messages": messages, "tools": tools}).to_string();
     let parsed = crate::formats::chat::parse(body.as_bytes()).unwrap();
     let (controls, credentials) = (Default::default(), Default::default());
-    let turn = Turn {
-        messages: &parsed.messages,
-        prefixes: &[],
-        conversation: None,
-        loaded: None,
-        controls: &controls,
-        model: "m",
-        deployment: None,
-        credentials: &credentials,
-        provider: Default::default(),
-        payer: None,
-        size: body.len(),
-        body: body.as_bytes(),
-        format: Format::Chat,
-        recall_tool: false,
-    };
+    let turn = chat_turn(&parsed.messages, &body, (&controls, &credentials), false);
     let beside = beside(&turn);
     let tools_alone = crate::tokens::approx_text(&serde_json::to_string(&tools).unwrap());
     assert!(
@@ -197,4 +174,32 @@ fn the_tools_and_system_prompt_stay_beside_the_items_budget() {
     // Without a report, the prediction counts it.
     let (usage, active) = (None, None);
     assert!(predict(&turn, usage, active, 100_000).tokens > beside);
+}
+
+/// A chat request's turn with nothing known of its conversation (model `m`).
+fn chat_turn<'t, 'a>(
+    messages: &'t [Item<'a>],
+    body: &'t str,
+    (controls, credentials): (
+        &'t crate::controls::Controls,
+        &'t crate::headers::Credentials,
+    ),
+    recall_tool: bool,
+) -> Turn<'t, 'a> {
+    Turn {
+        messages,
+        prefixes: &[],
+        conversation: None,
+        loaded: None,
+        controls,
+        model: "m",
+        deployment: None,
+        credentials,
+        provider: Default::default(),
+        payer: None,
+        size: body.len(),
+        body: body.as_bytes(),
+        format: Format::Chat,
+        recall_tool,
+    }
 }

@@ -26,6 +26,16 @@ fn config(provider: &FakeProvider) -> Config {
     cfg
 }
 
+/// A conversation opened (one turn) and then grown by a long user message, not yet sent.
+async fn opened_and_grown(proxy: &Proxy) -> Vec<Value> {
+    let mut messages = opening(300);
+    turn(proxy, &mut messages, 1).await;
+    messages.push(json!({"role": "user", "content": format!(
+        "More of it: {}", "Each retry waits twice as long as the one before it. ".repeat(40)
+    )}));
+    messages
+}
+
 /// A conversation of a few requests that starts with a long document: over the
 /// threshold early, with little ahead of it.
 fn opening(words: usize) -> Vec<Value> {
@@ -110,11 +120,7 @@ async fn a_conversation_resumed_after_its_cache_expired_is_compacted() {
     let mut cfg = config(&provider);
     cfg.compaction.cache_ttl_ms = 500;
     let proxy = Proxy::start_with(cfg).await;
-    let mut messages = opening(300);
-    turn(&proxy, &mut messages, 1).await;
-    messages.push(json!({"role": "user", "content": format!(
-        "More of it: {}", "Each retry waits twice as long as the one before it. ".repeat(40)
-    )}));
+    let mut messages = opened_and_grown(&proxy).await;
     let (compacted, reason, reply) = send(&proxy, &messages).await;
     assert_eq!(
         (compacted, reason.as_deref()),
@@ -135,11 +141,7 @@ async fn an_operators_threshold_is_a_bound_compacted_whatever_it_costs() {
     let mut cfg = config(&provider);
     cfg.compaction.threshold_tokens = 6000;
     let proxy = Proxy::start_with(cfg).await;
-    let mut messages = opening(300);
-    turn(&proxy, &mut messages, 1).await;
-    messages.push(json!({"role": "user", "content": format!(
-        "More of it: {}", "Each retry waits twice as long as the one before it. ".repeat(40)
-    )}));
+    let messages = opened_and_grown(&proxy).await;
     let (compacted, reason, _) = send(&proxy, &messages).await;
     assert!(compacted);
     assert_eq!(reason.as_deref(), Some("threshold"));
@@ -151,11 +153,7 @@ async fn the_size_policy_compacts_as_before_and_says_nothing_of_cost() {
     let mut cfg = config(&provider);
     cfg.compaction.policy = abridge::config::Policy::Size;
     let proxy = Proxy::start_with(cfg).await;
-    let mut messages = opening(300);
-    turn(&proxy, &mut messages, 1).await;
-    messages.push(json!({"role": "user", "content": format!(
-        "More of it: {}", "Each retry waits twice as long as the one before it. ".repeat(40)
-    )}));
+    let messages = opened_and_grown(&proxy).await;
     let (compacted, reason, _) = send(&proxy, &messages).await;
     assert!(compacted);
     assert_eq!(reason, None);

@@ -389,30 +389,14 @@ async fn replay_says_what_leaves_the_machine_and_offline_sends_nothing() {
         command
     };
     let again = run.clone();
-    let out = tokio::task::spawn_blocking(move || run(true).output().unwrap())
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = succeeded(run(true)).await;
     assert!(stderr.contains("--offline: summary.upstream"), "{stderr}");
     assert!(
         summariser.requests().is_empty(),
         "offline: nothing was sent"
     );
 
-    let out = tokio::task::spawn_blocking(move || again(false).output().unwrap())
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = succeeded(again(false)).await;
     assert!(
         stderr.contains(&format!("summaries go to {}", summariser.url()))
             && stderr.contains("with summary.api_key"),
@@ -422,6 +406,17 @@ async fn replay_says_what_leaves_the_machine_and_offline_sends_nothing() {
     // Without one named, nothing leaves, and it says that too.
     let plain = replay(&["--json", "--strategy", "recency", CHAT]);
     assert!(String::from_utf8_lossy(&plain.stderr).contains("nothing leaves this machine"));
+}
+
+/// Runs `command` off the async workers; it succeeded, and this is what it said on
+/// stderr.
+async fn succeeded(mut command: Command) -> String {
+    let out = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
 }
 
 const SESSIONS: [&str; 4] = [

@@ -12,6 +12,16 @@ fn record(uuid: &str, parent: Option<&str>, kind: &str, message: Value) -> Value
            "sessionId": "s1", "timestamp": "2026-12-01T10:00:00Z", "message": message})
 }
 
+/// A user record saying `text`.
+fn said(uuid: &str, parent: Option<&str>, text: &str) -> Value {
+    record(
+        uuid,
+        parent,
+        "user",
+        json!({"role": "user", "content": text}),
+    )
+}
+
 fn answer_line(uuid: &str, parent: &str, id: &str, block: Value) -> Value {
     record(
         uuid,
@@ -27,12 +37,7 @@ fn answer_line(uuid: &str, parent: &str, id: &str, block: Value) -> Value {
 fn a_claude_code_transcript_is_the_chain_from_its_newest_record_as_messages_requests() {
     let lines = [
         json!({"type": "summary", "summary": "Fixing the parser", "leafUuid": "u6"}),
-        record(
-            "u1",
-            None,
-            "user",
-            json!({"role": "user", "content": "Fix the parser."}),
-        ),
+        said("u1", None, "Fix the parser."),
         // One answer, written a line per block.
         answer_line(
             "a1",
@@ -66,12 +71,7 @@ fn a_claude_code_transcript_is_the_chain_from_its_newest_record_as_messages_requ
             json!({"type": "text", "text": "Fixed."}),
         ),
         json!({"type": "system", "subtype": "turn_duration", "uuid": "s1", "parentUuid": "a3", "durationMs": 5}),
-        record(
-            "u3",
-            Some("s1"),
-            "user",
-            json!({"role": "user", "content": "Thanks; now the docs."}),
-        ),
+        said("u3", Some("s1"), "Thanks; now the docs."),
         // An API error Claude Code wrote itself.
         json!({"type": "assistant", "uuid": "e1", "parentUuid": "u3", "isApiErrorMessage": true,
                "message": {"role": "assistant", "model": "<synthetic>", "content": [{"type": "text", "text": "API Error"}]}}),
@@ -108,12 +108,7 @@ fn a_claude_code_transcript_is_the_chain_from_its_newest_record_as_messages_requ
 #[test]
 fn claude_codes_own_compaction_starts_a_conversation_of_its_own() {
     let lines = [
-        record(
-            "u1",
-            None,
-            "user",
-            json!({"role": "user", "content": "Start."}),
-        ),
+        said("u1", None, "Start."),
         answer_line(
             "a1",
             "u1",
@@ -131,12 +126,7 @@ fn claude_codes_own_compaction_starts_a_conversation_of_its_own() {
             "msg_2",
             json!({"type": "text", "text": "Continuing."}),
         ),
-        record(
-            "u3",
-            Some("a2"),
-            "user",
-            json!({"role": "user", "content": "Go on."}),
-        ),
+        said("u3", Some("a2"), "Go on."),
     ];
     let inputs = read(&jsonl(&lines)).unwrap();
     assert_eq!(inputs.len(), 2);
@@ -247,12 +237,7 @@ fn result_line(uuid: &str, parent: &str, tool: &str, text: &str) -> Value {
 /// same answer, each result a user record whose parent is *its* `tool_use`.
 fn parallel_calls() -> String {
     let lines = [
-        record(
-            "u1",
-            None,
-            "user",
-            json!({"role": "user", "content": "Read both files."}),
-        ),
+        said("u1", None, "Read both files."),
         usage_line(
             "a1",
             "u1",
@@ -285,18 +270,8 @@ fn parallel_calls() -> String {
             1400,
         ),
         // A rewound prompt beside the chain: a dead branch.
-        record(
-            "x1",
-            Some("a4"),
-            "user",
-            json!({"role": "user", "content": "abandoned ask"}),
-        ),
-        record(
-            "u2",
-            Some("a4"),
-            "user",
-            json!({"role": "user", "content": "Now fix b."}),
-        ),
+        said("x1", Some("a4"), "abandoned ask"),
+        said("u2", Some("a4"), "Now fix b."),
     ];
     jsonl(&lines)
 }
@@ -360,12 +335,7 @@ fn a_sub_agent_is_a_conversation_of_its_own() {
         line
     };
     let lines = [
-        record(
-            "u1",
-            None,
-            "user",
-            json!({"role": "user", "content": "Explore."}),
-        ),
+        said("u1", None, "Explore."),
         side(
             "s1",
             None,
