@@ -33,7 +33,7 @@ use super::cost::{self, Why};
 pub use super::estimate::{
     added, beside, calibration, essential, estimate, forwarded_estimate, scaled, unscaled,
 };
-use super::turn::{Decision, Reason, Turn};
+use super::turn::{Decision, Reason, Record, Turn};
 
 /// What the cost policy weighs a request with: the model's prices, its window, whether
 /// the strategy summarises (a summary is paid for), and the time (for the cache).
@@ -448,19 +448,26 @@ pub fn round_trips(appended: &[Item<'_>]) -> u64 {
 /// the same checkpoint applied to both (else the previous ratio stands), averaged with
 /// the previous ratio; per thousand, clamped to 500–4000.
 pub fn next_ratio(
-    previous: Option<(u64, u32, Option<u32>)>,
+    previous: Option<Record>,
     applied: Option<u32>,
     appended: u64,
     reported: u64,
 ) -> u32 {
-    let Some((tokens, ratio, was_applied)) = previous else {
+    let Some(p) = previous else {
         return 1000;
     };
-    if appended < 16 || was_applied != applied || reported <= tokens {
-        return ratio.max(1);
+    let ratio = p.ratio_permille.max(1);
+    if appended < 16 || p.applied != applied || reported <= p.tokens {
+        return ratio;
     }
-    let measured = ((reported - tokens) * 1000 / appended).clamp(500, 4000) as u32;
-    (ratio / 2 + measured / 2).clamp(500, 4000)
+    let counted = reported - p.tokens;
+    let measured = (counted * 1000 / appended).clamp(500, 4000);
+    // Weighed by size: a turn as large as the history's usual one moves the ratio half
+    // way, a small one less, so turns of different kinds (short prose, long tool output)
+    // are each counted by their share of the tokens, as a total is.
+    let weight = p.growth.max(1);
+    let mixed = (u64::from(ratio) * weight + measured * counted) / (weight + counted);
+    mixed.clamp(500, 4000) as u32
 }
 
 /// A stored checkpoint fits this request: its cuts lie before the final turn and after
@@ -486,9 +493,12 @@ impl Decision {
         self.appended = decided.appended;
         self.growth = decided.growth;
         self.usage = decided.usage.map(|u| u.prefix);
-        self.previous = decided
-            .usage
-            .map(|u| (u.tokens, u.ratio_permille, u.applied));
+        self.previous = decided.usage.map(|u| Record {
+            tokens: u.tokens,
+            ratio_permille: u.ratio_permille,
+            applied: u.applied,
+            growth: u.growth,
+        });
         self.previous_at_ms = decided.usage.map(|u| u.at_ms);
         self.previous_client_tokens = decided.usage.map_or(0, |u| u.client_tokens);
         self.expects = decided.expects;

@@ -125,19 +125,54 @@ fn a_compaction_aims_lower_by_the_recall_tool_it_adds() {
 
 #[test]
 fn the_ratio_follows_what_the_provider_counts_for_appended_turns() {
+    let record = |tokens, ratio_permille, growth| {
+        Some(Record {
+            tokens,
+            ratio_permille,
+            applied: None,
+            growth,
+        })
+    };
     assert_eq!(next_ratio(None, None, 100, 1_000), 1000);
-    // The provider counted 130 for an estimate of 100: half way from 1000 to 1300.
-    assert_eq!(
-        next_ratio(Some((1_000, 1000, None)), None, 100, 1_130),
-        1150
-    );
+    // The provider counted 130 for an estimate of 100, a turn as large as the history's
+    // usual one (130): half way from 1000 to 1300.
+    assert_eq!(next_ratio(record(1_000, 1000, 130), None, 100, 1_130), 1150);
+    // A turn of a third of the usual size moves it a quarter of the way.
+    assert_eq!(next_ratio(record(1_000, 1000, 390), None, 100, 1_130), 1075);
     // Another checkpoint applied: not comparable, the old ratio stands.
-    assert_eq!(
-        next_ratio(Some((1_000, 1200, None)), Some(3), 100, 1_500),
-        1200
-    );
+    let other = Some(Record {
+        applied: Some(3),
+        ..record(1_000, 1200, 100).unwrap()
+    });
+    assert_eq!(next_ratio(other, None, 100, 1_500), 1200);
     // Clamped.
-    assert_eq!(next_ratio(Some((0, 4000, None)), None, 100, 100_000), 4000);
+    assert_eq!(next_ratio(record(0, 4000, 100), None, 100, 100_000), 4000);
+}
+
+/// Turns of two kinds, alternating (an agent's short prose and long tool output, which
+/// the provider counts at different rates against abridge's estimate): the ratio after
+/// a short turn is nearer the long turns' rate than the short ones', as their share of
+/// the tokens is, so a long turn's appended tokens are scaled nearly right.
+#[test]
+fn alternating_turns_are_weighed_by_their_tokens() {
+    let (long, short) = ((400u64, 1300u64), (100u64, 1000u64)); // (estimate, rate ‰)
+    let (mut ratio, mut tokens) = (1000u32, 0u64);
+    let growth = 400;
+    for (estimate, rate) in [long, short].repeat(10) {
+        let counted = estimate * rate / 1000;
+        let record = Record {
+            tokens,
+            ratio_permille: ratio,
+            applied: None,
+            growth,
+        };
+        ratio = next_ratio(Some(record), None, estimate, tokens + counted);
+        tokens += counted;
+    }
+    // After a short turn: the long turns carry 520 of every 620 tokens.
+    let long_error = (i64::from(ratio) - 1300).abs();
+    let short_error = (i64::from(ratio) - 1000).abs();
+    assert!(long_error < short_error, "{ratio}");
 }
 
 /// What a request carries besides its items (an agent's tools and system prompt, ~20 K

@@ -84,8 +84,8 @@ pub struct Decision {
     pub head_tokens: u64,
     /// abridge's estimate of what was appended since the usage record (0: no record).
     pub appended: u64,
-    /// The record's tokens, ratio and checkpoint, to measure the next ratio.
-    pub previous: Option<(u64, u32, Option<u32>)>,
+    /// The usage record the prediction came from, to measure the next ratio.
+    pub previous: Option<Record>,
     /// When the record was reported (ms since the epoch): how long ago the client's
     /// previous request of this history went; and that request as the client sent it,
     /// counted as the provider counts (0: not known).
@@ -96,6 +96,17 @@ pub struct Decision {
     /// A compaction is expected once the history reaches the threshold, so a checkpoint
     /// built ahead would be used (the cost policy may expect none).
     pub expects: bool,
+}
+
+/// What a request's usage record said, for the next: the provider's count, the ratio
+/// appended messages were scaled by, the checkpoint applied, the history's growth per
+/// turn (the provider's count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub tokens: u64,
+    pub ratio_permille: u32,
+    pub applied: Option<u32>,
+    pub growth: u64,
 }
 
 /// What the record stage needs about a request, built by the request path.
@@ -117,7 +128,7 @@ pub struct Followup {
     pub growth: u64,
     pub head_tokens: u64,
     pub appended: u64,
-    pub previous: Option<(u64, u32, Option<u32>)>,
+    pub previous: Option<Record>,
     /// When the conversation was last seen, per the store (0: new).
     pub last_seen_ms: u64,
     /// A checkpoint built ahead would be used (see [`Decision::expects`]).

@@ -299,11 +299,11 @@ impl Billing {
             let previous = decision
                 .previous
                 .filter(|_| decision.previous_client_tokens > 0)
-                .map(|(forwarded, ratio, was_applied)| accounting::Previous {
+                .map(|record| accounting::Previous {
                     tokens: decision.previous_client_tokens,
                     // The provider's count, as the history's appended turns taught.
-                    appended: decision.appended * u64::from(ratio.max(1)) / 1000,
-                    forwarded: (was_applied == applied).then_some(forwarded),
+                    appended: decision.appended * u64::from(record.ratio_permille.max(1)) / 1000,
+                    forwarded: (record.applied == applied).then_some(record.tokens),
                     cached: decision.previous_at_ms.is_some_and(|at| {
                         crate::store::now_ms().saturating_sub(at) <= accounting::CACHE_LIFETIME_MS
                     }),
