@@ -445,8 +445,9 @@ pub fn round_trips(appended: &[Item<'_>]) -> u64 {
 
 /// The ratio of the provider's count to abridge's estimate of appended messages, after
 /// a report: `reported − previous tokens` over the estimate of what was appended, when
-/// the same checkpoint applied to both (else the previous ratio stands), averaged with
-/// the previous ratio; per thousand, clamped to 500–4000.
+/// the same checkpoint applied to both (else the previous ratio stands), mixed with the
+/// previous ratio by the turn's size against the history's pace; per thousand, clamped
+/// to 500–4000.
 pub fn next_ratio(
     previous: Option<Record>,
     applied: Option<u32>,
@@ -464,8 +465,10 @@ pub fn next_ratio(
     let measured = (counted * 1000 / appended).clamp(500, 4000);
     // Weighed by size: a turn as large as the history's usual one moves the ratio half
     // way, a small one less, so turns of different kinds (short prose, long tool output)
-    // are each counted by their share of the tokens, as a total is.
-    let weight = p.growth.max(1);
+    // are each counted by their share of the tokens, as a total is. Before the history
+    // has a pace (its first measure), half way: one turn alone, often the odd first one,
+    // does not set the ratio every later budget is scaled by.
+    let weight = if p.growth == 0 { counted } else { p.growth };
     let mixed = (u64::from(ratio) * weight + measured * counted) / (weight + counted);
     mixed.clamp(500, 4000) as u32
 }

@@ -147,6 +147,11 @@ fn the_ratio_follows_what_the_provider_counts_for_appended_turns() {
     assert_eq!(next_ratio(other, None, 100, 1_500), 1200);
     // Clamped.
     assert_eq!(next_ratio(record(0, 4000, 100), None, 100, 100_000), 4000);
+    // The history's first measure (no pace yet): half way, however large the turn, so
+    // an odd first turn does not alone set the ratio later budgets are scaled by (the
+    // research conversation's first turn, 1,558 ‰ where its others are ~1,290 ‰, left
+    // a structured summary no room at a 4,000-token threshold).
+    assert_eq!(next_ratio(record(1_000, 1000, 0), None, 1_935, 4_015), 1279);
 }
 
 /// Turns of two kinds, alternating (an agent's short prose and long tool output, which
