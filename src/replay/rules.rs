@@ -5,8 +5,10 @@
 //! message right after the call) — a Responses `reasoning` item followed by the item it
 //! reasoned for, and on Messages: only `user` and `assistant` turns, alternating (as
 //! Anthropic-compatible servers and llama.cpp's templates require; Anthropic itself
-//! merges a run of one role), and thinking blocks only at the start of an assistant
-//! turn.
+//! merges a run of one role), and thinking blocks only in assistant turns — anywhere in
+//! them: Claude Opus 4.6 answers text, then thinking, then text and tool calls in one
+//! message, and Anthropic takes such a message back as it was (real Claude Code
+//! sessions send it on the next request).
 
 use std::collections::HashSet;
 
@@ -124,20 +126,13 @@ fn turns(items: &[Value]) -> Option<String> {
     None
 }
 
-/// Thinking blocks lead an assistant turn, before any other block.
+/// Thinking blocks only in an assistant turn.
 fn thinking(i: usize, m: &Value) -> Option<String> {
     let blocks = m["content"].as_array()?;
     let is_thinking =
         |b: &Value| matches!(b["type"].as_str(), Some("thinking" | "redacted_thinking"));
-    let first_other = blocks.iter().position(|b| !is_thinking(b));
-    let late = blocks
-        .iter()
-        .enumerate()
-        .any(|(k, b)| is_thinking(b) && first_other.is_some_and(|o| k > o));
-    if blocks.iter().any(is_thinking) && m["role"] != "assistant" {
-        return Some(format!("message {i}: a thinking block in a user turn"));
-    }
-    late.then(|| format!("message {i}: a thinking block after the turn's other blocks"))
+    (m["role"] != "assistant" && blocks.iter().any(is_thinking))
+        .then(|| format!("message {i}: a thinking block in a user turn"))
 }
 
 /// Each `tool_use` answered by a `tool_result` in the next (user) turn, and each result
@@ -273,7 +268,7 @@ mod tests {
     }
 
     #[test]
-    fn messages_turns_alternate_and_thinking_leads_its_turn() {
+    fn messages_turns_alternate_and_thinking_stays_in_assistant_turns() {
         let user = json!({"role": "user", "content": "go"});
         let answer = |blocks: Value| json!({"role": "assistant", "content": blocks});
         let thinking = json!({"type": "thinking", "thinking": "hm", "signature": "s"});
@@ -292,11 +287,21 @@ mod tests {
                 .unwrap()
                 .contains("role")
         );
-        let late = [user.clone(), answer(json!([text, thinking]))];
+        // As Claude Opus 4.6 answers (a real Claude Code session): text, thinking, text
+        // and a call in one message, taken back by Anthropic as it was.
+        let call = json!({"type": "tool_use", "id": "t1", "name": "Read", "input": {}});
+        let result = json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]});
+        let interleaved = [
+            user.clone(),
+            answer(json!([text, thinking, text, call])),
+            result,
+        ];
+        assert_eq!(violation(Format::Messages, &interleaved), None);
+        let in_user = [json!({"role": "user", "content": [thinking]})];
         assert!(
-            violation(Format::Messages, &late)
+            violation(Format::Messages, &in_user)
                 .unwrap()
-                .contains("thinking")
+                .contains("thinking block in a user turn")
         );
         let first = [answer(json!([text]))];
         assert!(
