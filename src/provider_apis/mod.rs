@@ -6,7 +6,9 @@
 //! answers them itself — a summary of the history (the `deterministic` digest, no model
 //! asked) in a `compaction` item of its own ([`sealed`]: signed with a key derived from
 //! the identity secret, readable by every replica and after a restart) — and expands
-//! such an item into its summary before a later request goes on ([`before`]).
+//! such an item into its summary before a later request goes on ([`before`]). The
+//! Responses WebSocket handshake is refused in the way Codex falls back from at once
+//! ([`websocket`]).
 //!
 //! Calls from the request path: the proxy's `/responses/compact` handler (routed only
 //! when serving) calls [`compact`]; the conversation handler calls [`before`] on a
@@ -15,6 +17,7 @@
 mod answer;
 mod compacted;
 pub mod sealed;
+pub mod websocket;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

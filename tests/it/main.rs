@@ -42,6 +42,7 @@ mod redis_tls;
 mod replay;
 mod request_ids;
 mod responses;
+mod responses_websocket;
 mod savings;
 mod scale;
 mod sdk;
