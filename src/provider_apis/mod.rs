@@ -1,7 +1,8 @@
 //! Provider compaction APIs for an upstream that lacks them (DESIGN §10): OpenAI's
 //! `POST /v1/responses/compact`, Codex's remote compaction v2 (a `/v1/responses`
-//! request whose input ends with `{"type": "compaction_trigger"}`) and the `compaction`
-//! items a client sends back later. Behind OpenAI's or Azure OpenAI's own host they are
+//! request whose input ends with `{"type": "compaction_trigger"}`), Responses
+//! `context_management` ([`context`]; the answer's item put first by [`first`]) and the
+//! `compaction` items a client sends back later. Behind OpenAI's or Azure OpenAI's own host they are
 //! the provider's and pass untouched ([`serves`]); behind any other server abridge
 //! answers them itself — a summary of the history (the `deterministic` digest, no model
 //! asked) in a `compaction` item of its own ([`sealed`]: signed with a key derived from
@@ -16,6 +17,8 @@
 
 mod answer;
 mod compacted;
+mod context;
+pub mod first;
 pub mod sealed;
 pub mod websocket;
 
@@ -77,6 +80,9 @@ pub enum Before {
     /// Goes on as these bytes, its compaction items expanded (parsed by the caller: they
     /// are a new body), with a note.
     Expanded(Bytes, Option<&'static str>),
+    /// Goes on as these bytes, compacted by abridge for the client's
+    /// `context_management`; the answer gets the item first ([`first::First::onto`]).
+    Compacted(Bytes, Option<&'static str>, first::First),
     /// abridge answered it (a compaction trigger, or its refusal).
     Answer(Response),
 }
@@ -89,7 +95,9 @@ pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before 
         return Before::Go(request, None);
     };
     let body = responses.body();
-    if !serves(state.config()) || memchr::memmem::find(body, b"\"compaction").is_none() {
+    let carries = |needle: &[u8]| memchr::memmem::find(body, needle).is_some();
+    if !serves(state.config()) || !(carries(b"\"compaction") || carries(b"\"context_management\""))
+    {
         return Before::Go(request, None);
     }
     let parsed = responses.parsed();
@@ -106,6 +114,7 @@ pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before 
         None => Before::Go(request, None),
         Some(Outcome::Answer(response)) => Before::Answer(response),
         Some(Outcome::Expanded(expanded, note)) => Before::Expanded(expanded, note),
+        Some(Outcome::Compacted(body, note, first)) => Before::Compacted(body, note, first),
         Some(Outcome::Untouched(note)) => Before::Go(request, Some(note)),
     }
 }
@@ -113,6 +122,7 @@ pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before 
 enum Outcome {
     Answer(Response),
     Expanded(Bytes, Option<&'static str>),
+    Compacted(Bytes, Option<&'static str>, first::First),
     Untouched(&'static str),
 }
 
@@ -138,7 +148,11 @@ fn decide(
         return Some(Outcome::Answer(error.response_in(Shape::OpenAi)));
     }
     let compactions = kinds.iter().any(|k| matches!(k, Kind::Compaction(_)));
-    if trigger.is_none() && !compactions {
+    let managed = match context::asked(parsed) {
+        Ok(managed) => managed.filter(|_| trigger.is_none()),
+        Err(error) => return Some(Outcome::Answer(error.response_in(Shape::OpenAi))),
+    };
+    if trigger.is_none() && !compactions && managed.is_none() {
         return None;
     }
     let Some(key) = key else {
@@ -154,6 +168,10 @@ fn decide(
         let made = make(key, parsed, (&kinds, &opened));
         return Some(Outcome::Answer(triggered(&made, model, stream, note)));
     }
+    if let Some(threshold) = managed {
+        let summaries = (kinds.as_slice(), opened.as_slice());
+        return context::managed(key, (body, parsed), summaries, (threshold, role), note);
+    }
     let expanded = compacted::expand(&parsed.items, &kinds, &opened, role);
     let body = responses::with_input(body, parsed, &expanded.forwarded())?;
     Some(Outcome::Expanded(body, note))
@@ -164,6 +182,7 @@ struct Made {
     id: String,
     item: serde_json::Value,
     created_at: u64,
+    summary: sealed::Summary,
 }
 
 /// The compaction of `parsed`'s input: its summary sealed into a `compaction` item.
@@ -186,6 +205,7 @@ fn make(
         id,
         item,
         created_at,
+        summary,
     }
 }
 

@@ -33,6 +33,7 @@ use crate::headers;
 use crate::identity::Fingerprint;
 use crate::ingress;
 use crate::prices::Price;
+use crate::provider_apis::first::First;
 use crate::provider_apis::websocket;
 use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::state::AppState;
@@ -53,6 +54,9 @@ struct Exchange {
     /// The body's share of `limits.max_inflight_body_bytes`, until abridge is done with
     /// the body (the end of the response, or of the background compaction it feeds).
     held: Option<ingress::Held>,
+    /// A compaction item abridge made for the client, to put first in the answer (see
+    /// [`crate::provider_apis::first`]).
+    first: Option<First>,
 }
 
 impl Exchange {
@@ -63,6 +67,7 @@ impl Exchange {
             inflight: Some(state.stats().request_started()),
             payer: None,
             held: None,
+            first: None,
         }
     }
 
@@ -75,6 +80,7 @@ impl Exchange {
             inflight: None,
             payer: None,
             held: None,
+            first: None,
         }
     }
 

@@ -19,6 +19,7 @@ mod claude_code;
 mod cli;
 mod codex;
 mod connections;
+mod context_management;
 mod conversations;
 mod cost;
 mod credentials;
