@@ -109,7 +109,7 @@ pub(super) fn managed(
     key: &IdentityKey,
     (body_in, parsed): (&Bytes, &Parsed<'_>),
     (kinds, opened): (&[Kind<'_>], &[Option<Summary>]),
-    (threshold, role): (Option<u64>, SummaryRole),
+    (threshold, role, model): (Option<u64>, SummaryRole, &super::asked::Model),
     note: Option<&'static str>,
 ) -> Option<Outcome> {
     let expanded = compacted::expand(&parsed.items, kinds, opened, role);
@@ -118,7 +118,7 @@ pub(super) fn managed(
     if threshold.is_none_or(|t| estimate <= t) {
         return Some(Outcome::Expanded(plain, note));
     }
-    let made = super::make(key, parsed, (kinds, opened));
+    let made = super::make(key, parsed, (kinds, opened), model);
     let forwarded = compacted_input(&parsed.items, kinds, &made, role);
     let compacted = body(body_in, parsed, &forwarded.forwarded())?;
     let first = First::new(made.item);

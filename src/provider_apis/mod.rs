@@ -16,6 +16,7 @@
 //! parsed Responses request before it is identified.
 
 mod answer;
+mod asked;
 mod compacted;
 mod context;
 pub mod first;
@@ -90,7 +91,11 @@ pub enum Before {
 /// A parsed `/v1/responses` request, before it is identified: as it is, unless abridge
 /// serves the compaction APIs and it carries their items (a byte search tells cheaply);
 /// the work runs off the async workers, as the parse did.
-pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before {
+pub async fn before(
+    state: &AppState,
+    request: Arc<formats::Request>,
+    at: (&http::HeaderMap, &http::Uri),
+) -> Before {
     let formats::Request::Responses(responses) = &*request else {
         return Before::Go(request, None);
     };
@@ -106,10 +111,14 @@ pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before 
     }
     let key = state.identity_key().await;
     let role = state.config().strategies.summary_role;
+    let model = match key.as_deref() {
+        Some(key) => asked::for_request(state, at, (key, body, parsed), false).await,
+        None => asked::Model::NotAsked,
+    };
     let permit = state.cpu().permit_for(body.len()).await;
-    let outcome = state
-        .cpu()
-        .run_with(&permit, || decide(key.as_deref(), (body, parsed), role));
+    let outcome = state.cpu().run_with(&permit, || {
+        decide(key.as_deref(), (body, parsed), role, &model)
+    });
     match outcome {
         None => Before::Go(request, None),
         Some(Outcome::Answer(response)) => Before::Answer(response),
@@ -137,6 +146,7 @@ fn decide(
     key: Option<&IdentityKey>,
     (body, parsed): (&Bytes, &Parsed<'_>),
     role: crate::strategies::SummaryRole,
+    model: &asked::Model,
 ) -> Option<Outcome> {
     let kinds = compacted::kinds(&parsed.items);
     let trigger = kinds.iter().position(|k| *k == Kind::Trigger);
@@ -161,16 +171,19 @@ fn decide(
         ));
     };
     let opened = compacted::opened(key, &kinds);
-    let note = compacted::any_foreign(&kinds, &opened).then_some(FOREIGN);
+    let note = compacted::any_foreign(&kinds, &opened)
+        .then_some(FOREIGN)
+        .or(model.note());
     if trigger.is_some() {
         let stream = parsed.fields.stream == Some(true);
-        let model = parsed.fields.model.as_deref().unwrap_or_default();
-        let made = make(key, parsed, (&kinds, &opened));
-        return Some(Outcome::Answer(triggered(&made, model, stream, note)));
+        let made = make(key, parsed, (&kinds, &opened), model);
+        let name = parsed.fields.model.as_deref().unwrap_or_default();
+        return Some(Outcome::Answer(triggered(&made, name, stream, note)));
     }
     if let Some(threshold) = managed {
         let summaries = (kinds.as_slice(), opened.as_slice());
-        return context::managed(key, (body, parsed), summaries, (threshold, role), note);
+        let asked = (threshold, role, model);
+        return context::managed(key, (body, parsed), summaries, asked, note);
     }
     let expanded = compacted::expand(&parsed.items, &kinds, &opened, role);
     let body = responses::with_input(body, parsed, &expanded.forwarded())?;
@@ -185,16 +198,26 @@ struct Made {
     summary: sealed::Summary,
 }
 
-/// The compaction of `parsed`'s input: its summary sealed into a `compaction` item.
+/// The compaction of `parsed`'s input: its summary (the model's, when it said one; else
+/// the digest) sealed into a `compaction` item.
 fn make(
     key: &IdentityKey,
     parsed: &Parsed<'_>,
     (kinds, opened): (&[Kind<'_>], &[Option<sealed::Summary>]),
+    model: &asked::Model,
 ) -> Made {
     let created_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let summary = compacted::summarise(&parsed.items, kinds, opened, created_at);
+    let summary = match model.said() {
+        Some(said) => sealed::Summary {
+            summary: crate::strategies::redact::redact(said).into_owned(),
+            items: kinds.iter().filter(|k| **k == Kind::Plain).count() as u64
+                + opened.iter().rev().flatten().next().map_or(0, |p| p.items),
+            created_at,
+        },
+        None => compacted::summarise(&parsed.items, kinds, opened, created_at),
+    };
     let token = sealed::seal(key, &summary);
     let id = format!(
         "cmp_{}",
@@ -260,10 +283,14 @@ pub async fn compact(state: &AppState, request: Request) -> Result<Response, Err
     let key = state.identity_key().await.ok_or_else(|| {
         Error::Internal("the identity secret is not available (store unreachable)".into())
     })?;
+    let at = (&parts.headers, &parts.uri);
+    let model = asked::for_request(state, at, (&key, &body, &parsed), true).await;
     let kinds = compacted::kinds(&parsed.items);
     let opened = compacted::opened(&key, &kinds);
-    let note = compacted::any_foreign(&kinds, &opened).then_some(FOREIGN);
-    let made = make(&key, &parsed, (&kinds, &opened));
+    let note = compacted::any_foreign(&kinds, &opened)
+        .then_some(FOREIGN)
+        .or(model.note());
+    let made = make(&key, &parsed, (&kinds, &opened), &model);
     let kept = compacted::kept_users(&parsed.items, &kinds, compacted::KEPT_USER_TOKENS);
     let mut output: Vec<serde_json::Value> = kept
         .iter()

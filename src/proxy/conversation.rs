@@ -227,7 +227,8 @@ async fn read(
             return Ok(Read::Unparsed(body, None));
         }
     };
-    Ok(match provider_apis::before(state, request).await {
+    let at = (&parts.headers, &parts.uri);
+    Ok(match provider_apis::before(state, request, at).await {
         Before::Go(request, note) => Read::Parsed(request, note),
         Before::Answer(response) => Read::Answer(response),
         Before::Expanded(body, note) => match parsed(body).await {

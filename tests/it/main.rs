@@ -35,6 +35,7 @@ mod messages;
 mod outage;
 mod passthrough;
 mod provider_apis;
+mod provider_summary;
 mod recall;
 mod recall_bounds;
 mod recall_stream;
