@@ -16,10 +16,15 @@ use crate::{admin, provider_apis, proxy, serve};
 /// deployment path and the classic preview Responses path; see [`crate::azure`]);
 /// everything else (other methods on those paths included) passes through. Where
 /// abridge serves the provider compaction APIs ([`provider_apis::serves`]),
-/// `/responses/compact` is answered too.
+/// `/responses/compact` is answered too. A WebSocket handshake on the Responses paths is
+/// refused at once ([`provider_apis::websocket`]).
 pub fn router(state: AppState) -> Router {
     let chat = || post(proxy::chat).fallback(proxy::passthrough);
-    let responses = || post(proxy::responses).fallback(proxy::passthrough);
+    let responses = || {
+        post(proxy::responses)
+            .get(proxy::responses_get)
+            .fallback(proxy::passthrough)
+    };
     let mut router = Router::new();
     if provider_apis::serves(state.config()) {
         let compact = || post(proxy::compact).fallback(proxy::passthrough);

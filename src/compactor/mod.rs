@@ -112,6 +112,11 @@ impl Compactor {
         self.ring.latest()
     }
 
+    /// The summariser every summarising strategy asks (also the provider APIs' items).
+    pub fn summariser(&self) -> &Summariser {
+        &self.summariser
+    }
+
     /// Background compactions queued or running.
     pub fn pending_jobs(&self) -> usize {
         self.background.pending()

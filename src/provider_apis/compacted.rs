@@ -190,16 +190,22 @@ pub(super) fn expand<'a>(
             out.push(item.raw);
         }
     }
-    let summary = latest.and_then(|l| opened[l].as_ref()).map(|s| {
-        let body = format!(
-            "Summary of the earlier conversation ({} items), compacted by abridge:\n{}",
-            s.items, s.summary
-        );
-        crate::strategies::authored(Format::Responses, role, &body)
-    });
+    let summary = latest
+        .and_then(|l| opened[l].as_ref())
+        .map(|s| summary_message(s, role));
     Expanded {
         items: out,
         summary,
         at,
     }
+}
+
+/// The message a compaction item's summary is forwarded as (the same bytes whenever that
+/// item is expanded, so the provider's prompt cache keeps hitting).
+pub(super) fn summary_message(summary: &Summary, role: SummaryRole) -> Box<RawValue> {
+    let body = format!(
+        "Summary of the earlier conversation ({} items), compacted by abridge:\n{}",
+        summary.items, summary.summary
+    );
+    crate::strategies::authored(Format::Responses, role, &body)
 }

@@ -1,20 +1,27 @@
 //! Provider compaction APIs for an upstream that lacks them (DESIGN §10): OpenAI's
 //! `POST /v1/responses/compact`, Codex's remote compaction v2 (a `/v1/responses`
-//! request whose input ends with `{"type": "compaction_trigger"}`) and the `compaction`
-//! items a client sends back later. Behind OpenAI's or Azure OpenAI's own host they are
+//! request whose input ends with `{"type": "compaction_trigger"}`), Responses
+//! `context_management` ([`context`]; the answer's item put first by [`first`]) and the
+//! `compaction` items a client sends back later. Behind OpenAI's or Azure OpenAI's own host they are
 //! the provider's and pass untouched ([`serves`]); behind any other server abridge
 //! answers them itself — a summary of the history (the `deterministic` digest, no model
 //! asked) in a `compaction` item of its own ([`sealed`]: signed with a key derived from
 //! the identity secret, readable by every replica and after a restart) — and expands
-//! such an item into its summary before a later request goes on ([`before`]).
+//! such an item into its summary before a later request goes on ([`before`]). The
+//! Responses WebSocket handshake is refused in the way Codex falls back from at once
+//! ([`websocket`]).
 //!
 //! Calls from the request path: the proxy's `/responses/compact` handler (routed only
 //! when serving) calls [`compact`]; the conversation handler calls [`before`] on a
 //! parsed Responses request before it is identified.
 
 mod answer;
+mod asked;
 mod compacted;
+mod context;
+pub mod first;
 pub mod sealed;
+pub mod websocket;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -74,6 +81,9 @@ pub enum Before {
     /// Goes on as these bytes, its compaction items expanded (parsed by the caller: they
     /// are a new body), with a note.
     Expanded(Bytes, Option<&'static str>),
+    /// Goes on as these bytes, compacted by abridge for the client's
+    /// `context_management`; the answer gets the item first ([`first::First::onto`]).
+    Compacted(Bytes, Option<&'static str>, first::First),
     /// abridge answered it (a compaction trigger, or its refusal).
     Answer(Response),
 }
@@ -81,12 +91,18 @@ pub enum Before {
 /// A parsed `/v1/responses` request, before it is identified: as it is, unless abridge
 /// serves the compaction APIs and it carries their items (a byte search tells cheaply);
 /// the work runs off the async workers, as the parse did.
-pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before {
+pub async fn before(
+    state: &AppState,
+    request: Arc<formats::Request>,
+    at: (&http::HeaderMap, &http::Uri),
+) -> Before {
     let formats::Request::Responses(responses) = &*request else {
         return Before::Go(request, None);
     };
     let body = responses.body();
-    if !serves(state.config()) || memchr::memmem::find(body, b"\"compaction").is_none() {
+    let carries = |needle: &[u8]| memchr::memmem::find(body, needle).is_some();
+    if !serves(state.config()) || !(carries(b"\"compaction") || carries(b"\"context_management\""))
+    {
         return Before::Go(request, None);
     }
     let parsed = responses.parsed();
@@ -95,14 +111,19 @@ pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before 
     }
     let key = state.identity_key().await;
     let role = state.config().strategies.summary_role;
+    let model = match key.as_deref() {
+        Some(key) => asked::for_request(state, at, (key, body, parsed), false).await,
+        None => asked::Model::NotAsked,
+    };
     let permit = state.cpu().permit_for(body.len()).await;
-    let outcome = state
-        .cpu()
-        .run_with(&permit, || decide(key.as_deref(), (body, parsed), role));
+    let outcome = state.cpu().run_with(&permit, || {
+        decide(key.as_deref(), (body, parsed), role, &model)
+    });
     match outcome {
         None => Before::Go(request, None),
         Some(Outcome::Answer(response)) => Before::Answer(response),
         Some(Outcome::Expanded(expanded, note)) => Before::Expanded(expanded, note),
+        Some(Outcome::Compacted(body, note, first)) => Before::Compacted(body, note, first),
         Some(Outcome::Untouched(note)) => Before::Go(request, Some(note)),
     }
 }
@@ -110,6 +131,7 @@ pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before 
 enum Outcome {
     Answer(Response),
     Expanded(Bytes, Option<&'static str>),
+    Compacted(Bytes, Option<&'static str>, first::First),
     Untouched(&'static str),
 }
 
@@ -124,6 +146,7 @@ fn decide(
     key: Option<&IdentityKey>,
     (body, parsed): (&Bytes, &Parsed<'_>),
     role: crate::strategies::SummaryRole,
+    model: &asked::Model,
 ) -> Option<Outcome> {
     let kinds = compacted::kinds(&parsed.items);
     let trigger = kinds.iter().position(|k| *k == Kind::Trigger);
@@ -135,7 +158,11 @@ fn decide(
         return Some(Outcome::Answer(error.response_in(Shape::OpenAi)));
     }
     let compactions = kinds.iter().any(|k| matches!(k, Kind::Compaction(_)));
-    if trigger.is_none() && !compactions {
+    let managed = match context::asked(parsed) {
+        Ok(managed) => managed.filter(|_| trigger.is_none()),
+        Err(error) => return Some(Outcome::Answer(error.response_in(Shape::OpenAi))),
+    };
+    if trigger.is_none() && !compactions && managed.is_none() {
         return None;
     }
     let Some(key) = key else {
@@ -144,12 +171,19 @@ fn decide(
         ));
     };
     let opened = compacted::opened(key, &kinds);
-    let note = compacted::any_foreign(&kinds, &opened).then_some(FOREIGN);
+    let note = compacted::any_foreign(&kinds, &opened)
+        .then_some(FOREIGN)
+        .or(model.note());
     if trigger.is_some() {
         let stream = parsed.fields.stream == Some(true);
-        let model = parsed.fields.model.as_deref().unwrap_or_default();
-        let made = make(key, parsed, (&kinds, &opened));
-        return Some(Outcome::Answer(triggered(&made, model, stream, note)));
+        let made = make(key, parsed, (&kinds, &opened), model);
+        let name = parsed.fields.model.as_deref().unwrap_or_default();
+        return Some(Outcome::Answer(triggered(&made, name, stream, note)));
+    }
+    if let Some(threshold) = managed {
+        let summaries = (kinds.as_slice(), opened.as_slice());
+        let asked = (threshold, role, model);
+        return context::managed(key, (body, parsed), summaries, asked, note);
     }
     let expanded = compacted::expand(&parsed.items, &kinds, &opened, role);
     let body = responses::with_input(body, parsed, &expanded.forwarded())?;
@@ -161,18 +195,29 @@ struct Made {
     id: String,
     item: serde_json::Value,
     created_at: u64,
+    summary: sealed::Summary,
 }
 
-/// The compaction of `parsed`'s input: its summary sealed into a `compaction` item.
+/// The compaction of `parsed`'s input: its summary (the model's, when it said one; else
+/// the digest) sealed into a `compaction` item.
 fn make(
     key: &IdentityKey,
     parsed: &Parsed<'_>,
     (kinds, opened): (&[Kind<'_>], &[Option<sealed::Summary>]),
+    model: &asked::Model,
 ) -> Made {
     let created_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let summary = compacted::summarise(&parsed.items, kinds, opened, created_at);
+    let summary = match model.said() {
+        Some(said) => sealed::Summary {
+            summary: crate::strategies::redact::redact(said).into_owned(),
+            items: kinds.iter().filter(|k| **k == Kind::Plain).count() as u64
+                + opened.iter().rev().flatten().next().map_or(0, |p| p.items),
+            created_at,
+        },
+        None => compacted::summarise(&parsed.items, kinds, opened, created_at),
+    };
     let token = sealed::seal(key, &summary);
     let id = format!(
         "cmp_{}",
@@ -183,6 +228,7 @@ fn make(
         id,
         item,
         created_at,
+        summary,
     }
 }
 
@@ -237,10 +283,14 @@ pub async fn compact(state: &AppState, request: Request) -> Result<Response, Err
     let key = state.identity_key().await.ok_or_else(|| {
         Error::Internal("the identity secret is not available (store unreachable)".into())
     })?;
+    let at = (&parts.headers, &parts.uri);
+    let model = asked::for_request(state, at, (&key, &body, &parsed), true).await;
     let kinds = compacted::kinds(&parsed.items);
     let opened = compacted::opened(&key, &kinds);
-    let note = compacted::any_foreign(&kinds, &opened).then_some(FOREIGN);
-    let made = make(&key, &parsed, (&kinds, &opened));
+    let note = compacted::any_foreign(&kinds, &opened)
+        .then_some(FOREIGN)
+        .or(model.note());
+    let made = make(&key, &parsed, (&kinds, &opened), &model);
     let kept = compacted::kept_users(&parsed.items, &kinds, compacted::KEPT_USER_TOKENS);
     let mut output: Vec<serde_json::Value> = kept
         .iter()

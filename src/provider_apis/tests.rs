@@ -14,7 +14,12 @@ fn key() -> IdentityKey {
 fn run(body: &Value) -> Option<Outcome> {
     let body = Bytes::from(body.to_string());
     let parsed = responses::parse(&body).unwrap();
-    decide(Some(&key()), (&body, &parsed), SummaryRole::User)
+    decide(
+        Some(&key()),
+        (&body, &parsed),
+        SummaryRole::User,
+        &super::asked::Model::NotAsked,
+    )
 }
 
 fn user(text: &str) -> Value {

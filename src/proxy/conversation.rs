@@ -5,8 +5,9 @@
 //! compact-and-retry, if it said the prompt is too long) → relay → record.
 //!
 //! Where abridge serves the provider compaction APIs ([`crate::provider_apis`]), a
-//! Responses body is first handed to them: answered there (Codex's compaction trigger)
-//! or its `compaction` items expanded into their summaries before it is prepared.
+//! Responses body is first handed to them: answered there (Codex's compaction trigger),
+//! its `compaction` items expanded into their summaries, or compacted for its
+//! `context_management` (the answer then gets abridge's item first) before it is prepared.
 //!
 //! A request whose state lives on the provider (a Responses `previous_response_id`, …)
 //! or that asks for the provider's own compaction is forwarded untouched whatever the
@@ -75,9 +76,12 @@ async fn conversation(
         Format::Messages => Shape::Anthropic,
         Format::Chat | Format::Responses => Shape::OpenAi,
     };
-    let response = stages(state, request, format, &mut exchange)
+    let mut response = stages(state, request, format, &mut exchange)
         .await
         .unwrap_or_else(|e| e.response_in(shape));
+    if let Some(first) = exchange.first.take() {
+        response = first.onto(response).await;
+    }
     exchange.finish(state, route, &response);
     response
 }
@@ -223,13 +227,21 @@ async fn read(
             return Ok(Read::Unparsed(body, None));
         }
     };
-    Ok(match provider_apis::before(state, request).await {
+    let at = (&parts.headers, &parts.uri);
+    Ok(match provider_apis::before(state, request, at).await {
         Before::Go(request, note) => Read::Parsed(request, note),
         Before::Answer(response) => Read::Answer(response),
         Before::Expanded(body, note) => match parsed(body).await {
             Ok(request) => Read::Parsed(request, note),
             Err((body, _)) => Read::Unparsed(body, note),
         },
+        Before::Compacted(body, note, first) => {
+            exchange.first = Some(first);
+            match parsed(body).await {
+                Ok(request) => Read::Parsed(request, note),
+                Err((body, _)) => Read::Unparsed(body, note),
+            }
+        }
     })
 }
 

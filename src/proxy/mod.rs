@@ -33,6 +33,8 @@ use crate::headers;
 use crate::identity::Fingerprint;
 use crate::ingress;
 use crate::prices::Price;
+use crate::provider_apis::first::First;
+use crate::provider_apis::websocket;
 use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::state::AppState;
 use crate::stats::{InFlight, Route};
@@ -52,6 +54,9 @@ struct Exchange {
     /// The body's share of `limits.max_inflight_body_bytes`, until abridge is done with
     /// the body (the end of the response, or of the background compaction it feeds).
     held: Option<ingress::Held>,
+    /// A compaction item abridge made for the client, to put first in the answer (see
+    /// [`crate::provider_apis::first`]).
+    first: Option<First>,
 }
 
 impl Exchange {
@@ -62,6 +67,7 @@ impl Exchange {
             inflight: Some(state.stats().request_started()),
             payer: None,
             held: None,
+            first: None,
         }
     }
 
@@ -74,6 +80,7 @@ impl Exchange {
             inflight: None,
             payer: None,
             held: None,
+            first: None,
         }
     }
 
@@ -92,6 +99,18 @@ impl Exchange {
         let own = self.started.elapsed().saturating_sub(self.upstream_wait);
         state.stats().added_latency(route, own);
     }
+}
+
+/// `GET` on a Responses path: a WebSocket handshake is refused at once (see
+/// [`crate::provider_apis::websocket`]); any other passes through.
+pub async fn responses_get(State(state): State<AppState>, request: Request) -> Response {
+    if !websocket::asked(request.headers()) {
+        return passthrough(State(state), request).await;
+    }
+    let exchange = Exchange::start(&state);
+    let response = websocket::refused();
+    exchange.finish(&state, Route::Responses, &response);
+    response
 }
 
 /// Every other request under `/v1` (and Azure's `/openai/…`): method, path, query,

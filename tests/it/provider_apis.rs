@@ -12,18 +12,18 @@ use serde_json::{Value, json};
 use crate::common::redis::RedisServer;
 use crate::common::{Proxy, client, config_for};
 
-fn serving(url: &str) -> Config {
+pub(crate) fn serving(url: &str) -> Config {
     let mut config = config_for(url);
     config.provider_apis.responses_compaction = ProviderCompaction::Serve;
     config
 }
 
-fn user(text: &str) -> Value {
+pub(crate) fn user(text: &str) -> Value {
     json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
 }
 
 /// A Codex-like history: instructions, an ask, a tool round, an answer.
-fn history() -> Vec<Value> {
+pub(crate) fn history() -> Vec<Value> {
     vec![
         json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex, a coding agent."}]}),
         user("Make the parser in src/parser.rs accept trailing commas"),
@@ -33,7 +33,7 @@ fn history() -> Vec<Value> {
     ]
 }
 
-async fn post(proxy: &Proxy, path: &str, body: &Value) -> reqwest::Response {
+pub(crate) async fn post(proxy: &Proxy, path: &str, body: &Value) -> reqwest::Response {
     client()
         .post(proxy.url(path))
         .bearer_auth("sk-codex")
@@ -44,7 +44,7 @@ async fn post(proxy: &Proxy, path: &str, body: &Value) -> reqwest::Response {
 }
 
 /// The compaction items of an output array.
-fn compactions(output: &[Value]) -> Vec<&Value> {
+pub(crate) fn compactions(output: &[Value]) -> Vec<&Value> {
     output
         .iter()
         .filter(|i| i["type"] == "compaction")
@@ -52,7 +52,7 @@ fn compactions(output: &[Value]) -> Vec<&Value> {
 }
 
 /// The events of an SSE body: (name, data).
-fn events(text: &str) -> Vec<(String, Value)> {
+pub(crate) fn events(text: &str) -> Vec<(String, Value)> {
     text.split("\n\n")
         .filter(|e| !e.trim().is_empty())
         .map(|e| {
@@ -120,7 +120,7 @@ async fn next_turn(proxy: &Proxy, item: &Value) -> reqwest::Response {
     .await
 }
 
-fn last_responses(provider: &FakeProvider) -> Recorded {
+pub(crate) fn last_responses(provider: &FakeProvider) -> Recorded {
     provider
         .requests()
         .into_iter()

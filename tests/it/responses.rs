@@ -173,7 +173,11 @@ async fn streamed_responses_report_usage_from_the_terminal_event() {
 #[tokio::test]
 async fn state_on_the_provider_is_forwarded_untouched() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
-    let proxy = Proxy::start_with(config(&provider.url(), Strategy::Recency)).await;
+    // A provider that has `context_management` itself (OpenAI's): behind one that lacks
+    // it abridge serves it (tests/it/context_management.rs).
+    let mut config = config(&provider.url(), Strategy::Recency);
+    config.provider_apis.responses_compaction = abridge::config::ProviderCompaction::Native;
+    let proxy = Proxy::start_with(config).await;
     let mut agent = ResponsesAgent::new(&proxy, "sk-stateful");
     agent
         .headers
