@@ -61,6 +61,7 @@ impl Prepared {
             payer: self.identified.as_ref().map(|i| i.payer),
             size: self.request.body().len(),
             body: self.request.body(),
+            request: Some(&self.request),
             format: self.request.format(),
             recall_tool: self.recall_tool.is_some(),
         }

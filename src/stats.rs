@@ -156,6 +156,9 @@ metrics! {
     checkpoints_applied: "checkpoints_applied", "Requests forwarded with a checkpoint applied"
         => fn checkpoint_applied;
     summary_calls: "summary_calls", "Summariser calls" => fn summary_call;
+    /// Summaries asked after the conversation itself, riding the prompt cache.
+    summaries_in_context: "summaries_in_context", "Summaries asked after the conversation itself, riding the provider's prompt cache"
+        => fn summary_in_context;
     /// The summariser's spend: input and output tokens its provider reported.
     summary_input_tokens: "summary_input_tokens", "Input tokens of summary calls, as their provider reported";
     summary_output_tokens: "summary_output_tokens", "Output tokens of summary calls, as their provider reported";

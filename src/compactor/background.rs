@@ -172,6 +172,7 @@ impl Compactor {
         let turn = Turn {
             size: job.request.body().len(),
             body: job.request.body(),
+            request: Some(&job.request),
             format: job.request.format(),
             messages: job.request.items(),
             prefixes: &job.prefixes,
@@ -286,6 +287,7 @@ impl Compactor {
         let attempt = Attempt {
             strategy: job.strategy,
             previous: deepest,
+            forwarded: active,
             budget: decide::items_budget(turn, target, ratio),
             ratio,
             trigger: Trigger::Background,

@@ -18,6 +18,7 @@ use crate::tokens::Estimator;
 
 use super::Compactor;
 use super::decide::applicable;
+use super::in_context::Forwarded;
 use super::ring::CompactionEvent;
 use super::summariser::SummaryFailure;
 use super::turn::Turn;
@@ -31,6 +32,9 @@ pub(super) struct Attempt<'c> {
     pub strategy: Strategy,
     /// The deepest checkpoint of this history, for an iterative update.
     pub previous: Option<&'c Checkpoint>,
+    /// The checkpoint the history's last forwarded request went with (`None`: whole):
+    /// a summary asked after the conversation repeats that request's prefix.
+    pub forwarded: Option<&'c Checkpoint>,
     /// In abridge's estimate.
     pub budget: u64,
     /// The provider's count over abridge's estimate the budget was converted with.
@@ -236,7 +240,7 @@ impl Compactor {
             summary_ratio: (!estimator.is_exact() && self.summariser.counts_like(turn.model))
                 .then_some(attempt.ratio),
         };
-        let summarise = |request| self.summarise(turn, request);
+        let summarise = |request| self.summarise(turn, attempt.forwarded, request);
         strategies::compact(
             attempt.strategy,
             &input,
@@ -253,6 +257,7 @@ impl Compactor {
     async fn summarise(
         &self,
         turn: &Turn<'_, '_>,
+        forwarded: Option<&Checkpoint>,
         request: strategies::SummaryRequest,
     ) -> Result<strategies::Answer, SummaryError> {
         let Some(payer) = turn.payer else {
@@ -282,20 +287,7 @@ impl Compactor {
             return Err(SummaryError::NotAttempted(refusal.reason()));
         }
         self.stats.summary_call();
-        // The summariser bounds the call by summary.timeout_ms itself.
-        let result = self
-            .summariser
-            .summarise(
-                (
-                    turn.credentials,
-                    turn.provider,
-                    turn.format,
-                    turn.deployment,
-                ),
-                turn.model,
-                &request,
-            )
-            .await;
+        let result = self.ask(turn, forwarded, &request).await;
         // The provider refused the client's own credential on the summary call.
         if let Err(SummaryFailure::Status {
             status: 401 | 403, ..
@@ -322,6 +314,53 @@ impl Compactor {
             }
         }
         result.map_err(SummaryError::from)
+    }
+
+    /// The summary call: after the conversation itself where it can be (see
+    /// [`super::in_context`]), else — or when that answer is not a summary — the
+    /// transcript. The summariser bounds each call by summary.timeout_ms itself.
+    async fn ask(
+        &self,
+        turn: &Turn<'_, '_>,
+        checkpoint: Option<&Checkpoint>,
+        request: &strategies::SummaryRequest,
+    ) -> Result<strategies::Answer, SummaryFailure> {
+        let client = (turn.credentials, turn.provider, turn.deployment);
+        if let Some(forwarded) = turn.request.map(|request| Forwarded {
+            request,
+            checkpoint,
+            recall_tool: turn.recall_tool,
+        }) && let Some(result) = self
+            .summariser
+            .summarise_in_context(client, turn.model, &forwarded, request)
+            .await
+        {
+            match result {
+                Ok(answer) => {
+                    self.stats.summary_in_context();
+                    return Ok(answer);
+                }
+                // Gone or slow: the transcript would be no better.
+                Err(e @ (SummaryFailure::Timeout(_) | SummaryFailure::Unreachable(_))) => {
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "the summary after the conversation failed; the transcript is asked");
+                }
+            }
+        }
+        self.summariser
+            .summarise(
+                (
+                    turn.credentials,
+                    turn.provider,
+                    turn.format,
+                    turn.deployment,
+                ),
+                turn.model,
+                request,
+            )
+            .await
     }
 
     /// Counts a compaction, lists it in the ring, logs it.

@@ -239,6 +239,7 @@ fn chat_turn<'t, 'a>(
         payer: None,
         size: body.len(),
         body: body.as_bytes(),
+        request: None,
         format: Format::Chat,
         recall_tool,
     }

@@ -7,8 +7,9 @@
 //! - [`build`] — running a strategy, single-flight, saving the checkpoint.
 //! - [`background`] — recording usage and the background builds.
 //! - [`ring`] — the latest compactions, for the admin API.
-//! - [`summariser`] — the one call a summary is; [`summary_wire`], its two forms
-//!   (chat completions, Anthropic's Messages).
+//! - [`summariser`] — the one call a summary is; [`summary_wire`], its forms (chat
+//!   completions, Anthropic's Messages, Responses); [`in_context`], a summary asked
+//!   after the conversation itself, so it rides the provider's prompt cache.
 //! - [`overflow`] — recognising a provider's "context length exceeded".
 //!
 //! The strategies themselves are pure and live in [`crate::strategies`].
@@ -22,6 +23,7 @@ mod build;
 pub mod cost;
 pub mod decide;
 mod estimate;
+mod in_context;
 pub mod overflow;
 pub mod params;
 mod ring;
@@ -183,6 +185,7 @@ impl Compactor {
                         decision.strategy
                     },
                     previous: decided.deepest,
+                    forwarded: decided.active,
                     budget,
                     ratio: decided.ratio,
                     trigger,

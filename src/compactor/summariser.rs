@@ -25,7 +25,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyExt, Limited};
 
-use super::params::{Learned, Params};
+use super::params::Learned;
 use super::summary_wire::{ANTHROPIC_VERSION, Wire, error_message};
 use crate::azure::Deployment;
 use crate::config::SummaryConfig;
@@ -141,10 +141,7 @@ impl Summariser {
         request_model: &str,
         call: &SummaryRequest,
     ) -> Result<Answer, SummaryFailure> {
-        let upstream = match (&self.anthropic, provider) {
-            (Some(anthropic), Provider::Anthropic) => anthropic,
-            _ => &self.upstream,
-        };
+        let upstream = self.upstream_for(provider);
         // A Messages conversation is summarised in the Messages API, on its own
         // upstream (which may serve nothing else); every other one in chat completions.
         let wire = match (format, &self.separate) {
@@ -160,9 +157,14 @@ impl Summariser {
         // refused parameter at a time).
         let mut retries = 2;
         loop {
-            let result = self
-                .ask((upstream, &uri, wire), client, (model, params), call)
-                .await;
+            let body = wire.body((model, params), call, self.temperature);
+            let result = match serde_json::to_vec(&body) {
+                Ok(body) => match self.request((uri.clone(), wire), client, body) {
+                    Ok(request) => self.ask((upstream, wire), request).await,
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(SummaryFailure::Unreadable(e.to_string())),
+            };
             // Retried only in a form that changes what is sent.
             let next = match &result {
                 Err(SummaryFailure::Status {
@@ -185,6 +187,52 @@ impl Summariser {
                     return result;
                 }
             }
+        }
+    }
+
+    /// Asks for the summary after the conversation itself, on the request's own model
+    /// and upstream with the client's credentials, so the provider reads the forwarded
+    /// prefix from its cache (see [`super::in_context`]). `None`: not asked so (another
+    /// model or provider summarises, or the request does not allow it).
+    pub(super) async fn summarise_in_context(
+        &self,
+        (client, provider, deployment): (&Credentials, Provider, Option<&Deployment>),
+        request_model: &str,
+        forwarded: &super::in_context::Forwarded<'_>,
+        call: &SummaryRequest,
+    ) -> Option<Result<Answer, SummaryFailure>> {
+        let format = forwarded.request.format();
+        let ask = call.in_context.as_ref()?;
+        if !self.counts_like(request_model) || (deployment.is_some() && format != Format::Chat) {
+            return None;
+        }
+        let wire = match format {
+            Format::Chat => Wire::Chat,
+            Format::Messages => Wire::Messages,
+            Format::Responses => Wire::Responses,
+        };
+        let params = self.learned.for_model(request_model);
+        let body =
+            super::in_context::body(forwarded, ask, (call.max_tokens, params.completion_tokens))?;
+        let upstream = self.upstream_for(provider);
+        let result = match self.endpoint(upstream, wire, deployment) {
+            Ok(uri) => {
+                let request = self.request((uri, wire), client, body);
+                match request {
+                    Ok(request) => self.ask((upstream, wire), request).await,
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(SummaryFailure::Unreachable(e.to_string())),
+        };
+        Some(result)
+    }
+
+    /// The upstream a summary of a request speaking `provider`'s API goes to.
+    fn upstream_for(&self, provider: Provider) -> &Upstream {
+        match (&self.anthropic, provider) {
+            (Some(anthropic), Provider::Anthropic) => anthropic,
+            _ => &self.upstream,
         }
     }
 
@@ -211,15 +259,12 @@ impl Summariser {
         }
     }
 
-    /// One summary request to `uri` on `upstream` for `model`, in the form `params`.
+    /// One summary request on `upstream`, its answer read as `wire`'s.
     async fn ask(
         &self,
-        (upstream, uri, wire): (&Upstream, &Uri, Wire),
-        client: &Credentials,
-        (model, params): (&str, Params),
-        call: &SummaryRequest,
+        (upstream, wire): (&Upstream, Wire),
+        request: Request<Body>,
     ) -> Result<Answer, SummaryFailure> {
-        let request = self.request((uri.clone(), wire), client, (model, params), call)?;
         let exchange = async {
             let response = upstream.send(request).await.map_err(|e| match e {
                 crate::error::Error::UpstreamTimeout(after) => SummaryFailure::Timeout(after),
@@ -251,17 +296,13 @@ impl Summariser {
         Ok(answer)
     }
 
-    /// The summary request: body in the model's form, the credentials it carries.
+    /// The summary request: `body`, and the credentials it carries.
     fn request(
         &self,
         (uri, wire): (Uri, Wire),
         client: &Credentials,
-        (model, params): (&str, Params),
-        call: &SummaryRequest,
+        body: Vec<u8>,
     ) -> Result<Request<Body>, SummaryFailure> {
-        let body = wire.body((model, params), call, self.temperature);
-        let body =
-            serde_json::to_vec(&body).map_err(|e| SummaryFailure::Unreadable(e.to_string()))?;
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(uri)

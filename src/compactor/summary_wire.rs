@@ -1,9 +1,11 @@
-//! The two forms a summary is asked in, and what comes back: a chat completion, or —
-//! for a conversation that speaks Anthropic's API, on its own upstream — a Messages
-//! request (an Anthropic-only gateway has no chat completions; the client's Messages
-//! route is known to work). Each gives the summary's text and whether the model
-//! stopped at the token cap (`finish_reason: "length"`, `stop_reason: "max_tokens"`):
-//! a cut answer is still used (see `strategies::fit`).
+//! The forms a summary is asked in, and what comes back: a chat completion, or — for a
+//! conversation that speaks Anthropic's API, on its own upstream — a Messages request
+//! (an Anthropic-only gateway has no chat completions; the client's Messages route is
+//! known to work); a Responses request only for a summary asked after the conversation
+//! itself (see `super::in_context`). Each gives the summary's text and whether the
+//! model stopped at the token cap (`finish_reason: "length"`, `stop_reason:
+//! "max_tokens"`, `status: "incomplete"`): a cut answer is still used (see
+//! `strategies::fit`).
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -19,6 +21,7 @@ pub(super) const ANTHROPIC_VERSION: &str = "2023-06-01";
 pub(super) enum Wire {
     Chat,
     Messages,
+    Responses,
 }
 
 impl Wire {
@@ -27,6 +30,7 @@ impl Wire {
         match self {
             Wire::Chat => "/chat/completions",
             Wire::Messages => "/messages",
+            Wire::Responses => "/responses",
         }
     }
 
@@ -73,6 +77,19 @@ impl Wire {
                 }
                 body
             }
+            Wire::Responses => {
+                let mut body = json!({
+                    "model": model,
+                    "instructions": call.system,
+                    "input": [{"role": "user", "content": call.prompt}],
+                    "max_output_tokens": max_tokens,
+                    "stream": false,
+                });
+                if !params.default_temperature {
+                    body["temperature"] = json!(temperature);
+                }
+                body
+            }
         }
     }
 
@@ -81,7 +98,7 @@ impl Wire {
     pub(super) fn sends_differently(self, a: Params, b: Params) -> bool {
         match self {
             Wire::Chat => a != b,
-            Wire::Messages => a.default_temperature != b.default_temperature,
+            Wire::Messages | Wire::Responses => a.default_temperature != b.default_temperature,
         }
     }
 
@@ -91,6 +108,7 @@ impl Wire {
         let mut answer = match self {
             Wire::Chat => chat_answer(body),
             Wire::Messages => messages_answer(body),
+            Wire::Responses => responses_answer(body),
         }?;
         answer.spent =
             crate::relay::usage::from_json(body).map(|u| crate::accounting::reported(&u));
@@ -152,6 +170,45 @@ fn messages_answer(body: &[u8]) -> Option<Answer> {
     })
 }
 
+/// The `output_text` parts of a Responses answer's messages, and whether it is
+/// `incomplete` (its cap reached).
+fn responses_answer(body: &[u8]) -> Option<Answer> {
+    #[derive(Deserialize)]
+    struct Response {
+        output: Vec<Item>,
+        #[serde(default)]
+        status: Option<String>,
+    }
+    #[derive(Deserialize)]
+    struct Item {
+        #[serde(rename = "type", default)]
+        kind: String,
+        #[serde(default)]
+        content: Vec<Part>,
+    }
+    #[derive(Deserialize)]
+    struct Part {
+        #[serde(rename = "type", default)]
+        kind: String,
+        #[serde(default)]
+        text: String,
+    }
+    let response: Response = serde_json::from_slice(body).ok()?;
+    let text: Vec<&str> = response
+        .output
+        .iter()
+        .filter(|i| i.kind == "message")
+        .flat_map(|i| &i.content)
+        .filter(|p| p.kind == "output_text")
+        .map(|p| p.text.as_str())
+        .collect();
+    Some(Answer {
+        text: text.concat(),
+        cut: response.status.as_deref() == Some("incomplete"),
+        spent: None,
+    })
+}
+
 /// The provider's error message (OpenAI's and Anthropic's shapes both have
 /// `error.message`), or the start of its body.
 pub(super) fn error_message(body: &[u8]) -> String {
@@ -193,6 +250,9 @@ mod tests {
         assert_eq!(answer.text, "## Goal\nfix it");
         assert!(answer.cut);
         assert_eq!(Wire::Messages.answer(chat), None);
+        let responses = br###"{"status":"incomplete","output":[{"type":"reasoning","summary":[]},{"type":"message","content":[{"type":"output_text","text":"## Goal\nx"}]}]}"###;
+        let answer = Wire::Responses.answer(responses).unwrap();
+        assert_eq!((answer.text.as_str(), answer.cut), ("## Goal\nx", true));
     }
 
     #[test]
@@ -214,6 +274,7 @@ mod tests {
             system: "s".into(),
             prompt: "p".into(),
             max_tokens: 300,
+            in_context: None,
         };
         let body = Wire::Messages.body(("claude-x", Params::default()), &call, 1.5);
         assert_eq!(body["max_tokens"], 300);

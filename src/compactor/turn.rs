@@ -40,6 +40,9 @@ pub struct Turn<'t, 'a> {
     /// The request body, for what it carries besides its items (see
     /// `decide::beside`).
     pub body: &'t [u8],
+    /// The request as parsed (`None` in the unit tests): a summary on the request's own
+    /// model is asked after its forwarded conversation (see `super::in_context`).
+    pub request: Option<&'t formats::Request>,
     /// The wire format the request came in.
     pub format: Format,
     /// A compacted request gets the recall tool, which the provider counts: compactions

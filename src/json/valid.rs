@@ -89,6 +89,11 @@ pub fn agrees_with_serde(text: &str) -> bool {
 }
 
 impl<'a> Top<'a> {
+    /// Each member in order: its key as written (quotes included) and its raw value.
+    pub fn members(&self) -> impl Iterator<Item = (&'a str, Raw<'a>)> + '_ {
+        self.members.iter().map(|(key, raw, _)| (*key, *raw))
+    }
+
     /// The members named `names`, `null` included; `None` when a name appears twice or
     /// a key holds a lone surrogate (serde's read of the body gives the error then).
     pub fn fields<const N: usize>(

@@ -84,7 +84,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         cache_write_tokens_reported client_prompt_tokens tokens_saved cost_direct_usd_micros cost_forwarded_usd_micros \
         cost_summaries_usd_micros cost_recalls_usd_micros unpriced_exchanges usage_unreadable stripped_events upstream_errors client_gone idle_timeouts \
         compactions compaction_tokens_estimated tokens_saved_estimated checkpoints_applied \
-        summary_calls summary_input_tokens summary_output_tokens recalls recall_tokens recall_input_tokens \
+        summary_calls summaries_in_context summary_input_tokens summary_output_tokens recalls recall_tokens recall_input_tokens \
         recall_output_tokens recall_failures summary_failures summary_refused summary_deferred \
         summary_gate_score summary_repairs \
         fallbacks retries context_overflows context_overflows_by_model cost_decisions anti_thrash observed waited_for_peer background_dropped";
@@ -118,7 +118,7 @@ fn every_metric_and_snapshot_field_keeps_its_name() {
         cost_summaries cost_recalls unpriced usage_unreadable \
         stripped_events upstream_errors client_gone idle_timeouts compactions \
         estimated_tokens_before estimated_tokens_after tokens_saved_estimated \
-        checkpoints_applied summary_calls summary_input_tokens summary_output_tokens recalls recall_tokens \
+        checkpoints_applied summary_calls summaries_in_context summary_input_tokens summary_output_tokens recalls recall_tokens \
         recall_input_tokens recall_output_tokens recall_failures summary_failures \
         summary_refused summary_deferred summary_repairs \
         fallbacks retries context_overflows not_worth_it anti_thrash observed waited_for_peer background_dropped";

@@ -343,12 +343,40 @@ impl From<String> for Answer {
     }
 }
 
-/// What the summariser is asked: one system message and one user message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the summariser is asked: one system message and one user message (the
+/// transcript and the template); and, where one request holds the whole range, the same
+/// ask for a summary of the conversation as the provider last saw it ([`InContext`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SummaryRequest {
     pub system: String,
     pub prompt: String,
     pub max_tokens: u32,
+    pub in_context: Option<InContext>,
+}
+
+impl SummaryRequest {
+    /// The request with `more` added to what it asks, in both its forms.
+    pub fn with_addendum(&self, more: &str) -> Self {
+        Self {
+            prompt: format!("{}\n\n{more}", self.prompt),
+            in_context: self.in_context.as_ref().map(|c| InContext {
+                instruction: format!("{}\n\n{more}", c.instruction),
+                ..c.clone()
+            }),
+            ..self.clone()
+        }
+    }
+}
+
+/// A summary asked after the conversation itself (its messages through `through`, as
+/// forwarded), so that the provider reads them from its prompt cache: `instruction` is
+/// the final user message. `updates`: the `through` of the previous summary the
+/// transcript updates (the forwarded conversation must hold exactly that one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InContext {
+    pub through: usize,
+    pub updates: Option<usize>,
+    pub instruction: String,
 }
 
 /// Why the summariser gave no answer: the class of the failure only. The provider's

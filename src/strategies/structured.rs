@@ -29,10 +29,10 @@ use super::gate::{self, Covered, Verdict};
 use super::redact::redact;
 use super::text::identifiers;
 pub(crate) use super::transcript::SYSTEM;
-use super::transcript::{Transcript, prompt};
+use super::transcript::{Transcript, instruction, prompt};
 use super::{
-    Answer, Cpu, Ctx, Edges, Fallback, Origin, Plan, Strategy, SummaryError, SummaryRequest, Tail,
-    authored,
+    Answer, Cpu, Ctx, Edges, Fallback, InContext, Origin, Plan, Strategy, SummaryError,
+    SummaryRequest, Tail, authored,
 };
 
 /// Tokens set aside for the framing around the summary body.
@@ -82,7 +82,8 @@ where
         None => (None, prepared.previous.map(str::to_owned)),
         Some((parts, max_tokens)) => {
             let asked = (parts.as_slice(), *max_tokens);
-            let (asked, merged) = in_parts(ctx, asked, prepared.previous, summarise, cpu).await?;
+            let range = (prepared.previous, prepared.updates, prepared.through);
+            let (asked, merged) = in_parts(ctx, asked, range, summarise, cpu).await?;
             (Some(asked), merged)
         }
     };
@@ -277,7 +278,7 @@ struct Asked {
 async fn in_parts<F, Fut, A>(
     ctx: &Ctx<'_, '_>,
     (parts, max_tokens): (&[Transcript], u32),
-    previous: Option<&str>,
+    (previous, updates, through): (Option<&str>, Option<usize>, usize),
     summarise: &F,
     cpu: &impl Cpu,
 ) -> Result<(Asked, Option<String>), Fallback>
@@ -301,7 +302,15 @@ where
         .await?;
         so_far = Some(carried_on(ctx, asked.judged, max_tokens));
     }
-    let request = request(ctx, last, so_far.as_deref(), max_tokens);
+    let mut request = request(ctx, last, so_far.as_deref(), max_tokens);
+    // One request holds the whole range: it may be asked after the conversation itself.
+    if earlier.is_empty() {
+        request.in_context = Some(InContext {
+            through,
+            updates,
+            instruction: instruction(last, previous.is_some(), (ctx.input.focus, max_tokens)),
+        });
+    }
     let mut asked = ask(ctx, (last, so_far.as_deref()), request, summarise, cpu).await?;
     if !earlier.is_empty() {
         asked
@@ -324,6 +333,7 @@ fn request(
         system: SYSTEM.to_owned(),
         prompt: prompt(transcript, previous, (ctx.input.focus, max_tokens)),
         max_tokens,
+        in_context: None,
     }
 }
 
@@ -387,15 +397,11 @@ where
     let kept = of - dropped.len();
     let mut best = answer;
     if of > 0 && (kept as f64) < ctx.settings.min_identifier_ratio * of as f64 {
-        let again = SummaryRequest {
-            prompt: format!(
-                "{}\n\nA first summary left out these identifiers of the transcript; write \
-                 the summary again and keep each exactly as written: {}",
-                retry.prompt,
-                dropped.join(", ")
-            ),
-            ..retry.clone()
-        };
+        let again = retry.with_addendum(&format!(
+            "A first summary left out these identifiers of the transcript; write the \
+             summary again and keep each exactly as written: {}",
+            dropped.join(", ")
+        ));
         if let Ok(second) = summarise(again).await {
             let second: Answer = second.into();
             let text = usable(&second);
@@ -440,6 +446,8 @@ struct Prepared<'p> {
     head: usize,
     through: usize,
     previous: Option<&'p str>,
+    /// The `through` of the previous summary (`previous`'s range).
+    updates: Option<usize>,
     /// The transcript in parts (oldest first), and the summary's cap.
     ask: Option<(Vec<Transcript>, u32)>,
     /// The room the edges leave, when it is less than a minimal summary.
@@ -484,6 +492,7 @@ fn prepare<'p>(ctx: &Ctx<'_, 'p>, tail: Tail) -> Prepared<'p> {
         head,
         through,
         previous: previous.map(|(_, s)| s),
+        updates: previous.map(|(t, _)| t),
         ask,
         short_of_room: (room < MIN_SUMMARY_TOKENS).then_some(room),
     }

@@ -308,6 +308,12 @@ pub(super) fn prompt(
             );
         }
     }
+    closing(&mut p, (focus, max_tokens));
+    p
+}
+
+/// What every ask ends with: the focus, the template, the size in words.
+fn closing(p: &mut String, (focus, max_tokens): (Option<&str>, u32)) {
     if let Some(focus) = focus.map(str::trim).filter(|f| !f.is_empty()) {
         let _ = write!(
             p,
@@ -322,6 +328,37 @@ pub(super) fn prompt(
         "{INSTRUCTIONS}\n\n{TEMPLATE}\n\n{CLOSING} Write at most about {words} words in \
          all: the whole summary must end within that."
     );
+}
+
+/// The ask that follows the conversation itself (see [`super::InContext`]): the
+/// summariser's instructions, then what to summarise — the `transcript`'s messages, the
+/// last ones above it (and, for an update, the summary of what came before, which the
+/// conversation holds) — the template and the size, as [`prompt`] asks them.
+pub(super) fn instruction(
+    transcript: &Transcript,
+    update: bool,
+    (focus, max_tokens): (Option<&str>, u32),
+) -> String {
+    let mut p = String::with_capacity(SYSTEM.len() + TEMPLATE.len() + 1024);
+    let what = if update {
+        "Update the summary of the earlier messages that the conversation above holds \
+         with the messages that followed it: keep everything still relevant, add new \
+         progress, decisions, files and context, move finished work to Done, drop only \
+         what is clearly obsolete. Write one complete updated summary, not a summary of \
+         the summary."
+    } else {
+        "Summarise the conversation above."
+    };
+    let _ = write!(
+        p,
+        "Stop here and do not continue the conversation: write a handoff summary of the \
+         conversation above instead. Do not call any tool; answer in text only. {SYSTEM}\n\n\
+         The summary will replace the conversation above up to this message ({} messages \
+         since its start or its earlier summary), apart from its system instructions. \
+         {what}\n\n",
+        transcript.messages
+    );
+    closing(&mut p, (focus, max_tokens));
     p
 }
 

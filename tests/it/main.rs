@@ -53,5 +53,6 @@ mod sentinel;
 mod store;
 mod streaming;
 mod summariser;
+mod summary_cache;
 mod traffic;
 mod windows;

@@ -24,11 +24,18 @@ fn config(url: &str, strategy: Strategy) -> Config {
 }
 
 /// The Responses requests the provider received (summary requests are chat).
+/// The conversation's requests (not the summaries, which on the conversation's own
+/// model are asked in the Responses API too).
 fn sent(provider: &FakeProvider) -> Vec<Recorded> {
     provider
         .requests()
         .into_iter()
         .filter(|r| r.uri.path().ends_with("/responses"))
+        .filter(|r| {
+            !r.json()["input"]
+                .as_array()
+                .is_some_and(|i| fake_provider::is_summary_request(i))
+        })
         .collect()
 }
 

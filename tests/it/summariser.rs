@@ -22,6 +22,7 @@ fn call() -> SummaryRequest {
         system: "You summarise conversations.".into(),
         prompt: "Summarise this transcript.\n[USER] fix src/lib.rs\n[ASSISTANT] done".into(),
         max_tokens: 500,
+        in_context: None,
     }
 }
 

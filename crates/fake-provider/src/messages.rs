@@ -408,7 +408,11 @@ impl Reply {
             .map(text_of)
             .find(|t| !t.is_empty())
             .unwrap_or_default();
-        let recalled = recall_move(request, messages).filter(|_| b.uses_recall);
+        // A summary asked after the conversation is answered in text, as a model told
+        // not to call tools does.
+        let summary = crate::chat::is_summary_request(messages);
+        let recalled = recall_move(request, messages).filter(|_| b.uses_recall && !summary);
+        let tool = tool.filter(|_| !summary);
         let (content, stop) = match (recalled, tool) {
             (Some(crate::recall::Move::Call(query)), _) => (
                 Content::Tool {

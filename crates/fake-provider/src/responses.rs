@@ -144,6 +144,19 @@ pub(crate) fn answer(b: &Behavior, cache: &AutoCache, body: &Bytes) -> Answer {
     if let Err(answer) = validate(&request) {
         return answer;
     }
+    if b.summary == crate::SummaryMode::Error
+        && crate::chat::is_summary_request(&input_items(&request))
+    {
+        return Answer::Whole(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            crate::error_body(
+                "The summariser failed (as told).",
+                "server_error",
+                None,
+                None,
+            ),
+        );
+    }
     let prompt_tokens = (count_tokens(&request) as f64 * b.token_scale).ceil() as u64;
     if let Some(window) = b.context_window
         && prompt_tokens > window
@@ -332,7 +345,10 @@ impl<'a> Reply<'a> {
                 })
             })
             .and_then(|t| t["name"].as_str());
-        let recalled = recall_move(request, &items).filter(|_| b.uses_recall);
+        // A summary, as chat's (see `crate::summary`), answered in text.
+        let summary = crate::chat::is_summary_request(&items);
+        let recalled = recall_move(request, &items).filter(|_| b.uses_recall && !summary);
+        let tool = tool.filter(|_| !summary);
         let content = match (recalled, tool) {
             (Some(crate::recall::Move::Call(query)), _) => Content::Call {
                 id: format!("fc_r{hash:016x}"),
@@ -351,6 +367,24 @@ impl<'a> Reply<'a> {
                     call_id: format!("call_{:08x}", hash as u32),
                     name: name.to_owned(),
                     arguments: r#"{"path":"/tmp/fake.txt"}"#.to_owned(),
+                }
+            }
+            _ if summary => {
+                let limit = request["max_output_tokens"]
+                    .as_u64()
+                    .map_or(usize::MAX, |t| usize::try_from(t * 4).unwrap_or(usize::MAX));
+                let mut text = crate::summary::summarise(&items, b.summary);
+                let truncated = match text.char_indices().nth(limit) {
+                    Some((at, _)) => {
+                        text.truncate(at);
+                        true
+                    }
+                    None => false,
+                };
+                Content::Text {
+                    id: format!("msg_{hash:016x}"),
+                    text,
+                    truncated,
                 }
             }
             _ => {

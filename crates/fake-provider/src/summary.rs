@@ -72,6 +72,56 @@ fn fenced<'p>(prompt: &'p str, name: &str) -> Option<&'p str> {
     Some(&prompt[tag_end..end])
 }
 
+/// The messages before a summary's ask as a transcript (`[USER]`, `[ASSISTANT]`,
+/// `[TOOL CALL]`, `[TOOL RESULT]` blocks), and the latest summary among them (a message
+/// that starts a summary in the template), which is not part of the transcript.
+fn conversation_above(messages: &[Value]) -> (String, String) {
+    let mut previous = String::new();
+    let mut out = String::new();
+    for m in messages {
+        let role = m["role"].as_str().unwrap_or("");
+        let kind = m["type"].as_str().unwrap_or("message");
+        let text = text_of(m);
+        if text.contains("## Goal") {
+            previous = text;
+            continue;
+        }
+        let results = m["content"]
+            .as_array()
+            .is_some_and(|b| b.iter().any(|b| b["type"] == "tool_result"));
+        let label = match (kind, role) {
+            ("function_call" | "custom_tool_call", _) => "[TOOL CALL]",
+            ("function_call_output" | "custom_tool_call_output", _) | (_, "tool") => {
+                "[TOOL RESULT]"
+            }
+            (_, "user") if results => "[TOOL RESULT]",
+            (_, "user") => "[USER]",
+            (_, "assistant") => "[ASSISTANT]",
+            _ => continue,
+        };
+        let mut body = text;
+        for part in [&m["arguments"], &m["output"]] {
+            if let Some(s) = part.as_str() {
+                body.push_str(s);
+            }
+        }
+        for block in m["content"].as_array().into_iter().flatten() {
+            match block["type"].as_str() {
+                Some("tool_use") => body.push_str(&block["input"].to_string()),
+                Some("tool_result") => {
+                    body.push_str(&crate::chat::text_of_content(&block["content"]))
+                }
+                _ => {}
+            }
+        }
+        for call in m["tool_calls"].as_array().into_iter().flatten() {
+            body.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+        }
+        out.push_str(&format!("{label}\n{body}\n"));
+    }
+    (previous, out)
+}
+
 /// The section `name` of a summary in the template (its lines after `## name`).
 fn section<'s>(summary: &'s str, name: &str) -> Option<&'s str> {
     let heading = format!("## {name}");
@@ -83,13 +133,21 @@ fn section<'s>(summary: &'s str, name: &str) -> Option<&'s str> {
 /// A summary in the structured template, built from what the prompt in the last message
 /// quotes — the transcript, or for an update the previous summary and the new messages
 /// — as a model following the template does: the previous summary's goal and what it
-/// carried stay, the new messages add to them. (A prompt without fences is read whole.)
+/// carried stay, the new messages add to them. A prompt without fences that asks for a
+/// summary of "the conversation above" is answered from the messages before it (chat
+/// messages, Messages blocks or Responses items; an earlier summary among them is the
+/// previous one); any other prompt without fences is read whole.
 pub(crate) fn summarise(messages: &[Value], mode: SummaryMode) -> String {
     let prompt = messages.last().map(text_of).unwrap_or_default();
-    let previous = fenced(&prompt, "previous-summary").unwrap_or_default();
-    let quoted = fenced(&prompt, "transcript")
-        .or_else(|| fenced(&prompt, "new-messages"))
-        .unwrap_or(&prompt);
+    let fences = fenced(&prompt, "transcript").or_else(|| fenced(&prompt, "new-messages"));
+    let (above_previous, above) = match fences {
+        None if prompt.contains("conversation above") => {
+            conversation_above(&messages[..messages.len().saturating_sub(1)])
+        }
+        _ => (String::new(), String::new()),
+    };
+    let previous = fenced(&prompt, "previous-summary").unwrap_or(&above_previous);
+    let quoted = fences.unwrap_or(if above.is_empty() { &prompt } else { &above });
     let transcript = format!("{previous}\n{quoted}");
     let asks = user_blocks(quoted);
     let short = |s: &str| s.chars().take(300).collect::<String>();
