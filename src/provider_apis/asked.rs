@@ -151,6 +151,9 @@ pub(super) fn request(
         system: structured::SYSTEM.to_owned(),
         prompt,
         max_tokens,
+        // A transcript of its own: the provider APIs answer before the conversation is
+        // identified, so no forwarded request is there to ride the cache of.
+        in_context: None,
     }
 }
 
