@@ -8,12 +8,17 @@
 //! the identity secret, readable by every replica and after a restart) — and expands
 //! such an item into its summary before a later request goes on ([`before`]).
 //!
+//! Anthropic's compaction and context editing on `POST /v1/messages` are the
+//! [`messages`] wing's, on the same summariser and the same sealing.
+//!
 //! Calls from the request path: the proxy's `/responses/compact` handler (routed only
 //! when serving) calls [`compact`]; the conversation handler calls [`before`] on a
-//! parsed Responses request before it is identified.
+//! parsed Responses or Messages request before it is identified, and wraps the answer
+//! to an edited Messages request with its [`messages::After`].
 
 mod answer;
 mod compacted;
+pub mod messages;
 pub mod sealed;
 
 use std::sync::Arc;
@@ -74,16 +79,21 @@ pub enum Before {
     /// Goes on as these bytes, its compaction items expanded (parsed by the caller: they
     /// are a new body), with a note.
     Expanded(Bytes, Option<&'static str>),
+    /// Goes on as these bytes (a Messages request whose context abridge edited or
+    /// compacted, parsed by the caller), with a note; its answer is to be wrapped with
+    /// the [`messages::After`].
+    Edited(Bytes, Option<&'static str>, messages::After),
     /// abridge answered it (a compaction trigger, or its refusal).
     Answer(Response),
 }
 
 /// A parsed `/v1/responses` request, before it is identified: as it is, unless abridge
 /// serves the compaction APIs and it carries their items (a byte search tells cheaply);
-/// the work runs off the async workers, as the parse did.
+/// the work runs off the async workers, as the parse did. A Messages request: the
+/// [`messages`] wing's.
 pub async fn before(state: &AppState, request: Arc<formats::Request>) -> Before {
     let formats::Request::Responses(responses) = &*request else {
-        return Before::Go(request, None);
+        return messages::before(state, request).await;
     };
     let body = responses.body();
     if !serves(state.config()) || memchr::memmem::find(body, b"\"compaction").is_none() {
