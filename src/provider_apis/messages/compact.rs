@@ -94,18 +94,27 @@ fn message(text: &str, role: SummaryRole) -> Option<Entry<'static>> {
 }
 
 /// `compact_20260112` over its trigger: `entries` become the summary of all but the
-/// newest turn (the last user message that asks, and what follows it) and that turn;
-/// the `compaction` block for the answer, its summary the whole conversation's. `None`
-/// (and `entries` untouched) when there is nothing before the newest turn to summarise.
+/// newest turn (the last user message that asks, and what follows it; when that ask
+/// opens the conversation — one task and its long tool loop — the last assistant
+/// message and what follows it, so a tool call keeps its result) and that turn; the
+/// `compaction` block for the answer, its summary the whole conversation's. `None` (and
+/// `entries` untouched) when there is nothing before the newest turn to summarise.
 pub(super) fn make(
     key: Option<&IdentityKey>,
     items: &[Item<'_>],
     (entries, prior): (&mut Vec<Entry<'_>>, Option<&Summary>),
     (instructions, role): (Option<&str>, SummaryRole),
 ) -> Option<Value> {
+    let read = |e: &Entry<'_>| e.from.is_some();
+    let after_some = |n: &usize| entries[..*n].iter().any(read);
     let newest = entries
         .iter()
-        .rposition(|e| e.from.is_some() && asks(&e.value))?;
+        .rposition(|e| read(e) && asks(&e.value))
+        .filter(after_some)
+        .or_else(|| {
+            let answer = |e: &Entry<'_>| read(e) && e.value["role"] == "assistant";
+            entries.iter().rposition(answer).filter(after_some)
+        })?;
     let of = |range: &[Entry<'_>]| -> Vec<Item<'_>> {
         range
             .iter()

@@ -211,3 +211,36 @@ fn serves_all_but_anthropics_own_host() {
     config.provider_apis.messages_compaction = ProviderCompaction::Serve;
     assert!(serves(&config));
 }
+
+#[test]
+fn one_task_and_its_long_tool_loop_compact_to_the_last_call_and_its_result() {
+    let mut messages = vec![ask("port the parser")];
+    for n in 1..=24 {
+        messages.extend(tool_round(
+            n,
+            &format!("fn parse_{n}() {{ next(); }} ").repeat(500),
+        ));
+    }
+    let edit =
+        json!({"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50000}});
+    let body = json!({"model": "m", "max_tokens": 10, "messages": messages,
+        "context_management": {"edits": [edit]}});
+    let (out, after) = forwarded_of(&body, Some(&key()));
+    let sent = out.unwrap()["messages"].as_array().unwrap().clone();
+    assert_eq!(sent.len(), 3, "the summary, the last call, its result");
+    assert!(
+        sent[0]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("port the parser")
+    );
+    assert_eq!(sent[1..], messages[messages.len() - 2..]);
+    let block = after.unwrap().block.unwrap();
+    assert_eq!(block["type"], "compaction");
+    assert!(
+        block["encrypted_content"]
+            .as_str()
+            .unwrap()
+            .starts_with("abridge.v1.")
+    );
+}
