@@ -142,6 +142,10 @@ fn decide(
         })
         .collect::<Option<Vec<_>>>()?;
     let opened = compact::expand(key, &mut entries, role);
+    if edits.is_none() && entries.iter().all(|e| e.raw.is_some() && !e.changed) {
+        // Only the word: no block, nothing asked.
+        return None;
+    }
     let mut after = After::new(edits.is_some(), opened.note);
     let edits = edits.unwrap_or_default();
     if let Some(edit) = &edits.thinking {
