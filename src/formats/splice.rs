@@ -90,6 +90,45 @@ pub fn same_except(a: Raw<'_>, b: Raw<'_>, key: &str) -> bool {
     }
 }
 
+/// The edit that removes the member whose value is `value` (a slice borrowed from
+/// `body`, a member of the top-level object) — its key, its value and one comma.
+/// `None` when the bytes before the value are not `"key":` as expected.
+pub fn remove_member(body: &[u8], value: &str) -> Option<Edit> {
+    let span = span_of(body, value)?;
+    let back = |mut at: usize| {
+        while at > 0 && body[at - 1].is_ascii_whitespace() {
+            at -= 1;
+        }
+        at
+    };
+    let colon = back(span.start).checked_sub(1)?;
+    (body[colon] == b':').then_some(())?;
+    let close = back(colon).checked_sub(1)?;
+    (body[close] == b'"').then_some(())?;
+    // A member name of the API's has no escaped quote.
+    let open = body[..close].iter().rposition(|&b| b == b'"')?;
+    let before = back(open).checked_sub(1)?;
+    let mut end = span.end;
+    while end < body.len() && body[end].is_ascii_whitespace() {
+        end += 1;
+    }
+    match (body[before], body.get(end)) {
+        (b',', _) => Some(Edit {
+            span: before..span.end,
+            bytes: Vec::new(),
+        }),
+        (b'{', Some(b',')) => Some(Edit {
+            span: open..end + 1,
+            bytes: Vec::new(),
+        }),
+        (b'{', Some(b'}')) => Some(Edit {
+            span: open..span.end,
+            bytes: Vec::new(),
+        }),
+        _ => None,
+    }
+}
+
 /// The edit that appends `tool` (a JSON object) to a request's `tools` array (`tools`:
 /// its value as written), or adds `"tools": [tool]` at the end of the top-level object
 /// when there is none (or it is `null`). `None` when `tools` is not an array or the
@@ -133,6 +172,26 @@ mod tool_tests {
         let edit = append_tool(body.as_bytes(), parsed.fields.tools, r#"{"name":"t"}"#)?;
         let out = apply(body.as_bytes(), vec![edit])?;
         Some(String::from_utf8(out.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn a_member_goes_with_its_comma_and_every_other_byte_stays() {
+        let removed = |body: &str| {
+            let parsed = crate::formats::messages::parse(body.as_bytes()).unwrap();
+            let value = parsed.fields.context_management.unwrap();
+            let edit = remove_member(body.as_bytes(), value.get())?;
+            let out = apply(body.as_bytes(), vec![edit])?;
+            Some(String::from_utf8(out.to_vec()).unwrap())
+        };
+        assert_eq!(
+            removed(r#"{"a": 1, "context_management": {"edits": []}, "b": 2}"#).unwrap(),
+            r#"{"a": 1, "b": 2}"#
+        );
+        assert_eq!(
+            removed(r#"{ "context_management" : {"edits": []} , "b": 2}"#).unwrap(),
+            r#"{  "b": 2}"#
+        );
+        assert_eq!(removed(r#"{"context_management": {}}"#).unwrap(), r#"{}"#);
     }
 
     #[test]

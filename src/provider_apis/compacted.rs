@@ -21,6 +21,8 @@ use crate::tokens::Estimator;
 const INDEX_TOKENS: u64 = 2000;
 /// Characters of an earlier compaction's summary carried into the next one.
 const PRIOR_CHARS: usize = 16_000;
+/// Characters of a client's summary instructions a summary records.
+const INSTRUCTIONS_CHARS: usize = 4_000;
 /// Tokens of user messages `/responses/compact` keeps beside its item, newest first.
 pub(super) const KEPT_USER_TOKENS: u64 = 20_000;
 
@@ -99,20 +101,45 @@ pub(super) fn summarise(
         .filter(|(_, k)| **k == Kind::Plain)
         .map(|(i, _)| i.clone())
         .collect();
-    let digest = crate::strategies::digest(&summarised, INDEX_TOKENS, &Estimator::approx());
     let prior = opened.iter().rev().flatten().next();
-    let summary = match prior {
+    summary_of(&summarised, prior, None, created_at)
+}
+
+/// The summary a compaction carries, whichever provider's API asked for it (the one
+/// summariser both wings use): `prior`'s summary (an earlier compaction's, bounded),
+/// then a digest of `summarised`; `instructions` (the client's, bounded) are what the
+/// summary was asked to keep, recorded at its head. Bounded, and redacted.
+pub(super) fn summary_of(
+    summarised: &[Item<'_>],
+    prior: Option<&Summary>,
+    instructions: Option<&str>,
+    created_at: u64,
+) -> Summary {
+    let digest = crate::strategies::digest(summarised, INDEX_TOKENS, &Estimator::approx());
+    let mut summary = match prior {
         Some(prior) => {
             let earlier: String = prior.summary.chars().take(PRIOR_CHARS).collect();
             format!("Earlier, as compacted before:\n{earlier}\n\nSince then:\n{digest}")
         }
         None => digest,
     };
+    if let Some(asked) = instructions.filter(|i| !i.trim().is_empty()) {
+        let asked: String = asked.chars().take(INSTRUCTIONS_CHARS).collect();
+        summary = format!("Asked of this summary: {asked}\n\n{summary}");
+    }
     Summary {
         summary: crate::strategies::redact::redact(&summary).into_owned(),
         items: summarised.len() as u64 + prior.map_or(0, |p| p.items),
         created_at,
     }
+}
+
+/// The text a summary is expanded into before a request goes on.
+pub(super) fn expansion(summary: &Summary) -> String {
+    format!(
+        "Summary of the earlier conversation ({} items), compacted by abridge:\n{}",
+        summary.items, summary.summary
+    )
 }
 
 /// The user messages a compaction keeps: the newest first within `budget` tokens,
@@ -203,9 +230,5 @@ pub(super) fn expand<'a>(
 /// The message a compaction item's summary is forwarded as (the same bytes whenever that
 /// item is expanded, so the provider's prompt cache keeps hitting).
 pub(super) fn summary_message(summary: &Summary, role: SummaryRole) -> Box<RawValue> {
-    let body = format!(
-        "Summary of the earlier conversation ({} items), compacted by abridge:\n{}",
-        summary.items, summary.summary
-    );
-    crate::strategies::authored(Format::Responses, role, &body)
+    crate::strategies::authored(Format::Responses, role, &expansion(summary))
 }

@@ -11,15 +11,20 @@
 //! Responses WebSocket handshake is refused in the way Codex falls back from at once
 //! ([`websocket`]).
 //!
+//! Anthropic's compaction and context editing on `POST /v1/messages` are the
+//! [`messages`] wing's, on the same summariser and the same sealing.
+//!
 //! Calls from the request path: the proxy's `/responses/compact` handler (routed only
 //! when serving) calls [`compact`]; the conversation handler calls [`before`] on a
-//! parsed Responses request before it is identified.
+//! parsed Responses or Messages request before it is identified, and wraps the answer
+//! to an edited Messages request with its [`messages::After`].
 
 mod answer;
 mod asked;
 mod compacted;
 mod context;
 pub mod first;
+pub mod messages;
 pub mod sealed;
 pub mod websocket;
 
@@ -84,20 +89,25 @@ pub enum Before {
     /// Goes on as these bytes, compacted by abridge for the client's
     /// `context_management`; the answer gets the item first ([`first::First::onto`]).
     Compacted(Bytes, Option<&'static str>, first::First),
+    /// Goes on as these bytes (a Messages request whose context abridge edited or
+    /// compacted, parsed by the caller), with a note; its answer is to be wrapped with
+    /// the [`messages::After`].
+    Edited(Bytes, Option<&'static str>, messages::After),
     /// abridge answered it (a compaction trigger, or its refusal).
     Answer(Response),
 }
 
 /// A parsed `/v1/responses` request, before it is identified: as it is, unless abridge
 /// serves the compaction APIs and it carries their items (a byte search tells cheaply);
-/// the work runs off the async workers, as the parse did.
+/// the work runs off the async workers, as the parse did. A Messages request: the
+/// [`messages`] wing's.
 pub async fn before(
     state: &AppState,
     request: Arc<formats::Request>,
     at: (&http::HeaderMap, &http::Uri),
 ) -> Before {
     let formats::Request::Responses(responses) = &*request else {
-        return Before::Go(request, None);
+        return messages::before(state, request).await;
     };
     let body = responses.body();
     let carries = |needle: &[u8]| memchr::memmem::find(body, needle).is_some();

@@ -5,9 +5,11 @@
 //! compact-and-retry, if it said the prompt is too long) → relay → record.
 //!
 //! Where abridge serves the provider compaction APIs ([`crate::provider_apis`]), a
-//! Responses body is first handed to them: answered there (Codex's compaction trigger),
-//! its `compaction` items expanded into their summaries, or compacted for its
-//! `context_management` (the answer then gets abridge's item first) before it is prepared.
+//! Responses or Messages body is first handed to them: answered there (Codex's
+//! compaction trigger, a Messages compaction paused), edited (`compaction` items
+//! expanded into their summaries, Anthropic's context edits applied) or compacted for
+//! its `context_management` (the answer then gets abridge's item first) before it is
+//! prepared; the answer to an edited Messages request is given what Anthropic's carries.
 //!
 //! A request whose state lives on the provider (a Responses `previous_response_id`, …)
 //! or that asks for the provider's own compaction is forwarded untouched whatever the
@@ -31,6 +33,7 @@ use crate::formats::{Format, Request as Conversation};
 use crate::headers::{self, Credentials};
 use crate::ingress;
 use crate::prepare::{Prepared, parse, prepare_parsed};
+use crate::provider_apis::messages::After;
 use crate::provider_apis::{self, Before};
 use crate::relay::Watch;
 use crate::state::AppState;
@@ -101,8 +104,8 @@ async fn stages(
         .route(&parts.method, &parts.uri, &parts.headers)?;
 
     // ingress → parse, and the provider compaction APIs abridge serves.
-    let (request, served) = match read(state, &parts, body, format, exchange).await? {
-        Read::Parsed(request, note) => (request, note),
+    let (request, served, after) = match read(state, &parts, body, format, exchange).await? {
+        Read::Parsed(request, note, after) => (request, note, after),
         Read::Answer(response) => return Ok(response),
         Read::Unparsed(body, note) => {
             let note = with(note, "request body not understood: forwarded untouched");
@@ -128,7 +131,8 @@ async fn stages(
     if let Some(note) = prepared.request.untouchable() {
         let body = prepared.request.body().clone();
         let note = with(served, note);
-        return untouched(state, (&parts, &target), body, &note, exchange).await;
+        let answer = untouched(state, (&parts, &target), body, &note, exchange).await;
+        return answer.map(|a| answered(after, a));
     }
     let turn = prepared.turn();
     ask_window(state, &turn);
@@ -152,13 +156,16 @@ async fn stages(
         upstream = recall::serve(state, &prepared, at, &mut decision, upstream, exchange).await;
     }
 
-    Ok(relay(
-        state,
-        &prepared,
-        (upstream, watch),
-        decision,
-        exchange,
-    ))
+    let answer = relay(state, &prepared, (upstream, watch), decision, exchange);
+    Ok(answered(after, answer))
+}
+
+/// The answer, given what the provider APIs abridge served say it carries.
+fn answered(after: Option<After>, answer: Response) -> Response {
+    match after {
+        Some(after) => after.wrap(answer),
+        None => answer,
+    }
 }
 
 /// relay → record: the provider's answer to the client, with what abridge did and every
@@ -193,7 +200,7 @@ fn relay(
 
 /// What the read stages make of a body.
 enum Read {
-    Parsed(Arc<Conversation>, Option<&'static str>),
+    Parsed(Arc<Conversation>, Option<&'static str>, Option<After>),
     /// Not understood: forwarded untouched.
     Unparsed(Bytes, Option<&'static str>),
     /// Answered by abridge (see [`crate::provider_apis`]).
@@ -229,16 +236,20 @@ async fn read(
     };
     let at = (&parts.headers, &parts.uri);
     Ok(match provider_apis::before(state, request, at).await {
-        Before::Go(request, note) => Read::Parsed(request, note),
+        Before::Go(request, note) => Read::Parsed(request, note, None),
         Before::Answer(response) => Read::Answer(response),
         Before::Expanded(body, note) => match parsed(body).await {
-            Ok(request) => Read::Parsed(request, note),
+            Ok(request) => Read::Parsed(request, note, None),
+            Err((body, _)) => Read::Unparsed(body, note),
+        },
+        Before::Edited(body, note, after) => match parsed(body).await {
+            Ok(request) => Read::Parsed(request, note, Some(after)),
             Err((body, _)) => Read::Unparsed(body, note),
         },
         Before::Compacted(body, note, first) => {
             exchange.first = Some(first);
             match parsed(body).await {
-                Ok(request) => Read::Parsed(request, note),
+                Ok(request) => Read::Parsed(request, note, None),
                 Err((body, _)) => Read::Unparsed(body, note),
             }
         }

@@ -32,6 +32,7 @@ mod hardening;
 mod lifecycle;
 mod llama;
 mod messages;
+mod messages_compaction;
 mod outage;
 mod passthrough;
 mod provider_apis;

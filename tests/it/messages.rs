@@ -133,10 +133,14 @@ async fn streamed_messages_report_usage_from_message_start_and_delta() {
     long_session(Strategy::Recency, true).await;
 }
 
+/// Behind a provider that has context editing (`native`; where abridge serves it, see
+/// `messages_compaction.rs`).
 #[tokio::test]
 async fn provider_managed_context_is_forwarded_untouched() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
-    let proxy = Proxy::start_with(config(&provider.url(), Strategy::Recency)).await;
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.provider_apis.messages_compaction = abridge::config::ProviderCompaction::Native;
+    let proxy = Proxy::start_with(cfg).await;
     let mut agent = ClaudeAgent::new(&proxy, "sk-ant-managed");
     agent
         .headers

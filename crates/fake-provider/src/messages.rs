@@ -17,6 +17,9 @@
 //! - with `x-fake-strict-alternation: 1` (`Behavior::strict_alternation`; Anthropic
 //!   itself merges consecutive turns): `messages: roles must alternate between "user" and
 //!   "assistant"` (`system` messages are skipped);
+//! - `messages.{N}.content.{i}: Input tag 'compaction' found using 'type' does not match
+//!   any of the expected tags: …` for a `compaction` block (a server without Anthropic's
+//!   compaction; `context_management` is ignored, as such servers ignore it);
 //! - `messages.{N}: `tool_use` ids were found without `tool_result` blocks immediately
 //!   after: {ids}. Each `tool_use` block must have a corresponding `tool_result` block in
 //!   the next message.` (ids joined by `, `);
@@ -227,6 +230,7 @@ fn validate(request: &Value, strict: bool, count_only: bool) -> Result<(), Strin
             return Err(r#"messages: roles must alternate between "user" and "assistant""#.into());
         }
     }
+    check_compaction(messages)?;
     check_tools(messages)?;
     check_thinking(messages)?;
     let marked = |list: &Value| {
@@ -287,6 +291,19 @@ fn check_tools(messages: &[Value]) -> Result<(), String> {
                     ));
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// No `compaction` block: Anthropic's compaction is not this server's (llama-server's
+/// and vLLM's Anthropic surfaces refuse a block type they do not know).
+fn check_compaction(messages: &[Value]) -> Result<(), String> {
+    for (n, m) in messages.iter().enumerate() {
+        if let Some(i) = blocks(m).iter().position(|b| b["type"] == "compaction") {
+            return Err(format!(
+                "messages.{n}.content.{i}: Input tag 'compaction' found using 'type' does not match any of the expected tags: 'text', 'image', 'document', 'tool_use', 'tool_result', 'thinking', 'redacted_thinking'"
+            ));
         }
     }
     Ok(())

@@ -1,0 +1,217 @@
+//! Anthropic's compaction and context editing on `POST /v1/messages`, for a Messages
+//! upstream that lacks them (llama-server, vLLM, other Anthropic-compatible servers):
+//! `context_management.edits` read and checked as Anthropic checks them ([`edits`]);
+//! `clear_thinking_20251015` and `clear_tool_uses_20250919` applied to what is forwarded
+//! ([`clear`]); `compact_20260112` over its trigger answered with a `compaction` block
+//! of abridge's own (the shared summariser, sealed as the Responses items are) and the
+//! upstream's answer to the compacted request ([`compact`]); a `compaction` block sent
+//! back expanded into its summary, everything before it dropped; and the answer given
+//! what Anthropic's would carry — the block first, `context_management.applied_edits`,
+//! `usage.iterations` ([`reply`]). `context_management` itself is not forwarded.
+//!
+//! Behind Anthropic's own host the request passes untouched ([`serves`]). The
+//! conversation handler calls [`before`] (through the wing's `before`) on a parsed
+//! Messages request, and wraps the relayed answer with the [`After`] it returns.
+
+mod clear;
+mod compact;
+mod edits;
+mod reply;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::Before;
+use crate::config::{Config, ProviderCompaction};
+use crate::formats::messages::{self as wire, Parsed};
+use crate::formats::{self, splice};
+use crate::identity::IdentityKey;
+use crate::json::Raw;
+use crate::state::AppState;
+use crate::strategies::SummaryRole;
+use crate::tokens::approx_text;
+
+pub use reply::After;
+
+/// Hosts (and their subdomains) whose Messages API has these itself.
+const OWN: &[&str] = &["api.anthropic.com"];
+
+/// Whether abridge serves them for the Messages route's upstream
+/// (`anthropic_upstream` when set, else `upstream`): `provider_apis.messages_compaction`,
+/// `auto` meaning all but Anthropic's own host.
+pub fn serves(config: &Config) -> bool {
+    match config.provider_apis.messages_compaction {
+        ProviderCompaction::Native => false,
+        ProviderCompaction::Serve => true,
+        ProviderCompaction::Auto => {
+            let base = config
+                .anthropic_upstream
+                .as_ref()
+                .unwrap_or(&config.upstream);
+            let host = base.authority.host().to_ascii_lowercase();
+            !OWN.iter().any(|own| {
+                host.strip_suffix(own)
+                    .is_some_and(|rest| rest.is_empty() || rest.ends_with('.'))
+            })
+        }
+    }
+}
+
+/// One message as it will be forwarded.
+pub(super) struct Entry<'a> {
+    /// Its bytes in the request (`None`: abridge wrote it).
+    raw: Option<Raw<'a>>,
+    value: Value,
+    /// Edited since it was read: forwarded as `value`.
+    changed: bool,
+    /// The request's message it comes from.
+    from: Option<usize>,
+}
+
+impl Entry<'_> {
+    fn authored(message: &RawValue) -> Option<Self> {
+        Some(Entry {
+            raw: None,
+            value: serde_json::from_str(message.get()).ok()?,
+            changed: true,
+            from: None,
+        })
+    }
+}
+
+/// A parsed Messages request, before it is identified: as it is unless abridge serves
+/// these APIs and it asks for one (`context_management`, or a `compaction` block).
+pub(super) async fn before(state: &AppState, request: Arc<formats::Request>) -> Before {
+    let formats::Request::Messages(messages) = &*request else {
+        return Before::Go(request, None);
+    };
+    let (body, parsed) = (messages.body(), messages.parsed());
+    let managed = parsed
+        .fields
+        .context_management
+        .is_some_and(|m| m.get() != "null");
+    if !serves(state.config())
+        || (!managed && memchr::memmem::find(body, b"\"compaction\"").is_none())
+    {
+        return Before::Go(request, None);
+    }
+    let key = state.identity_key().await;
+    let role = state.config().strategies.summary_role;
+    let permit = state.cpu().permit_for(body.len()).await;
+    let outcome = state
+        .cpu()
+        .run_with(&permit, || decide(key.as_deref(), (body, parsed), role));
+    match outcome {
+        Some(Outcome::Answer(response)) => Before::Answer(response),
+        Some(Outcome::Edited(body, after)) => Before::Edited(body, after.note(), after),
+        None => Before::Go(request, None),
+    }
+}
+
+enum Outcome {
+    Answer(axum::response::Response),
+    Edited(Bytes, After),
+}
+
+fn decide(
+    key: Option<&IdentityKey>,
+    (body, parsed): (&Bytes, &Parsed<'_>),
+    role: SummaryRole,
+) -> Option<Outcome> {
+    let edits = match parsed.fields.context_management {
+        Some(raw) if raw.get() != "null" => match edits::read(raw.get()) {
+            Ok(edits) => Some(edits),
+            Err(message) => return Some(Outcome::Answer(reply::invalid(&message))),
+        },
+        _ => None,
+    };
+    let mut entries = parsed
+        .items
+        .iter()
+        .enumerate()
+        .map(|(k, item)| {
+            Some(Entry {
+                raw: Some(item.raw),
+                value: serde_json::from_str(item.raw.get()).ok()?,
+                changed: false,
+                from: Some(k),
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let opened = compact::expand(key, &mut entries, role);
+    if edits.is_none() && entries.iter().all(|e| e.raw.is_some() && !e.changed) {
+        // Only the word: no block, nothing asked.
+        return None;
+    }
+    let mut after = After::new(edits.is_some(), opened.note);
+    let edits = edits.unwrap_or_default();
+    if let Some(edit) = &edits.thinking {
+        after.add(clear::thinking(&mut entries, edit));
+    }
+    if let Some(edit) = &edits.tool_uses {
+        let prompt = estimate(body, parsed, &entries);
+        after.add(clear::tool_uses(&mut entries, edit, prompt));
+    }
+    if let Some(edit) = &edits.compact
+        && estimate(body, parsed, &entries) > edit.trigger
+    {
+        let instructions = edit.instructions.as_deref();
+        let made = compact::make(
+            key,
+            &parsed.items,
+            (&mut entries, opened.prior.as_ref()),
+            (instructions, role),
+        );
+        if let Some(block) = made {
+            after.compacted(block);
+            if edit.pause {
+                let model = parsed.fields.model.as_deref().unwrap_or_default();
+                let stream = parsed.fields.stream == Some(true);
+                return Some(Outcome::Answer(after.paused(model, stream)));
+            }
+        }
+    }
+    let body = forwarded(body, parsed, &entries)?;
+    Some(Outcome::Edited(body, after))
+}
+
+/// The request's input tokens as abridge estimates them, with `entries` as its messages.
+fn estimate(body: &[u8], parsed: &Parsed<'_>, entries: &[Entry<'_>]) -> u64 {
+    let whole = approx_text(std::str::from_utf8(body).unwrap_or_default());
+    let messages = parsed.fields.messages.map_or(0, |m| approx_text(m.get()));
+    let forwarded: u64 = entries
+        .iter()
+        .map(|e| match (e.raw, e.changed) {
+            (Some(raw), false) => approx_text(raw.get()),
+            _ => approx_text(&e.value.to_string()),
+        })
+        .sum();
+    whole.saturating_sub(messages) + forwarded
+}
+
+/// The body to forward: `entries` as its messages, `context_management` gone.
+fn forwarded(body: &Bytes, parsed: &Parsed<'_>, entries: &[Entry<'_>]) -> Option<Bytes> {
+    let written: Vec<Option<Box<RawValue>>> = entries
+        .iter()
+        .map(|e| match (e.raw, e.changed) {
+            (Some(_), false) => None,
+            _ => RawValue::from_string(e.value.to_string()).ok(),
+        })
+        .collect();
+    let messages: Vec<Raw<'_>> = entries
+        .iter()
+        .zip(&written)
+        .filter_map(|(e, w)| w.as_deref().map(Raw::from).or(e.raw))
+        .collect();
+    let mut changes = vec![wire::messages_edit(body, parsed, &messages)?];
+    if let Some(management) = parsed.fields.context_management {
+        changes.push(splice::remove_member(body, management.get())?);
+    }
+    splice::apply(body, changes)
+}
+
+#[cfg(test)]
+mod tests;
