@@ -33,10 +33,21 @@ fn session() -> Vec<Value> {
     m
 }
 
+/// Summaries on the conversation's own model ride its prompt cache: asked after the
+/// conversation as the client sent it (or as it was forwarded), so they carry its
+/// secrets, to the provider the client addressed them to, and nothing more. A separate summary model is sent a
+/// transcript, redacted.
 #[tokio::test]
 async fn no_strategy_stores_or_shows_a_pasted_secret() {
+    for summary_model in ["", "summary-model"] {
+        stores_or_shows_none(summary_model).await;
+    }
+}
+
+async fn stores_or_shows_none(summary_model: &str) {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
     let mut config = config_for(&provider.url());
+    config.summary.model = summary_model.to_owned();
     config.compaction.threshold_tokens = 4000;
     config.compaction.background = false;
     let proxy = Proxy::start_with(config).await;
@@ -100,13 +111,34 @@ async fn no_strategy_stores_or_shows_a_pasted_secret() {
             .clone();
         assert_eq!(last["content"], format!("Now rotate {AWS}, please."));
     }
-    // Nor does a summary request carry them to the summariser.
-    for summary in provider.requests().into_iter().filter(|r| {
-        r.json()["messages"]
-            .as_array()
-            .is_some_and(|m| is_summary_request(m))
-    }) {
-        let text = String::from_utf8_lossy(&summary.body).into_owned();
-        assert!(!text.contains(AWS) && !text.contains(GITHUB), "{text}");
+    // A summary request carries them only to the provider that was sent them: on the
+    // own model, nothing but a conversation it was forwarded, and the ask; to a separate
+    // summary model, a transcript without them.
+    let requests = provider.requests();
+    let messages = |r: &fake_provider::Recorded| r.json()["messages"].as_array().cloned();
+    let forwarded: Vec<Vec<Value>> = requests
+        .iter()
+        .filter_map(messages)
+        .filter(|m| !is_summary_request(m))
+        .collect();
+    let summaries: Vec<Vec<Value>> = requests
+        .iter()
+        .filter_map(messages)
+        .filter(|m| is_summary_request(m))
+        .collect();
+    assert!(!summaries.is_empty(), "{summary_model:?}: no summary asked");
+    for summary in summaries {
+        let text = Value::from(summary.clone()).to_string();
+        if summary_model.is_empty() {
+            let before_ask = &summary[..summary.len() - 1];
+            // What the client addressed to this provider, or what abridge forwarded.
+            assert!(
+                session().starts_with(before_ask)
+                    || forwarded.iter().any(|f| f.starts_with(before_ask)),
+                "a summary asked after what the client never sent: {text}"
+            );
+        } else {
+            assert!(!text.contains(AWS) && !text.contains(GITHUB), "{text}");
+        }
     }
 }
