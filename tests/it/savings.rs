@@ -176,10 +176,13 @@ fn priced(usage: &Value) -> f64 {
         + (n(&usage["completion_tokens"]) + n(&usage["output_tokens"])) * output
 }
 
+/// A summary request, in any API (a Responses summary asked after the conversation
+/// goes to `/responses`, its messages in `input`).
 fn is_summary(report: &fake_provider::Report) -> bool {
-    report.json()["messages"]
-        .as_array()
-        .is_some_and(|m| is_summary_request(m))
+    let body = report.json();
+    [&body["messages"], &body["input"]]
+        .iter()
+        .any(|m| m.as_array().is_some_and(|m| is_summary_request(m)))
 }
 
 /// The clients' requests sent as they were, in order, straight to a fresh fake provider
