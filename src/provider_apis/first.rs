@@ -9,17 +9,14 @@
 //! an event stream abridge cannot read (an event over the relay's bound) passes on
 //! untouched from there.
 
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
-
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, header};
-use http_body::Frame;
 use http_body_util::{BodyExt, Limited};
 use serde_json::{Value, json};
 
+use super::rewriting::{Rewriter, Rewritten};
 use crate::error::Error;
 use crate::relay::events::next_event;
 use crate::relay::sse::MAX_EVENT_BYTES;
@@ -69,15 +66,13 @@ impl First {
         );
         if streamed {
             let events = Events {
-                inner: body,
                 held: BytesMut::new(),
                 item: self.item,
                 inserted: false,
                 sequence: 0,
                 untouched: false,
-                ended: false,
             };
-            return Response::from_parts(parts, Body::new(events));
+            return Response::from_parts(parts, Rewritten::body(body, events));
         }
         match Limited::new(body, MAX_WHOLE).collect().await {
             Ok(collected) => {
@@ -103,7 +98,6 @@ fn whole(bytes: &[u8], item: &Value) -> Option<Bytes> {
 
 /// The provider's event stream with the item's events put in (see the module docs).
 struct Events {
-    inner: Body,
     /// An event not yet complete.
     held: BytesMut,
     item: Value,
@@ -111,10 +105,13 @@ struct Events {
     sequence: u64,
     /// Passing bytes on as they come (an event over the bound was met).
     untouched: bool,
-    ended: bool,
 }
 
-impl Events {
+impl Rewriter for Events {
+    fn finish(&mut self) -> Bytes {
+        self.held.split().freeze()
+    }
+
     fn feed(&mut self, data: Bytes) -> Bytes {
         if self.untouched {
             return data;
@@ -136,7 +133,9 @@ impl Events {
         }
         Bytes::from(out)
     }
+}
 
+impl Events {
     /// One event of the provider's, with the item's before it when it is the first
     /// output event.
     fn rewrite(&mut self, name: Option<&str>, mut data: Value, out: &mut Vec<u8>) {
@@ -177,42 +176,6 @@ fn write(out: &mut Vec<u8>, name: Option<&str>, data: &Value) {
     out.extend_from_slice(format!("data: {data}\n\n").as_bytes());
 }
 
-impl http_body::Body for Events {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        loop {
-            if this.ended {
-                return Poll::Ready(None);
-            }
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        let out = this.feed(data);
-                        if !out.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                    }
-                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
-                },
-                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                None => {
-                    this.ended = true;
-                    let rest = this.held.split().freeze();
-                    if !rest.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(rest))));
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,13 +195,11 @@ mod tests {
     #[test]
     fn a_stream_gets_the_items_events_and_shifted_indexes_across_chunks() {
         let mut events = Events {
-            inner: Body::empty(),
             held: BytesMut::new(),
             item: item(),
             inserted: false,
             sequence: 0,
             untouched: false,
-            ended: false,
         };
         let stream = concat!(
             "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"output\":[]}}\n\n",

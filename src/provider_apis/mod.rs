@@ -25,6 +25,7 @@ mod compacted;
 mod context;
 pub mod first;
 pub mod messages;
+mod rewriting;
 pub mod sealed;
 pub mod websocket;
 
@@ -260,7 +261,8 @@ fn triggered(made: &Made, model: &str, stream: bool, note: Option<&str>) -> Resp
     respond(body, kind, note)
 }
 
-fn respond(body: Bytes, kind: &'static str, note: Option<&str>) -> Response {
+/// An answer abridge made itself, with the headers that say so.
+pub(crate) fn respond(body: Bytes, kind: &'static str, note: Option<&str>) -> Response {
     let mut response = (StatusCode::OK, body).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));

@@ -11,7 +11,6 @@
 
 mod rewrite;
 
-use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
@@ -67,7 +66,7 @@ impl After {
                 HeaderValue::from_static("served by abridge"),
             );
         }
-        Response::from_parts(head, Body::new(rewrite::Rewrite::new(body, self, stream)))
+        Response::from_parts(head, rewrite::Rewrite::body(body, self, stream))
     }
 
     /// The answer when paused after the compaction: the block alone, whole or streamed.
@@ -102,17 +101,7 @@ impl After {
                 (out, "text/event-stream")
             }
         };
-        let mut response = (StatusCode::OK, body).into_response();
-        let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
-        headers.insert(
-            "x-abridge-compaction",
-            HeaderValue::from_static("served by abridge"),
-        );
-        if let Some(note) = self.note.and_then(|n| HeaderValue::from_str(n).ok()) {
-            headers.insert("x-abridge-note", note);
-        }
-        response
+        crate::provider_apis::respond(Bytes::from(body), kind, self.note)
     }
 
     /// A whole message (`type: "message"`) given the block, the iterations and the

@@ -5,15 +5,12 @@
 //! Past its bounds (an answer or an unfinished event too large) it passes the rest
 //! untouched: abridge's machinery never fails an answer.
 
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
-
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
-use http_body::Frame;
 use serde_json::Value;
 
 use super::After;
+use crate::provider_apis::rewriting::{Rewriter, Rewritten};
 use crate::relay::events::{Event, next_event};
 
 /// Bytes of a whole answer read to be rewritten; a larger one passes as it is.
@@ -28,30 +25,30 @@ pub(super) fn event(name: &str, data: &Value) -> String {
 
 /// The client's body: the upstream's, rewritten.
 pub(super) struct Rewrite {
-    inner: Body,
     after: After,
     stream: bool,
     held: BytesMut,
     /// Past a bound: the rest goes as it comes.
     passing: bool,
-    ended: bool,
     /// The stream's `message_start` usage, for its iterations.
     start: Option<Value>,
 }
 
 impl Rewrite {
-    pub(super) fn new(inner: Body, after: After, stream: bool) -> Self {
-        Rewrite {
-            inner,
+    /// The client's body: `inner` rewritten.
+    pub(super) fn body(inner: Body, after: After, stream: bool) -> Body {
+        let rewrite = Rewrite {
             after,
             stream,
             held: BytesMut::new(),
             passing: false,
-            ended: false,
             start: None,
-        }
+        };
+        Rewritten::body(inner, rewrite)
     }
+}
 
+impl Rewriter for Rewrite {
     fn feed(&mut self, data: Bytes) -> Bytes {
         if self.passing {
             return data;
@@ -122,39 +119,5 @@ fn rewritten(after: &After, start: &mut Option<Value>, read: &Event<'_>) -> Opti
             Some(event(&kind, &data))
         }
         _ => None,
-    }
-}
-
-impl http_body::Body for Rewrite {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let this = self.get_mut();
-        loop {
-            if this.ended {
-                return Poll::Ready(None);
-            }
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        let out = this.feed(data);
-                        if !out.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                    }
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                },
-                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                None => {
-                    this.ended = true;
-                    let out = this.finish();
-                    return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(out))));
-                }
-            }
-        }
     }
 }
