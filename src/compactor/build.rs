@@ -317,8 +317,9 @@ impl Compactor {
     }
 
     /// The summary call: after the conversation itself where it can be (see
-    /// [`super::in_context`]), else — or when that answer is not a summary — the
-    /// transcript. The summariser bounds each call by summary.timeout_ms itself.
+    /// [`super::in_context`]) and the provider's cache may hold it, else — or when that
+    /// answer is not a summary — the transcript. The summariser bounds each call by
+    /// summary.timeout_ms itself.
     async fn ask(
         &self,
         turn: &Turn<'_, '_>,
@@ -326,14 +327,16 @@ impl Compactor {
         request: &strategies::SummaryRequest,
     ) -> Result<strategies::Answer, SummaryFailure> {
         let client = (turn.credentials, turn.provider, turn.deployment);
-        if let Some(forwarded) = turn.request.map(|request| Forwarded {
-            request,
-            checkpoint,
-            recall_tool: turn.recall_tool,
-        }) && let Some(result) = self
-            .summariser
-            .summarise_in_context(client, turn.model, &forwarded, request)
-            .await
+        if warm(turn, self.config.cache_ttl_ms)
+            && let Some(forwarded) = turn.request.map(|request| Forwarded {
+                request,
+                checkpoint,
+                recall_tool: turn.recall_tool,
+            })
+            && let Some(result) = self
+                .summariser
+                .summarise_in_context(client, turn.model, &forwarded, request)
+                .await
         {
             match result {
                 Ok(answer) => {
@@ -511,4 +514,14 @@ fn checkpoint_of(plan: &Plan, prefixes: &[Fingerprint]) -> Result<Checkpoint, Ca
         created_ms: now_ms(),
         gate: plan.verdict.clone(),
     })
+}
+
+/// Whether the provider's cache may hold the conversation: a request of it was forwarded
+/// within the cache's lifetime. On a cold cache (a conversation resumed, or first seen
+/// already long) the conversation asked whole would be paid in full, where the
+/// transcript (its items cut) is smaller.
+fn warm(turn: &Turn<'_, '_>, cache_ttl_ms: u64) -> bool {
+    turn.loaded
+        .and_then(|l| l.usage.first())
+        .is_some_and(|u| now_ms().saturating_sub(u.at_ms) <= cache_ttl_ms)
 }

@@ -52,19 +52,23 @@ async fn stores_or_shows_none(summary_model: &str) {
     config.compaction.background = false;
     let proxy = Proxy::start_with(config).await;
     let body = json!({"model": "fake-model", "messages": session()}).to_string();
-    let send = |strategy: &'static str| {
+    let send_as = |strategy: &'static str, compact: &'static str| {
         let request = client()
             .post(proxy.url("/v1/chat/completions"))
             .header("authorization", "Bearer sk-secrets")
-            .header("x-abridge-compact", "force")
+            .header("x-abridge-compact", compact)
             .header("x-abridge-strategy", strategy)
             .header("x-abridge-conversation", strategy)
             .body(body.clone());
         async move { request.send().await.unwrap() }
     };
+    let send = |strategy: &'static str| send_as(strategy, "force");
     // Accepted first, so the summarising strategies may summarise.
     assert_eq!(send("recency").await.status(), 200);
     for strategy in Strategy::ALL {
+        // Forwarded as it is first, as a conversation is before it grows long: the
+        // provider's cache holds it, and a summary on its own model is asked after it.
+        assert_eq!(send_as(strategy.as_str(), "off").await.status(), 200);
         let answer = send(strategy.as_str()).await;
         assert_eq!(answer.status(), 200);
         let headers = answer.headers().clone();
@@ -127,9 +131,13 @@ async fn stores_or_shows_none(summary_model: &str) {
         .filter(|m| is_summary_request(m))
         .collect();
     assert!(!summaries.is_empty(), "{summary_model:?}: no summary asked");
+    let mut in_context = 0;
     for summary in summaries {
         let text = Value::from(summary.clone()).to_string();
-        if summary_model.is_empty() {
+        let after_it = text.contains("of the conversation above");
+        assert!(!(after_it && !summary_model.is_empty()), "{text}");
+        if after_it {
+            in_context += 1;
             let before_ask = &summary[..summary.len() - 1];
             // What the client addressed to this provider, or what abridge forwarded.
             assert!(
@@ -141,4 +149,9 @@ async fn stores_or_shows_none(summary_model: &str) {
             assert!(!text.contains(AWS) && !text.contains(GITHUB), "{text}");
         }
     }
+    assert_eq!(
+        in_context > 0,
+        summary_model.is_empty(),
+        "{summary_model:?}"
+    );
 }

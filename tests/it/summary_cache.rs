@@ -153,3 +153,36 @@ async fn a_summary_on_the_conversations_own_model_is_read_from_the_cache() {
         );
     }
 }
+
+/// A conversation first seen already long (resumed after a restart, or a client new to
+/// abridge): no request of it was forwarded, so no cache holds it, and its summary is
+/// the transcript (its items cut) rather than the whole conversation paid in full.
+#[tokio::test]
+async fn a_conversation_no_cache_holds_gets_the_transcript() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let proxy =
+        Proxy::start_with(compacting(&provider.url(), Strategy::LlmReplace, THRESHOLD)).await;
+    let mut messages =
+        vec![serde_json::json!({"role": "system", "content": "You are a coding agent."})];
+    for i in 0..12 {
+        messages.push(serde_json::json!({"role": "user", "content": format!("Step {i}: {}", "change the parser. ".repeat(60))}));
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("Step {i} done: {}", "edited src/parser.rs. ".repeat(40))}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "What is left?"}));
+    let send = |messages: Vec<Value>| {
+        crate::common::client()
+            .post(proxy.url("/v1/chat/completions"))
+            .header("authorization", "Bearer sk-cold-summary")
+            .body(serde_json::json!({"model": "fake-model", "messages": messages}).to_string())
+            .send()
+    };
+    // The tenant accepted by the provider first (summaries are asked only for such).
+    let hello = vec![serde_json::json!({"role": "user", "content": "Hello."})];
+    assert_eq!(send(hello).await.unwrap().status(), 200);
+    let answer = send(messages).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["x-abridge-compacted"], "true");
+    let forms: Vec<bool> = provider.reports().iter().filter_map(summary_form).collect();
+    assert_eq!(forms, [false], "one summary, the transcript");
+    assert_eq!(proxy.stats().summaries_in_context, 0);
+}
