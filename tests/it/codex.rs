@@ -13,7 +13,7 @@ use fake_provider::FakeProvider;
 
 use crate::common::{Proxy, config_for};
 
-fn codex_binary() -> PathBuf {
+pub(crate) fn codex_binary() -> PathBuf {
     std::env::var_os("ABRIDGE_CODEX").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(
             "target/sdk/codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",

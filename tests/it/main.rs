@@ -18,6 +18,7 @@ mod compaction;
 mod claude_code;
 mod cli;
 mod codex;
+mod codex_remote;
 mod connections;
 mod context_management;
 mod conversations;
