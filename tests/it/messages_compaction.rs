@@ -11,6 +11,7 @@ use fake_provider::{Behavior, FakeProvider, Recorded, thinking_signature};
 use serde_json::{Value, json};
 
 use crate::common::{Proxy, client, config_for};
+use crate::provider_apis::events;
 
 fn config(url: &str, mode: ProviderCompaction) -> Config {
     let mut config = config_for(url);
@@ -70,25 +71,6 @@ fn tool_round(n: u32, output: &str) -> [Value; 2] {
             {"type": "tool_use", "id": id, "name": "read", "input": {"path": format!("/f{n}")}}]}),
         json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": output}]}),
     ]
-}
-
-/// The events of an SSE body: (name, data).
-fn events(text: &str) -> Vec<(String, Value)> {
-    text.split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|e| {
-            let mut name = String::new();
-            let mut data = String::new();
-            for line in e.lines() {
-                if let Some(n) = line.strip_prefix("event: ") {
-                    name = n.to_owned();
-                } else if let Some(d) = line.strip_prefix("data: ") {
-                    data.push_str(d);
-                }
-            }
-            (name, serde_json::from_str(&data).unwrap())
-        })
-        .collect()
 }
 
 #[tokio::test]
