@@ -173,6 +173,42 @@ async fn anthropic_python_sdk_sees_no_difference() {
     assert!(proxy.stats().messages_requests >= 30, "{:?}", proxy.stats());
 }
 
+/// The Anthropic SDK's compaction and context-management betas against abridge in front
+/// of a server that lacks them (the fake provider: `messages_compaction = "auto"` serves
+/// them): the SDK parses every answer as its own types (`tests/sdk/anthropic_compaction.py`).
+#[tokio::test]
+#[ignore = "needs the anthropic Python SDK that scripts/test installs"]
+async fn anthropic_python_sdk_compaction_betas_are_served() {
+    let provider = FakeProvider::start(Default::default()).await.unwrap();
+    let proxy = Proxy::start_with(config_for(&provider.url())).await;
+    let out = run(
+        sdk_dir().join("venv/bin/python"),
+        vec![
+            script("anthropic_compaction.py").display().to_string(),
+            proxy.url("/v1").trim_end_matches("/v1").to_owned(),
+        ],
+    )
+    .await;
+    for scenario in [
+        "compaction_whole",
+        "block_sent_back",
+        "compaction_streamed",
+        "paused",
+        "invalid_edit",
+        "clear_tool_uses",
+    ] {
+        assert!(out.contains(&format!("ok {scenario}")), "{scenario}: {out}");
+    }
+    // Nothing of the betas reached the server that lacks them.
+    for request in provider.requests() {
+        let body = String::from_utf8_lossy(&request.body);
+        assert!(
+            !body.contains("\"compaction\"") && !body.contains("context_management"),
+            "{body}"
+        );
+    }
+}
+
 fn which(program: &str) -> PathBuf {
     std::env::var_os("PATH")
         .into_iter()
