@@ -13,6 +13,7 @@
 //! ([`MIN_CACHED`]); written to it (Anthropic, when the client marks breakpoints), the
 //! rest. Each request's saving is counted once, for that request.
 
+use crate::outcome::Verdict;
 use crate::prices::{Price, Tokens};
 
 /// How long a provider keeps a prompt prefix cached without use: Anthropic's default
@@ -292,12 +293,18 @@ pub struct Account {
     pub format: Option<String>,
     /// Oldest first, at most [`MAX_POINTS`].
     pub series: Vec<Point>,
+    /// What was decided for its latest request (`None`: not recorded, a conversation
+    /// recorded before it was kept).
+    pub verdict: Option<Verdict>,
 }
 
 impl Account {
     /// Adds one exchange; whether its series grew (it keeps the latest [`MAX_POINTS`]).
     pub fn add(&mut self, entry: &Entry) -> bool {
         self.tally.add(&entry.tally);
+        if entry.verdict.is_some() {
+            self.verdict = entry.verdict;
+        }
         if let Some(format) = entry.format
             && self.format.as_deref() != Some(format)
         {
@@ -321,6 +328,8 @@ pub struct Entry {
     pub tally: Tally,
     pub format: Option<&'static str>,
     pub point: Option<Point>,
+    /// What was decided for the request (see [`Account::verdict`]).
+    pub verdict: Option<Verdict>,
 }
 
 #[cfg(test)]

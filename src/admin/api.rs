@@ -13,6 +13,7 @@ use super::admin_error;
 use crate::AppState;
 use crate::accounting::Tally;
 use crate::identity::Fingerprint;
+use crate::outcome::Verdict;
 use crate::stats::Snapshot;
 use crate::store::{Checkpoint, Piece, now_ms};
 
@@ -227,6 +228,7 @@ pub(super) async fn conversation(
             "last_seen_ms": s.last_seen_ms,
         },
         "savings": savings(&account.tally),
+        "decision": account.verdict.as_ref().map(decision),
         // Its latest requests, oldest first: the prompt as the client sent it and as
         // forwarded (the provider's count), and the checkpoint in force.
         "series": account.series,
@@ -243,6 +245,36 @@ pub(super) async fn conversation(
         "checkpoints": loaded.checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>(),
     });
     axum::Json(body).into_response()
+}
+
+/// What was decided for a conversation's latest request: the policy, whether it was
+/// compacted and why (as `x-abridge-reason` says it), and what the cost model weighed,
+/// its totals in dollars.
+fn decision(v: &Verdict) -> Value {
+    let usd = |micros: u64| micros as f64 / 1e6;
+    let by_cost = v.cost && v.priced;
+    let reason = match v.why {
+        Some(why) => Some(why.as_str()),
+        None => (v.cost && !v.priced && v.compacted).then_some("size-no-price"),
+    };
+    json!({
+        "at_ms": v.at_ms,
+        "policy": if by_cost { "cost" } else { "size" },
+        "priced": v.priced,
+        "compacted": v.compacted,
+        "reason": reason,
+        "model": v.figures.map(|f| json!({
+            "prompt_tokens": f.prompt,
+            "as_is_usd": usd(f.as_is_micros),
+            "compacted_usd": usd(f.compacted_micros),
+            "break_even_requests": f.break_even,
+            "remaining_requests": f.remaining,
+            "cache": if f.cold { "cold" } else { "warm" },
+            "since_last_request_secs": f.since_ms.map(|ms| ms as f64 / 1000.0),
+            "threshold_tokens": f.threshold,
+            "target_tokens": f.target,
+        })),
+    })
 }
 
 pub(super) async fn delete_conversation(

@@ -24,6 +24,7 @@
 //! `R` is not known; a conversation that has made `n` requests is expected to make about
 //! as many more ([`remaining`]), at least [`MIN_REMAINING`].
 
+use crate::outcome::Figures;
 use crate::prices::Price;
 
 /// A conversation is expected to make at least this many more requests.
@@ -97,6 +98,38 @@ pub fn net(o: &Outlook, r: &Rates, target: u64, summary: Summary) -> f64 {
     };
     let summary = summary.input as f64 * r.input + summary.output as f64 * r.output;
     later + now - summary
+}
+
+/// The expected cost of the requests still to come sent as they are, and compacted to
+/// `target` now (the summary included), in millionths of a dollar: the two totals of
+/// the module docs, whose difference is [`net`] (so "not worth it" is a compacted total
+/// at least the other).
+pub fn totals(o: &Outlook, r: &Rates, target: u64, summary: Summary) -> (f64, f64) {
+    let (p, g, n) = (o.prompt as f64, o.growth as f64, o.remaining.max(1) as f64);
+    // Each request reads what came before it from the cache and writes what it appends;
+    // after a cold cache the first one writes its whole prefix again.
+    let mut as_is = n * (r.cached * p + r.write * g) + r.cached * g * n * (n - 1.0) / 2.0;
+    if o.cold {
+        as_is += (r.write - r.cached) * p;
+    }
+    (as_is, as_is - net(o, r, target, summary))
+}
+
+/// What the model weighed for `o`, for the admin API (`bounds`: the threshold and where
+/// a compaction aims; the time since the previous request is the caller's to say).
+pub fn figures(o: &Outlook, r: &Rates, (threshold, target): (u64, u64), s: Summary) -> Figures {
+    let (as_is, compacted) = totals(o, r, target, s);
+    Figures {
+        prompt: o.prompt,
+        as_is_micros: as_is.round() as u64,
+        compacted_micros: compacted.round() as u64,
+        break_even: break_even(o, r, target, s),
+        remaining: o.remaining,
+        cold: o.cold,
+        since_ms: None,
+        threshold,
+        target,
+    }
 }
 
 /// After how many requests a compaction to `target` has paid for itself (`None`: not

@@ -25,7 +25,7 @@
 use crate::config::CompactionConfig;
 use crate::controls::Compact;
 use crate::conversation::{Item, Role};
-use crate::outcome::Trigger;
+use crate::outcome::{Figures, Trigger};
 use crate::store::{Checkpoint, Usage};
 use crate::tokens::Estimator;
 
@@ -89,6 +89,8 @@ pub struct Decided<'c> {
     /// Whether a compaction is expected when the history reaches the threshold (so a
     /// checkpoint built ahead will be used): always under the size policy.
     pub expects: bool,
+    /// What the cost model weighed (`None`: nothing was).
+    pub figures: Option<Figures>,
 }
 
 /// Decides for `turn` (see the module docs). `threshold` is the model's.
@@ -127,6 +129,7 @@ pub fn decide<'c>(
         scheduled,
         why: None,
         expects: true,
+        figures: None,
     };
     let forced = turn.controls.compact == Compact::Force
         || matches!(reason, Reason::Overflow { .. })
@@ -139,7 +142,7 @@ pub fn decide<'c>(
     let over = prediction.tokens.saturating_add(margin) > threshold;
     if let Some(e) = economics {
         let weighed = weigh(config, e, turn, &decided, margin);
-        (decided.why, decided.expects) = weighed;
+        (decided.why, decided.expects, decided.figures) = weighed;
         if !forced && !decided.why.is_some_and(Why::compacts) {
             return decided;
         }
@@ -215,15 +218,15 @@ pub fn deep(config: &CompactionConfig, threshold: u64, growth: u64) -> u64 {
 /// The fewest tokens a deep compaction leaves (see [`deep`]).
 pub const DEEP_FLOOR: u64 = 16_000;
 
-/// The cost policy's verdict on `decided` (see [`cost::judge`]), and whether it expects
-/// to compact once the history reaches the threshold.
+/// The cost policy's verdict on `decided` (see [`cost::judge`]), whether it expects to
+/// compact once the history reaches the threshold, and what it weighed.
 fn weigh(
     config: &CompactionConfig,
     e: &Economics,
     turn: &Turn<'_, '_>,
     decided: &Decided<'_>,
     margin: u64,
-) -> (Option<Why>, bool) {
+) -> (Option<Why>, bool, Option<Figures>) {
     let threshold = decided.threshold;
     let made = turn
         .messages
@@ -246,7 +249,7 @@ fn weigh(
     // Far from every bound (and from being near one in two requests): nothing to weigh,
     // and no checkpoint to build ahead.
     if prompt.saturating_add(decided.growth.saturating_mul(2)) <= bounds.early {
-        return (None, false);
+        return (None, false, None);
     }
     // What the request carries besides its items (tools, a `system` or `instructions`
     // field): it stays whatever a compaction does.
@@ -280,7 +283,10 @@ fn weigh(
         },
         false => cost::Summary::default(),
     };
-    let why = cost::judge(&outlook, &bounds, &e.rates, target, summary(outlook.prompt));
+    let now = summary(outlook.prompt);
+    let why = cost::judge(&outlook, &bounds, &e.rates, target, now);
+    let mut figures = cost::figures(&outlook, &e.rates, (threshold, target), now);
+    figures.since_ms = decided.usage.map(|u| e.now_ms.saturating_sub(u.at_ms));
     // At the threshold, with as many requests still to come as now, warm.
     let at = cost::Outlook {
         prompt: threshold.saturating_add(1),
@@ -289,7 +295,7 @@ fn weigh(
     };
     let expects =
         cost::judge(&at, &bounds, &e.rates, target, summary(at.prompt)).is_some_and(Why::compacts);
-    (why, expects)
+    (why, expects, Some(figures))
 }
 
 /// Tokens a compaction leaves, where the threshold allows, for what replaces the
@@ -505,6 +511,8 @@ impl Decision {
         self.previous_at_ms = decided.usage.map(|u| u.at_ms);
         self.previous_client_tokens = decided.usage.map_or(0, |u| u.client_tokens);
         self.expects = decided.expects;
+        self.verdict.why = decided.why;
+        self.verdict.figures = decided.figures;
     }
 }
 

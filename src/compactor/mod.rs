@@ -40,7 +40,7 @@ use crate::controls::{Compact, Report};
 use crate::json::Raw;
 use crate::offload::Offload;
 use crate::outcome::Trigger;
-use crate::outcome::Uncompactable;
+use crate::outcome::{Uncompactable, Verdict};
 use crate::prices::Prices;
 use crate::stats::Stats;
 use crate::store::{Checkpoint, Piece, Store};
@@ -317,6 +317,12 @@ impl Compactor {
             previous_client_tokens: 0,
             last_seen_ms: state.map_or(0, |s| s.last_seen_ms),
             expects: true,
+            verdict: Verdict {
+                at_ms: crate::store::now_ms(),
+                cost: self.config.policy == crate::config::Policy::Cost,
+                priced: self.prices.of(turn.model).is_some(),
+                ..Verdict::default()
+            },
         }
     }
 

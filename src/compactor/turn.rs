@@ -11,6 +11,7 @@ use crate::formats::{self, Format};
 use crate::headers::{Credentials, Provider};
 use crate::identity::Fingerprint;
 use crate::ingress::Held;
+use crate::outcome::Verdict;
 use crate::store::{Checkpoint, Loaded};
 use crate::strategies::Strategy;
 
@@ -99,6 +100,9 @@ pub struct Decision {
     /// A compaction is expected once the history reaches the threshold, so a checkpoint
     /// built ahead would be used (the cost policy may expect none).
     pub expects: bool,
+    /// Under which policy it was decided, why, and what the cost model weighed (its
+    /// `compacted` is the report's).
+    pub verdict: Verdict,
 }
 
 /// What a request's usage record said, for the next: the provider's count, the ratio
@@ -136,6 +140,8 @@ pub struct Followup {
     pub last_seen_ms: u64,
     /// A checkpoint built ahead would be used (see [`Decision::expects`]).
     pub expects: bool,
+    /// What was decided, for the conversation's account (see [`Decision::verdict`]).
+    pub verdict: Verdict,
     /// For a background build: the request as parsed at ingress (never parsed again),
     /// its prefix hashes, and the credentials and tenant for the summariser.
     pub request: Arc<formats::Request>,

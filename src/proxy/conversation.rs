@@ -505,6 +505,10 @@ fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
         previous: decision.previous,
         last_seen_ms: decision.last_seen_ms,
         expects: decision.expects,
+        verdict: crate::outcome::Verdict {
+            compacted: decision.report.compacted,
+            ..decision.verdict
+        },
         request: Arc::clone(&prepared.request),
         prefixes: identified.hashes.prefixes.clone(),
         credentials: prepared.credentials.clone(),

@@ -457,6 +457,7 @@ fn record(state: &AppState, outcome: &Outcome, followup: Option<Followup>, billi
                 applied: followup.applied,
             }),
             format: billing.format.map(Format::as_str),
+            verdict: Some(followup.verdict),
             tally,
         };
         state

@@ -13,7 +13,7 @@ use crate::common::agent::{Agent, main_requests, messages_of};
 use crate::common::redis::RedisServer;
 use crate::common::{Fetch, Proxy, chat_body, client, config_for, eventually};
 
-const TOKEN: &str = "admin-test-token-123";
+pub(crate) const TOKEN: &str = "admin-test-token-123";
 
 pub(crate) fn admin_config(url: &str) -> Config {
     let mut config = config_for(url);
@@ -35,7 +35,7 @@ pub(crate) async fn metrics(proxy: &Proxy) -> String {
         .unwrap()
 }
 
-async fn admin(
+pub(crate) async fn admin(
     proxy: &Proxy,
     method: &str,
     path: &str,

@@ -135,6 +135,91 @@ async fn a_conversation_resumed_after_its_cache_expired_is_compacted() {
     assert_eq!(reason.as_deref(), Some("cache-cold"));
 }
 
+/// What the admin API says was decided for the proxy's one conversation, once its latest
+/// request (which `reason` was said of) is recorded.
+async fn decided(proxy: &Proxy, reason: &str) -> Value {
+    let token = Some(crate::admin::TOKEN);
+    for _ in 0..100 {
+        let (_, list, _) =
+            crate::admin::admin(proxy, "GET", "/admin/conversations", token, None).await;
+        let id = list["conversations"][0]["id"].as_str().unwrap().to_owned();
+        let path = format!("/admin/conversations/{id}");
+        let (status, detail, _) = crate::admin::admin(proxy, "GET", &path, token, None).await;
+        assert_eq!(status, 200);
+        if detail["decision"]["reason"] == reason {
+            return detail["decision"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the admin API never said {reason}");
+}
+
+fn with_admin(mut cfg: Config) -> Config {
+    cfg.admin.token = Some(abridge::secret::Secret::new(crate::admin::TOKEN));
+    cfg
+}
+
+#[tokio::test]
+async fn the_admin_api_shows_what_the_cost_model_weighed_for_a_request_left_alone() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let proxy = Proxy::start_with(with_admin(config(&provider))).await;
+    let messages = opened_and_grown(&proxy).await;
+    let (compacted, reason, _) = send(&proxy, &messages).await;
+    assert_eq!(
+        (compacted, reason.as_deref()),
+        (false, Some("not-worth-it"))
+    );
+    let d = decided(&proxy, "not-worth-it").await;
+    assert_eq!(
+        (&d["policy"], &d["compacted"]),
+        (&json!("cost"), &json!(false))
+    );
+    let m = &d["model"];
+    let (as_is, compacted) = (
+        m["as_is_usd"].as_f64().unwrap(),
+        m["compacted_usd"].as_f64().unwrap(),
+    );
+    assert!(as_is > 0.0 && compacted >= as_is, "{m}");
+    // Over the threshold of 6,000 (three quarters of the window), aiming below it.
+    assert_eq!(m["threshold_tokens"], 6000);
+    assert!(m["prompt_tokens"].as_u64().unwrap() > 6000, "{m}");
+    assert!(m["target_tokens"].as_u64().unwrap() < 6000, "{m}");
+    assert!(m["remaining_requests"].as_u64().unwrap() >= 4, "{m}");
+    assert_eq!(m["cache"], "warm");
+    assert!(m["since_last_request_secs"].as_f64().unwrap() < 60.0, "{m}");
+}
+
+#[tokio::test]
+async fn the_admin_api_shows_what_the_cost_model_weighed_for_a_compaction() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = with_admin(config(&provider));
+    cfg.compaction.cache_ttl_ms = 500;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut messages = opened_and_grown(&proxy).await;
+    let (_, _, reply) = send(&proxy, &messages).await;
+    messages.push(reply);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (compacted, reason) = turn(&proxy, &mut messages, 3).await;
+    assert_eq!((compacted, reason.as_deref()), (true, Some("cache-cold")));
+    let d = decided(&proxy, "cache-cold").await;
+    assert_eq!(
+        (&d["policy"], &d["compacted"]),
+        (&json!("cost"), &json!(true))
+    );
+    let m = &d["model"];
+    // It pays: compacted, the requests ahead cost less, and it has paid back by the
+    // last of them.
+    let (as_is, compacted) = (
+        m["as_is_usd"].as_f64().unwrap(),
+        m["compacted_usd"].as_f64().unwrap(),
+    );
+    assert!(compacted < as_is, "{m}");
+    let back = m["break_even_requests"].as_u64().unwrap();
+    assert!(back <= m["remaining_requests"].as_u64().unwrap(), "{m}");
+    assert_eq!(m["cache"], "cold");
+    assert!(m["since_last_request_secs"].as_f64().unwrap() >= 0.5, "{m}");
+}
+
 #[tokio::test]
 async fn an_operators_threshold_is_a_bound_compacted_whatever_it_costs() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();

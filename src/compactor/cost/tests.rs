@@ -154,3 +154,20 @@ fn a_conversation_is_expected_to_go_on_about_as_long_as_it_has() {
     assert_eq!(remaining(37), 37);
     assert_eq!(remaining(5_000), MAX_REMAINING);
 }
+
+#[test]
+fn the_two_totals_differ_by_what_a_compaction_nets() {
+    for (n, cold) in [(1, false), (20, false), (1, true), (20, true)] {
+        let o = outlook(n, cold);
+        let (as_is, compacted) = totals(&o, &SONNET, 30_000, NONE);
+        let net = net(&o, &SONNET, 30_000, NONE);
+        assert!((as_is - compacted - net).abs() < 1e-6 * as_is, "{n} {cold}");
+        assert!(as_is > 0.0 && compacted > 0.0);
+    }
+    // One request ahead, warm: compacting costs more (the rewrite) — the compacted
+    // total is the larger.
+    // As it is: 0.3 × 100,000 + 3.75 × 2,000; compacted: 0.3 × 20,000 (the head) +
+    // 3.75 × (10,000 + 2,000).
+    let (as_is, compacted) = totals(&outlook(1, false), &SONNET, 30_000, NONE);
+    assert_eq!((as_is, compacted), (37_500.0, 51_000.0));
+}

@@ -266,7 +266,8 @@ impl RedisStore {
             .arg(ttl)
             .arg(entry.format.unwrap_or_default())
             .arg(entry.point.map(|p| p.encode()).unwrap_or_default())
-            .arg(MAX_POINTS);
+            .arg(MAX_POINTS)
+            .arg(verdict(entry));
         for (field, amount) in entry.tally.fields() {
             if amount > 0 {
                 own.arg(field).arg(amount);
@@ -329,6 +330,9 @@ impl RedisStore {
         for (field, value) in fields {
             if field == "format" {
                 account.format = Some(value);
+            } else if field == "verdict" {
+                // One this replica cannot read (a newer one's) is left out.
+                account.verdict = serde_json::from_str(&value).ok();
             } else if let Ok(n) = value.parse() {
                 account.tally.set(&field, n);
             }
@@ -571,4 +575,12 @@ fn parse_state(fields: &[(String, String)]) -> Result<Option<State>, StoreError>
         compactions: number("compactions")?,
         last_seen_ms: number("last_seen")?,
     }))
+}
+
+/// The request's verdict as the account keeps it (JSON; "": none to set).
+fn verdict(entry: &Entry) -> String {
+    entry
+        .verdict
+        .and_then(|v| serde_json::to_string(&v).ok())
+        .unwrap_or_default()
 }

@@ -32,9 +32,10 @@ return added
 /// beyond the limit the least recently reported history goes (its value ends in its
 /// time). Refreshes TTLs and `last_seen`. Adds the request to the conversation's account
 /// (its counts, its format, its point on the plot, the latest `max points` kept).
+/// Sets what was decided for the request (its verdict, JSON) as the account's latest.
 /// KEYS: usage, state, ckpt, account, series. ARGV: field, value, superseded field (or
-/// ""), limit, now, ttl, format (or ""), point (or ""), max points, then the account's
-/// fields and amounts.
+/// ""), limit, now, ttl, format (or ""), point (or ""), max points, verdict (or ""),
+/// then the account's fields and amounts.
 pub(super) const RECORD_USAGE: &str = r#"
 if ARGV[3] ~= '' and ARGV[3] ~= ARGV[1] then
   redis.call('HDEL', KEYS[1], ARGV[3])
@@ -54,8 +55,11 @@ if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[4]) then
   end
 end
 redis.call('HSET', KEYS[2], 'last_seen', ARGV[5])
-for i = 10, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1])
+end
+if ARGV[10] ~= '' then
+  redis.call('HSET', KEYS[4], 'verdict', ARGV[10])
 end
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[4], 'format', ARGV[7])

@@ -15,6 +15,7 @@ use std::time::Duration;
 use abridge::accounting::{Account, Entry, MAX_POINTS, Point, Tally};
 use abridge::config::StoreConfig;
 use abridge::identity::{Fingerprint, IdentityKey};
+use abridge::outcome::{Figures, Verdict, Why};
 use abridge::secret::Secret;
 use abridge::store::{Checkpoint, MAX_USAGE, Saved, Store, Usage};
 use serde_json::value::RawValue;
@@ -166,7 +167,7 @@ suite!(
 );
 
 /// What a request adds to its conversation's account: `client` and `forwarded` tokens,
-/// its format, its point on the plot.
+/// its format, its point on the plot, what was decided for it.
 pub(super) fn entry(client: u64, forwarded: u64) -> Entry {
     Entry {
         tally: Tally {
@@ -183,6 +184,21 @@ pub(super) fn entry(client: u64, forwarded: u64) -> Entry {
             client,
             forwarded,
             applied: (forwarded < client).then_some(4),
+        }),
+        verdict: Some(Verdict {
+            at_ms: abridge::store::now_ms(),
+            cost: true,
+            priced: true,
+            compacted: forwarded < client,
+            why: Some(Why::Pays),
+            figures: Some(Figures {
+                prompt: client,
+                as_is_micros: client * 3,
+                compacted_micros: forwarded * 3,
+                break_even: Some(2),
+                since_ms: None,
+                ..Figures::default()
+            }),
         }),
     }
 }
@@ -230,6 +246,11 @@ async fn an_account_adds_up_and_keeps_the_latest_requests((store, _): (Store, St
     assert_eq!(account.series.first().map(|p| p.client), Some(1005));
     assert_eq!(account.series.last().map(|p| p.client), Some(1000 + n - 1));
     assert_eq!(account.series[0].applied, Some(4));
+    // What was decided for the latest request, whole.
+    let verdict = account.verdict.unwrap();
+    assert_eq!(verdict.why, Some(Why::Pays));
+    assert_eq!(verdict.figures.map(|f| f.prompt), Some(1000 + n - 1));
+    assert_eq!(verdict.figures.and_then(|f| f.break_even), Some(2));
     // Deleted with the conversation.
     store.delete(&conv).await.unwrap();
     assert_eq!(store.account(&conv).await.unwrap(), Account::default());
