@@ -96,6 +96,9 @@ try {
   // a dot where a compaction took effect.
   const savings = await page.textContent("#detail-savings");
   if (!/chat · [0-9,]+ requests · clients sent [0-9,]+ prompt tokens, [0-9,]+ forwarded .* net saved −?\$[0-9.]+/.test(savings)) fail("no savings in the detail: " + savings);
+  // What was decided for its latest request (the cost model's figures when it priced it).
+  const decided = await page.textContent("#detail-decision");
+  if (!/^latest request \(.+\): (cost|size) policy, (compacted|not compacted)/.test(decided)) fail("no decision in the detail: " + decided);
   const lines = await page.$$eval("#detail-plot polyline", (ls) => ls.map((l) => [l.getAttribute("class"), l.getAttribute("points").split(" ").length]));
   if (lines.length !== 2 || lines.some(([, n]) => n < 10)) fail("the plot has no two series of the requests: " + JSON.stringify(lines));
   const dots = await page.$$eval("#detail-plot circle.compaction", (d) => d.length);
