@@ -20,8 +20,8 @@ use super::rules;
 use crate::conversation::Item;
 use crate::formats::{Format, Request};
 use crate::prices::Tokens;
-use crate::strategies::structured;
 use crate::strategies::text::identifiers;
+use crate::strategies::{IN_CONTEXT_ASK, structured};
 use crate::tokens::Estimator;
 
 /// Output tokens of every answer but a summary's.
@@ -187,6 +187,23 @@ fn is_summary(request: &Value) -> bool {
     let first = &request["messages"][0];
     (first["role"] == "system" && first["content"] == structured::SYSTEM)
         || request["system"] == structured::SYSTEM
+        || request["instructions"] == structured::SYSTEM
+}
+
+/// The text of the last of a request's items (its content's text parts joined).
+fn last_text(items: &Value) -> String {
+    let Some(last) = items.as_array().and_then(|i| i.last()) else {
+        return String::new();
+    };
+    match &last["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
 }
 
 /// The stand-in summary: the template's sections, and the identifiers the prompt names.
@@ -225,21 +242,35 @@ async fn answer(State(shared): State<Arc<Mutex<Shared>>>, uri: Uri, body: Bytes)
     let estimator = Estimator::for_model(&model);
     let scale = lock(&shared).scale;
     let count = count(&estimator, scale);
-    if is_summary(&request) {
-        let last = &request["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .cloned();
-        let prompt = last.as_ref().and_then(|m| m["content"].as_str());
-        let summary = stand_in(prompt.unwrap_or_default());
-        let spent = Tokens {
-            input: count(&request["messages"]) + count(&request["system"]),
-            output: estimator.text(&summary),
-            ..Tokens::default()
-        };
+    let items = &request[super::input::list_key(format)];
+    let after_it = last_text(items).starts_with(IN_CONTEXT_ASK);
+    if after_it || is_summary(&request) {
         let mut shared = lock(&shared);
+        let (summary, spent) = if after_it {
+            // Asked after the conversation itself: billed as its cache holds it, and
+            // summarised from all it holds.
+            let spent = shared.cache.serve(format, &request, &count);
+            (stand_in(&items.to_string()), spent)
+        } else {
+            let prompt = request["messages"].as_array().and_then(|m| m.last());
+            let prompt = prompt
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or_default();
+            let input = count(&request["messages"]) + count(&request["system"]);
+            let spent = Tokens {
+                input,
+                ..Tokens::default()
+            };
+            (stand_in(prompt), spent)
+        };
+        let spent = Tokens {
+            output: estimator.text(&summary),
+            ..spent
+        };
         shared.summary_calls += 1;
         shared.summaries.input += spent.input;
+        shared.summaries.cached += spent.cached;
+        shared.summaries.cache_write += spent.cache_write;
         shared.summaries.output += spent.output;
         return axum::Json(reply(format, &model, &summary, spent)).into_response();
     }
@@ -342,5 +373,44 @@ mod tests {
             {"role": "system", "content": "You write handoff summaries, say it."},
             {"role": "user", "content": "hi"}]});
         assert!(!is_summary(&chat));
+    }
+
+    /// A summary asked after the conversation itself (the cache-riding summary) is
+    /// answered as a summary, counted as one, and billed as the cache holds its prefix.
+    #[tokio::test]
+    async fn a_summary_asked_after_the_conversation_is_a_summary_read_from_the_cache() {
+        let provider = Simulated::start(1.0).await.unwrap();
+        let url = format!("{}/chat/completions", provider.url);
+        let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+        for n in 0..20 {
+            messages.push(json!({"role": "user", "content": format!("Edit src/file_{n}.rs {}", "and more. ".repeat(80))}));
+            messages
+                .push(json!({"role": "assistant", "content": format!("Edited src/file_{n}.rs.")}));
+        }
+        let client = reqwest::Client::new();
+        let post = |body: Value| client.post(&url).body(body.to_string()).send();
+        assert!(
+            post(json!({"model": "m", "messages": messages}))
+                .await
+                .unwrap()
+                .status()
+                .is_success()
+        );
+        assert_eq!(provider.summaries().0, 0);
+        messages.push(json!({"role": "user", "content": format!("{IN_CONTEXT_ASK} Summarise the conversation above.")}));
+        let answer: Value = post(json!({"model": "m", "messages": messages}))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(
+            text.contains("## Goal") && text.contains("src/file_19.rs"),
+            "{text}"
+        );
+        let (calls, spent) = provider.summaries();
+        assert_eq!(calls, 1);
+        assert!(spent.cached * 10 >= spent.input * 9, "{spent:?}");
     }
 }

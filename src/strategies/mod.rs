@@ -69,6 +69,7 @@ pub mod redact;
 pub(crate) mod structured;
 pub(crate) mod text;
 mod transcript;
+pub use transcript::IN_CONTEXT_ASK;
 mod validate;
 
 #[cfg(test)]

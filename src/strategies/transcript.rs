@@ -330,6 +330,10 @@ fn closing(p: &mut String, (focus, max_tokens): (Option<&str>, u32)) {
     );
 }
 
+/// How a summary asked after the conversation itself begins (its final user message),
+/// for whoever must tell such a request from the conversation's own (replay's provider).
+pub const IN_CONTEXT_ASK: &str = "Stop here and do not continue the conversation: write a handoff summary of the conversation above instead.";
+
 /// The ask that follows the conversation itself (see [`super::InContext`]): the
 /// summariser's instructions, then what to summarise — the `transcript`'s messages, the
 /// last ones above it (and, for an update, the summary of what came before, which the
@@ -351,8 +355,7 @@ pub(super) fn instruction(
     };
     let _ = write!(
         p,
-        "Stop here and do not continue the conversation: write a handoff summary of the \
-         conversation above instead. Do not call any tool; answer in text only. {SYSTEM}\n\n\
+        "{IN_CONTEXT_ASK} Do not call any tool; answer in text only. {SYSTEM}\n\n\
          The summary will replace the conversation above up to this message ({} messages \
          since its start or its earlier summary), apart from its system instructions. \
          {what}\n\n",
