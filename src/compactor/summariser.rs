@@ -159,10 +159,7 @@ impl Summariser {
         loop {
             let body = wire.body((model, params), call, self.temperature);
             let result = match serde_json::to_vec(&body) {
-                Ok(body) => match self.request((uri.clone(), wire), client, body) {
-                    Ok(request) => self.ask((upstream, wire), request).await,
-                    Err(e) => Err(e),
-                },
+                Ok(body) => self.ask((upstream, uri.clone(), wire), client, body).await,
                 Err(e) => Err(SummaryFailure::Unreadable(e.to_string())),
             };
             // Retried only in a form that changes what is sent.
@@ -215,17 +212,10 @@ impl Summariser {
         let body =
             super::in_context::body(forwarded, ask, (call.max_tokens, params.completion_tokens))?;
         let upstream = self.upstream_for(provider);
-        let result = match self.endpoint(upstream, wire, deployment) {
-            Ok(uri) => {
-                let request = self.request((uri, wire), client, body);
-                match request {
-                    Ok(request) => self.ask((upstream, wire), request).await,
-                    Err(e) => Err(e),
-                }
-            }
+        Some(match self.endpoint(upstream, wire, deployment) {
+            Ok(uri) => self.ask((upstream, uri, wire), client, body).await,
             Err(e) => Err(SummaryFailure::Unreachable(e.to_string())),
-        };
-        Some(result)
+        })
     }
 
     /// The upstream a summary of a request speaking `provider`'s API goes to.
@@ -259,12 +249,14 @@ impl Summariser {
         }
     }
 
-    /// One summary request on `upstream`, its answer read as `wire`'s.
+    /// One summary request, `body` to `uri` on `upstream`, its answer read as `wire`'s.
     async fn ask(
         &self,
-        (upstream, wire): (&Upstream, Wire),
-        request: Request<Body>,
+        (upstream, uri, wire): (&Upstream, Uri, Wire),
+        client: &Credentials,
+        body: Vec<u8>,
     ) -> Result<Answer, SummaryFailure> {
+        let request = self.request((uri, wire), client, body)?;
         let exchange = async {
             let response = upstream.send(request).await.map_err(|e| match e {
                 crate::error::Error::UpstreamTimeout(after) => SummaryFailure::Timeout(after),

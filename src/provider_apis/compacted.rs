@@ -105,6 +105,24 @@ pub(super) fn summarise(
     summary_of(&summarised, prior, None, created_at)
 }
 
+/// A summary a model wrote for `kinds`' compaction, as the item carries it: redacted,
+/// covering what [`summarise`]'s digest would (the plain items, and what the latest
+/// earlier compaction covered).
+pub(super) fn said(
+    text: &str,
+    kinds: &[Kind<'_>],
+    opened: &[Option<Summary>],
+    created_at: u64,
+) -> Summary {
+    let plain = kinds.iter().filter(|k| **k == Kind::Plain).count() as u64;
+    let prior = opened.iter().rev().flatten().next();
+    Summary {
+        summary: crate::strategies::redact::redact(text).into_owned(),
+        items: plain + prior.map_or(0, |p| p.items),
+        created_at,
+    }
+}
+
 /// The summary a compaction carries, whichever provider's API asked for it (the one
 /// summariser both wings use): `prior`'s summary (an earlier compaction's, bounded),
 /// then a digest of `summarised`; `instructions` (the client's, bounded) are what the

@@ -4,8 +4,9 @@
 //! `context_management` ([`context`]; the answer's item put first by [`first`]) and the
 //! `compaction` items a client sends back later. Behind OpenAI's or Azure OpenAI's own host they are
 //! the provider's and pass untouched ([`serves`]); behind any other server abridge
-//! answers them itself — a summary of the history (the `deterministic` digest, no model
-//! asked) in a `compaction` item of its own ([`sealed`]: signed with a key derived from
+//! answers them itself — a summary of the history (a model's when the strategy
+//! summarises, [`asked`]; else, or when that fails, the `deterministic` digest) in a
+//! `compaction` item of its own ([`sealed`]: signed with a key derived from
 //! the identity secret, readable by every replica and after a restart) — and expands
 //! such an item into its summary before a later request goes on ([`before`]). The
 //! Responses WebSocket handshake is refused in the way Codex falls back from at once
@@ -221,12 +222,7 @@ fn make(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let summary = match model.said() {
-        Some(said) => sealed::Summary {
-            summary: crate::strategies::redact::redact(said).into_owned(),
-            items: kinds.iter().filter(|k| **k == Kind::Plain).count() as u64
-                + opened.iter().rev().flatten().next().map_or(0, |p| p.items),
-            created_at,
-        },
+        Some(said) => compacted::said(said, kinds, opened, created_at),
         None => compacted::summarise(&parsed.items, kinds, opened, created_at),
     };
     let token = sealed::seal(key, &summary);

@@ -6,7 +6,7 @@
 //! model the transcript is asked, as before, and read from no cache.
 
 use abridge::strategies::Strategy;
-use fake_provider::{Behavior, FakeProvider, Report};
+use fake_provider::{Behavior, FakeProvider, Report, text_of_content};
 use serde_json::Value;
 
 use crate::common::agent::{Agent, idle};
@@ -33,16 +33,7 @@ fn summary_form(report: &Report) -> Option<bool> {
         .as_array()
         .or(body["input"].as_array())?
         .clone();
-    let last = items.last()?;
-    let text = match &last["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => return None,
-    };
+    let text = text_of_content(&items.last()?["content"]);
     if text.contains("write a handoff summary of the conversation above") {
         Some(true)
     } else if text.contains("<transcript-") || text.contains("<new-messages-") {

@@ -45,7 +45,7 @@ pub(crate) fn text_of(message: &Value) -> String {
 }
 
 /// The text of a content: a string, or its parts' `text` joined by newlines.
-pub(crate) fn text_of_content(content: &Value) -> String {
+pub fn text_of_content(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts

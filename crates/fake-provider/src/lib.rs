@@ -83,7 +83,7 @@ use tokio::task::JoinHandle;
 
 use transport::Answer;
 
-pub use chat::{count_tokens, is_summary_request};
+pub use chat::{count_tokens, is_summary_request, text_of_content};
 pub use messages::{count_tokens as count_message_tokens, thinking_signature};
 pub use responses::count_tokens as count_response_tokens;
 
