@@ -123,6 +123,54 @@ fn a_compaction_aims_lower_by_the_recall_tool_it_adds() {
     );
 }
 
+/// An agent's final turn is its ask and every tool round since — on Messages, tool
+/// results are user messages: no plan goes below it, so the cost policy must not aim
+/// below it (it did, counting from the last tool result, and judged compactions to pay
+/// that could cut only a sliver of a Claude Code session).
+#[test]
+fn what_every_plan_keeps_is_the_final_turn_from_the_last_ask() {
+    let bulky = "fn main() { println!(\"the harbour\"); }\n".repeat(40);
+    let mut messages = Vec::new();
+    for n in 0..10 {
+        messages.push(serde_json::json!({"role": "user", "content": format!("Question {n}?")}));
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("Answer {n}.")}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "Fix the build."}));
+    for n in 0..8 {
+        let id = format!("toolu_{n}");
+        messages.push(serde_json::json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": id, "name": "read", "input": {}}]}));
+        messages.push(serde_json::json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": bulky}]}));
+    }
+    let body = serde_json::json!({"model": "m", "max_tokens": 100, "system": "Be brief.",
+        "messages": messages})
+    .to_string();
+    let parsed = crate::formats::messages::parse(body.as_bytes()).unwrap();
+    let (controls, credentials) = (Default::default(), Default::default());
+    let turn = Turn {
+        format: Format::Messages,
+        ..chat_turn(&parsed.items, &body, (&controls, &credentials), false)
+    };
+    let estimator = Estimator::for_model_ready("m");
+    let ask = parsed.items.iter().rposition(|m| m.is_ask()).unwrap();
+    let final_turn: u64 = parsed.items[ask..]
+        .iter()
+        .map(|m| estimator.message(m))
+        .sum();
+    let head: u64 = parsed.items[..ask]
+        .iter()
+        .take_while(|m| m.is_instruction())
+        .map(|m| estimator.message(m))
+        .sum();
+    let kept = essential(&turn);
+    assert!(kept > final_turn, "{kept} ≤ {final_turn}");
+    assert!(
+        kept <= final_turn + head + 50,
+        "{kept}: the head and the final turn, no more"
+    );
+}
+
 #[test]
 fn the_ratio_follows_what_the_provider_counts_for_appended_turns() {
     let record = |tokens, ratio_permille, growth| {

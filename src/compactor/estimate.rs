@@ -4,27 +4,27 @@
 //! that turns an estimate into the provider's count and back. Pure: no I/O.
 
 use crate::conversation::Item;
-use crate::conversation::Role;
 use crate::formats::Format;
 use crate::store::{Checkpoint, Piece, Usage};
+use crate::strategies::Layout;
 use crate::tokens::Estimator;
 
 use super::turn::Turn;
 
-/// Estimated tokens of what every plan keeps: the leading system messages and the final
-/// turn (with the estimator the strategies count with).
+/// Estimated tokens of what every plan keeps: the items that never move and the final
+/// turn from the last ask on (the strategies' smallest plan, [`Layout::smallest`], with
+/// the estimator they count with). A Claude Code or Codex turn is the user's ask and
+/// every tool round since, often tens of thousands of tokens: a compaction cannot go
+/// below it, and the cost policy must not expect it to. With nothing to replace, the
+/// whole request.
 pub fn essential(turn: &Turn<'_, '_>) -> u64 {
     let estimator = Estimator::for_model_ready(turn.model);
-    let head = turn
-        .messages
-        .iter()
-        .take_while(|m| matches!(m.role, Role::System | Role::Developer));
-    let last_user = turn.messages.iter().rposition(|m| m.role == Role::User);
-    let final_turn = last_user.map_or(&[][..], |u| &turn.messages[u..]);
-    head.chain(final_turn)
-        .map(|m| estimator.message(m))
-        .sum::<u64>()
-        + estimator.per_request()
+    let messages = turn.messages;
+    let kept = match Layout::new(messages).ok().and_then(|l| l.smallest()) {
+        Some((head, start)) => messages[..head].iter().chain(&messages[start..]),
+        None => messages[..0].iter().chain(messages),
+    };
+    kept.map(|m| estimator.message(m)).sum::<u64>() + estimator.per_request()
 }
 
 /// abridge's estimate of what it adds to a compacted request of `turn`: the recall

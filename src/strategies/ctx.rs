@@ -52,16 +52,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
     pub(super) fn new(input: &'i Input<'a>, settings: &'i Settings) -> Result<Self, CannotCompact> {
         let layout = Layout::new(input.messages)?;
         let costs = (0..layout.len()).map(|_| OnceLock::new()).collect();
-        let h_min = (layout.sys..=layout.last_user)
-            .find(|&k| layout.cut_ok[k])
-            .ok_or(CannotCompact::NothingToReplace)?;
-        let t_min = (0..=layout.last_user)
-            .rev()
-            .find(|&k| layout.cut_ok[k])
-            .ok_or(CannotCompact::NothingToReplace)?;
-        if t_min <= h_min {
-            return Err(CannotCompact::NothingToReplace);
-        }
+        let (h_min, t_min) = layout.smallest().ok_or(CannotCompact::NothingToReplace)?;
         let previous = input.previous.filter(|p| {
             p.head >= h_min && p.head <= p.through && p.through < t_min && layout.cut_ok[p.head]
         });

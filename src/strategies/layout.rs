@@ -113,4 +113,13 @@ impl<'m, 'a> Layout<'m, 'a> {
     pub fn len(&self) -> usize {
         self.messages.len()
     }
+
+    /// The edges of the smallest plan: the end of the earliest possible head and the
+    /// start of the latest possible kept end (the final turn, from a cut at or before the
+    /// last ask); `None` when no cut leaves anything between them to replace.
+    pub fn smallest(&self) -> Option<(usize, usize)> {
+        let h_min = (self.sys..=self.last_user).find(|&k| self.cut_ok[k])?;
+        let t_min = (0..=self.last_user).rev().find(|&k| self.cut_ok[k])?;
+        (t_min > h_min).then_some((h_min, t_min))
+    }
 }
