@@ -22,7 +22,11 @@
 //! `net = w·(P − T) + (R − 1)·c·(P − T) − S` — a compaction then costs nearly nothing.
 //!
 //! `R` is not known; a conversation that has made `n` requests is expected to make about
-//! as many more ([`remaining`]), at least [`MIN_REMAINING`].
+//! as many more ([`remaining`]), at least [`MIN_REMAINING`] — but never more than it can
+//! make before it reaches the window's bound (`(B − P) / G` requests, at least one):
+//! past that bound the conversation as it is gets compacted too (by abridge, for the
+//! window, or by an agent that compacts itself near its window, as Claude Code and Codex
+//! do), so what a compaction now saves after it is not this compaction's to claim.
 
 use crate::outcome::Figures;
 use crate::prices::Price;
@@ -79,9 +83,12 @@ pub struct Summary {
     pub output: u64,
 }
 
-/// Requests a conversation that has made `made` is expected to make, this one included.
-pub fn remaining(made: u64) -> u64 {
-    made.clamp(MIN_REMAINING, MAX_REMAINING)
+/// Requests a conversation that has made `made` is expected to make, this one included,
+/// when its requests are `prompt` tokens, growing `growth` a request, and the window's
+/// `bound` compacts it anyway (see the module docs).
+pub fn remaining(made: u64, prompt: u64, growth: u64, bound: u64) -> u64 {
+    let before_bound = bound.saturating_sub(prompt) / growth.max(1) + 1;
+    made.clamp(MIN_REMAINING, MAX_REMAINING).min(before_bound)
 }
 
 /// What compacting to `target` tokens now saves over the conversation's expected

@@ -37,12 +37,15 @@ use super::turn::{Decision, Reason, Record, Turn};
 
 /// What the cost policy weighs a request with: the model's prices, its window, whether
 /// the strategy summarises (a summary is paid for), and the time (for the cache).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Economics {
     pub rates: cost::Rates,
     pub window: u64,
     pub summarises: bool,
     pub now_ms: u64,
+    /// Where the tenant's other conversations on this model ended, as forwarded,
+    /// smallest first (see [`super::horizon`]).
+    pub ends: Vec<u64>,
 }
 
 /// What to do with a request.
@@ -265,7 +268,7 @@ fn weigh(
         prompt,
         head: cached_head,
         growth: decided.growth,
-        remaining: cost::remaining(made),
+        remaining: cost::remaining(made, prompt, decided.growth, horizon(e, prompt, &bounds)),
         cold,
     };
     // Where it can get: no lower than what every plan keeps (the head, the final turn,
@@ -288,14 +291,29 @@ fn weigh(
     let mut figures = cost::figures(&outlook, &e.rates, (threshold, target), now);
     figures.since_ms = decided.usage.map(|u| e.now_ms.saturating_sub(u.at_ms));
     // At the threshold, with as many requests still to come as now, warm.
+    let ahead = threshold.saturating_add(1);
     let at = cost::Outlook {
-        prompt: threshold.saturating_add(1),
+        prompt: ahead,
         cold: false,
+        remaining: cost::remaining(made, ahead, decided.growth, horizon(e, ahead, &bounds)),
         ..outlook
     };
     let expects =
         cost::judge(&at, &bounds, &e.rates, target, summary(at.prompt)).is_some_and(Why::compacts);
     (why, expects, Some(figures))
+}
+
+/// Where a conversation of `prompt` tokens is expected to be compacted anyway: where
+/// the tenant's other conversations that grew as far ended
+/// ([`super::horizon::expected_end`]); until one has, midway between the threshold and
+/// the window's bound `must` (where agents compact themselves: Claude Code at 155–173 K
+/// of a 200 K window, its users' `/compact` near 150 K; Codex at 90 %); never past
+/// `must`.
+fn horizon(e: &Economics, prompt: u64, b: &cost::Bounds) -> u64 {
+    let unlearned = b.threshold + b.must.saturating_sub(b.threshold) / 2;
+    super::horizon::expected_end(&e.ends, prompt)
+        .unwrap_or(unlearned)
+        .min(b.must)
 }
 
 /// Tokens a compaction leaves, where the threshold allows, for what replaces the

@@ -23,6 +23,7 @@ mod build;
 pub mod cost;
 pub mod decide;
 mod estimate;
+pub mod horizon;
 mod in_context;
 pub mod overflow;
 pub mod params;
@@ -80,6 +81,8 @@ pub struct Compactor {
     /// Windows learned from the providers, and what they are learned for.
     windows: Arc<Windows>,
     upstreams: window::Upstreams,
+    /// Where each tenant's conversations end (the cost policy's horizon).
+    horizons: horizon::Horizons,
 }
 
 impl Compactor {
@@ -105,8 +108,14 @@ impl Compactor {
             ring: Ring::default(),
             windows: Arc::new(Windows::new(store.clone())),
             upstreams: window::Upstreams::of(config),
+            horizons: horizon::Horizons::default(),
             store,
         }
+    }
+
+    /// Where each tenant's conversations ended, as learned here.
+    pub fn horizons(&self) -> &horizon::Horizons {
+        &self.horizons
     }
 
     /// The latest compactions, newest first.
@@ -214,12 +223,26 @@ impl Compactor {
         reason: Reason,
         decision: &mut Decision,
     ) -> Decided<'t> {
-        let economics = self.economics(turn, decision.strategy, &mut decision.report);
+        let mut economics = self.economics(turn, decision.strategy, &mut decision.report);
+        let asker = turn.payer.zip(turn.conversation);
+        if let (Some(e), Some((tenant, conversation))) = (economics.as_mut(), asker) {
+            let soft = ((threshold as f64) * self.config.soft_ratio) as u64;
+            e.ends = self.horizons.ends((tenant, turn.model), conversation, soft);
+        }
         let permit = self.cpu.permit_for(turn.size).await;
         let decided = self.cpu.run_with(&permit, || {
             decide::decide(&self.config, (threshold, economics.as_ref()), turn, reason)
         });
         drop(permit);
+        if let Some((tenant, conversation)) = asker.filter(|_| reason == Reason::Request) {
+            let compacted = decided.active.is_some() || !matches!(decided.action, Action::Forward);
+            let size = if compacted {
+                horizon::FAR
+            } else {
+                decided.predicted
+            };
+            self.horizons.see((tenant, turn.model), conversation, size);
+        }
         decision.carry(&decided);
         if let Some(why) = decided.why {
             self.stats.decided(why);
@@ -257,6 +280,7 @@ impl Compactor {
             window: self.window(turn.provider, turn.model, turn.payer),
             summarises: strategy.summarises(),
             now_ms: crate::store::now_ms(),
+            ends: Vec::new(),
         })
     }
 

@@ -88,6 +88,11 @@ impl Harness {
         })
     }
 
+    /// Where the proxy learned the conversations it served ended.
+    pub fn horizons(&self) -> &crate::compactor::horizon::Horizons {
+        self.state.compactor().horizons()
+    }
+
     /// Sends one request body; abridge's answer.
     pub async fn send(&self, body: Bytes) -> Result<Answer, String> {
         let request = http::Request::post(&self.url)

@@ -19,9 +19,10 @@ mod rules;
 mod session;
 mod sessions;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
+use crate::compactor::horizon::Horizons;
 use crate::config::Config;
 use crate::prices::{Price, Prices};
 use crate::strategies::Strategy;
@@ -163,8 +164,13 @@ pub async fn run(options: Options, notify: &dyn Fn(&str)) -> Result<String, Stri
             config.compaction.context_windows.insert(String::new(), w);
         }
         let mut replayed = Vec::new();
+        // What a session's earlier conversations taught the proxy (where they ended),
+        // carried to its later ones, as one proxy would have learned it.
+        let mut learned: HashMap<&str, Horizons> = HashMap::new();
         for (name, input) in &inputs {
-            replayed.push(session::replay(&config, input, name.clone()).await?);
+            let session = name.split_once('#').map_or(name.as_str(), |(file, _)| file);
+            let horizons = learned.entry(session).or_default();
+            replayed.push(session::replay(&config, input, name.clone(), horizons).await?);
         }
         let threshold = config.compaction.threshold_tokens;
         figures.push(Figures::of(strategy, threshold, &replayed));

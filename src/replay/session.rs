@@ -12,6 +12,7 @@ use super::harness::Harness;
 use super::input::Input;
 use super::report::Turn;
 use super::{Spend, cache, provider, rules};
+use crate::compactor::horizon::Horizons;
 use crate::config::Config;
 use crate::formats::Request;
 use crate::prices::Tokens;
@@ -42,7 +43,14 @@ impl Replayed {
 }
 
 /// `input` (called `name`) through abridge with `config`.
-pub async fn replay(config: &Config, input: &Input, name: String) -> Result<Replayed, String> {
+/// `horizons`: what the session's earlier conversations taught the proxy, and what this
+/// one teaches it.
+pub async fn replay(
+    config: &Config,
+    input: &Input,
+    name: String,
+    horizons: &Horizons,
+) -> Result<Replayed, String> {
     let model = input
         .rest(0)
         .get("model")
@@ -65,6 +73,7 @@ pub async fn replay(config: &Config, input: &Input, name: String) -> Result<Repl
         1.0
     };
     let harness = Harness::start(config, input.format, scale).await?;
+    horizons.carry_into(harness.horizons());
     let mut run = Run {
         price: harness.prices.of(&model),
         harness,
@@ -86,6 +95,7 @@ pub async fn replay(config: &Config, input: &Input, name: String) -> Result<Repl
         price,
         ..
     } = run;
+    harness.horizons().carry_into(horizons);
     let (calls, summaries) = harness.provider.summaries();
     spend.summary_calls = calls;
     spend.summary_tokens = summaries.input + summaries.output;

@@ -184,7 +184,16 @@ async fn the_admin_api_shows_what_the_cost_model_weighed_for_a_request_left_alon
     assert_eq!(m["threshold_tokens"], 6000);
     assert!(m["prompt_tokens"].as_u64().unwrap() > 6000, "{m}");
     assert!(m["target_tokens"].as_u64().unwrap() < 6000, "{m}");
-    assert!(m["remaining_requests"].as_u64().unwrap() >= 4, "{m}");
+    // Not worth it: it would pay back only after more requests than are expected before
+    // the conversation is compacted anyway (the window's bound, or where others ended).
+    let remaining = m["remaining_requests"].as_u64().unwrap();
+    assert!(remaining >= 1, "{m}");
+    assert!(
+        m["break_even_requests"]
+            .as_u64()
+            .is_none_or(|b| b > remaining),
+        "{m}"
+    );
     assert_eq!(m["cache"], "warm");
     assert!(m["since_last_request_secs"].as_f64().unwrap() < 60.0, "{m}");
 }

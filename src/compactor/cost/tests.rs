@@ -150,9 +150,64 @@ fn the_judge_compacts_for_the_window_the_operator_and_the_money_only() {
 
 #[test]
 fn a_conversation_is_expected_to_go_on_about_as_long_as_it_has() {
-    assert_eq!(remaining(0), MIN_REMAINING);
-    assert_eq!(remaining(37), 37);
-    assert_eq!(remaining(5_000), MAX_REMAINING);
+    let far = u64::MAX;
+    assert_eq!(remaining(0, 100_000, 2_000, far), MIN_REMAINING);
+    assert_eq!(remaining(37, 100_000, 2_000, far), 37);
+    assert_eq!(remaining(5_000, 100_000, 2_000, far), MAX_REMAINING);
+}
+
+#[test]
+fn no_further_than_where_it_is_compacted_anyway() {
+    // At 150,000 tokens growing 2,000 a request, a bound at 165,000 comes in 7.5
+    // requests: this one and 7 more.
+    assert_eq!(remaining(37, 150_000, 2_000, 165_000), 8);
+    // Past the bound (or at it): this request only.
+    assert_eq!(remaining(37, 170_000, 2_000, 165_000), 1);
+    assert_eq!(remaining(37, 165_000, 2_000, 165_000), 1);
+    // Not growing: the bound never comes, the prior stands.
+    assert_eq!(remaining(37, 150_000, 0, 165_000), 37);
+    // Below the fewest expected when the bound is that close.
+    assert_eq!(remaining(37, 160_000, 2_000, 165_000), 3);
+}
+
+#[test]
+fn a_compaction_that_pays_over_the_prior_does_not_before_the_bound() {
+    // 150,000 tokens, 20,000 of them the head, on Opus 4.5 prices (cached 0.5, write
+    // 6.25), the recall tool added (nothing stays cached), to 60,000: it pays back
+    // after about 8 requests.
+    let o = Outlook {
+        prompt: 150_000,
+        head: 0,
+        growth: 2_000,
+        remaining: 0,
+        cold: false,
+    };
+    let opus = Rates {
+        input: 5.0,
+        cached: 0.5,
+        write: 6.25,
+        output: 25.0,
+    };
+    assert_eq!(break_even(&o, &opus, 60_000, NONE), Some(8));
+    let at = |remaining| Outlook { remaining, ..o };
+    // Thirty requests made: thirty expected, it pays.
+    assert!(
+        net(
+            &at(remaining(30, 150_000, 2_000, u64::MAX)),
+            &opus,
+            60_000,
+            NONE
+        ) > 0.0
+    );
+    // But the tenant's conversations end near 158,000: five more, it does not.
+    assert!(
+        net(
+            &at(remaining(30, 150_000, 2_000, 158_000)),
+            &opus,
+            60_000,
+            NONE
+        ) < 0.0
+    );
 }
 
 #[test]

@@ -1,0 +1,187 @@
+//! Where a tenant's conversations on a model end, for the cost policy's horizon: the
+//! largest request each of its latest conversations reached while abridge had not
+//! compacted it. An agent that compacts itself (Claude Code, Codex) or a user who runs
+//! `/compact` ends a conversation near the same size every time; a compaction abridge
+//! makes just before that point pays for a future the conversation will not have (see
+//! [`super::cost`]). A conversation abridge compacted went on past where it was
+//! compacted, to an end not seen here: it counts as one that reached the window
+//! ([`FAR`]), so compacting never teaches abridge to stop compacting. Learned in memory per replica (lost on a restart: the
+//! window's bound applies until it is learned again), bounded: [`TENANTS`] tenant and
+//! model pairs, [`KEPT`] conversations each.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use crate::identity::Fingerprint;
+
+/// Tenant and model pairs remembered (past it, the map starts over).
+pub const TENANTS: usize = 4096;
+/// Conversations remembered per pair, the latest.
+pub const KEPT: usize = 16;
+/// The end of a conversation abridge compacted: past every bound.
+pub const FAR: u64 = u64::MAX;
+/// Model names longer than this are cut before they are kept.
+const MODEL_CHARS: usize = 200;
+
+/// The latest conversations of each tenant and model, with the largest request each
+/// reached.
+#[derive(Default)]
+pub struct Horizons {
+    seen: Mutex<HashMap<(Fingerprint, String), Latest>>,
+}
+
+/// One tenant and model's latest conversations, oldest first, with their peaks.
+type Latest = VecDeque<(Fingerprint, u64)>;
+
+impl Horizons {
+    /// `conversation` of `tenant` on `model` sends a request of `tokens` (as forwarded;
+    /// [`FAR`] once abridge compacts it).
+    pub fn see(
+        &self,
+        (tenant, model): (Fingerprint, &str),
+        conversation: Fingerprint,
+        tokens: u64,
+    ) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (tenant, bounded(model).to_owned());
+        if !seen.contains_key(&key) && seen.len() >= TENANTS {
+            seen.clear();
+        }
+        let latest = seen.entry(key).or_default();
+        match latest.iter().position(|(c, _)| *c == conversation) {
+            Some(i) => {
+                let (_, peak) = latest.remove(i).unwrap_or((conversation, 0));
+                latest.push_back((conversation, peak.max(tokens)));
+            }
+            None => latest.push_back((conversation, tokens)),
+        }
+        while latest.len() > KEPT {
+            latest.pop_front();
+        }
+    }
+
+    /// Where the tenant's other conversations on `model` that grew past `floor` ended:
+    /// their largest requests, smallest first (empty: none did yet).
+    pub fn ends(
+        &self,
+        (tenant, model): (Fingerprint, &str),
+        conversation: Fingerprint,
+        floor: u64,
+    ) -> Vec<u64> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(latest) = seen.get(&(tenant, bounded(model).to_owned())) else {
+            return Vec::new();
+        };
+        let mut peaks: Vec<u64> = latest
+            .iter()
+            .filter(|(c, peak)| *c != conversation && *peak > floor)
+            .map(|(_, peak)| *peak)
+            .collect();
+        peaks.sort_unstable();
+        peaks
+    }
+}
+
+/// Where a conversation of `prompt` tokens is expected to end, from where the others
+/// ended (`ends`, smallest first): the median end of those that grew past it; `None`
+/// when none is known at all; `prompt` itself when every known one ended before it
+/// grew this far (it is expected to end now, as they did).
+pub fn expected_end(ends: &[u64], prompt: u64) -> Option<u64> {
+    if ends.is_empty() {
+        return None;
+    }
+    let beyond = &ends[ends.partition_point(|&end| end <= prompt)..];
+    Some(beyond.get(beyond.len() / 2).copied().unwrap_or(prompt))
+}
+
+impl Horizons {
+    /// Everything learned here, learned by `other` too (`abridge replay` carries what
+    /// one conversation of a session taught to the next one's proxy, as one proxy would
+    /// have learned it).
+    pub fn carry_into(&self, other: &Horizons) {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        for ((tenant, model), latest) in seen.iter() {
+            for &(conversation, peak) in latest {
+                other.see((*tenant, model), conversation, peak);
+            }
+        }
+    }
+}
+
+fn bounded(model: &str) -> &str {
+    match model.char_indices().nth(MODEL_CHARS) {
+        Some((i, _)) => &model[..i],
+        None => model,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u8) -> Fingerprint {
+        Fingerprint::from_hex(&format!("{n:02x}").repeat(32)).unwrap()
+    }
+
+    #[test]
+    fn the_ends_are_the_peaks_of_the_other_large_conversations() {
+        let h = Horizons::default();
+        let key = (id(1), "m");
+        assert!(h.ends(key, id(10), 100).is_empty());
+        for (conversation, sizes) in [
+            (10, [50, 150, 154]),
+            (11, [60, 149, 120]),
+            (12, [20, 30, 40]),
+        ] {
+            for size in sizes {
+                h.see(key, id(conversation), size);
+            }
+        }
+        // 12 never grew past the floor (a subagent's); 10 peaked at 154, 11 at 149.
+        assert_eq!(h.ends(key, id(13), 100), [149, 154]);
+        // A conversation's own peak is not its horizon.
+        assert_eq!(h.ends(key, id(10), 100), [149]);
+        // Another tenant, another model: nothing learned.
+        assert!(h.ends((id(2), "m"), id(13), 100).is_empty());
+        assert!(h.ends((id(1), "n"), id(13), 100).is_empty());
+    }
+
+    #[test]
+    fn a_conversation_ends_where_those_that_grew_as_far_ended() {
+        assert_eq!(expected_end(&[], 150), None);
+        let ends = [120, 149, 154, 160, 172];
+        // Of those that grew past 150 (154, 160, 172), the median.
+        assert_eq!(expected_end(&ends, 150), Some(160));
+        assert_eq!(expected_end(&ends, 100), Some(154));
+        assert_eq!(expected_end(&ends, 165), Some(172));
+        // Past every one of them: expected to end now.
+        assert_eq!(expected_end(&ends, 180), Some(180));
+        assert_eq!(expected_end(&ends, 172), Some(172));
+        // One abridge compacted went on: past the others, the horizon is far.
+        assert_eq!(expected_end(&[149, 154, FAR], 160), Some(FAR));
+    }
+
+    #[test]
+    fn only_the_latest_conversations_are_kept() {
+        let h = Horizons::default();
+        let key = (id(1), "m");
+        h.see(key, id(0), 500);
+        for n in 1..=KEPT as u8 {
+            h.see(key, id(n), 200);
+        }
+        assert_eq!(
+            h.ends(key, id(99), 100),
+            [200; KEPT],
+            "the oldest was dropped"
+        );
+    }
+
+    #[test]
+    fn what_is_carried_is_learned_elsewhere() {
+        let (h, other) = (Horizons::default(), Horizons::default());
+        h.see((id(1), "m"), id(10), 150);
+        other.see((id(1), "m"), id(10), 120);
+        h.carry_into(&other);
+        assert_eq!(other.ends((id(1), "m"), id(11), 100), [150]);
+    }
+}
