@@ -95,6 +95,10 @@ pub enum Before {
     /// compacted, parsed by the caller), with a note; its answer is to be wrapped with
     /// the [`messages::After`].
     Edited(Bytes, Option<&'static str>, messages::After),
+    /// Goes on as parsed, its `context_management` withheld (a Messages request whose
+    /// edits changed no message: served by abridge, not forwarded, not parsed again),
+    /// with a note; its answer is to be wrapped with the [`messages::After`].
+    Withheld(Arc<formats::Request>, Option<&'static str>, messages::After),
     /// abridge answered it (a compaction trigger, or its refusal).
     Answer(Response),
 }
