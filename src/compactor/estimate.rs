@@ -40,16 +40,18 @@ pub fn added(turn: &Turn<'_, '_>) -> u64 {
 
 /// abridge's estimate of what `turn`'s request carries besides its items — tools, a
 /// `system` or `instructions` field (an agent's are ~20 K tokens) — which no compaction
-/// changes: the body's estimate less its items'. Linear in the body; worked out only
-/// where a compaction is weighed or planned; never more than the provider's count of
-/// the history's last request leaves beside its items. Taken as the provider counts it
-/// (text and schemas, which the estimate is calibrated on) and kept apart from the
-/// items: the
-/// provider's count over abridge's estimate of the items (the calibration) is not
-/// inflated by it, and a compaction's budget for the items is what the target leaves
-/// beside it.
+/// changes: the body's estimate less its items' (and less what it withholds: not
+/// forwarded). Linear in the body; worked out only where a compaction is weighed or
+/// planned; never more than the provider's count of the history's last request leaves
+/// beside its items. Taken as the provider counts it (text and schemas, which the
+/// estimate is calibrated on) and kept apart from the items: the provider's count over
+/// abridge's estimate of the items (the calibration) is not inflated by it, and a
+/// compaction's budget for the items is what the target leaves beside it.
 pub fn beside(turn: &Turn<'_, '_>) -> u64 {
-    let body = std::str::from_utf8(turn.body).map_or(0, crate::tokens::approx_text);
+    let withheld = turn.request.and_then(|r| r.withheld());
+    let body = std::str::from_utf8(turn.body)
+        .map_or(0, crate::tokens::approx_text)
+        .saturating_sub(withheld.map_or(0, |w| crate::tokens::approx_text(w.get())));
     let items: u64 = turn
         .messages
         .iter()

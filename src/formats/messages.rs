@@ -34,7 +34,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::Author;
-use super::splice::{Edit, apply, array, span_of};
+use super::splice::{self, Edit, apply, array, span_of};
 use crate::conversation::Item;
 use crate::json::{self, Raw};
 
@@ -76,6 +76,9 @@ pub struct Metadata<'a> {
 pub struct Parsed<'a> {
     pub fields: Fields<'a>,
     pub items: Vec<Item<'a>>,
+    /// `context_management` once abridge serves it ([`Request::withhold_context_management`]):
+    /// still in the body as received, never forwarded.
+    pub withheld: Option<Raw<'a>>,
 }
 
 /// Why a body is not a Messages request abridge understands.
@@ -112,7 +115,11 @@ fn with_items<'a>((fields, raw): (Fields<'a>, Vec<Raw<'a>>)) -> Result<Parsed<'a
         .enumerate()
         .map(|(index, raw)| item(raw).map_err(|error| Unparseable::Message { index, error }))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Parsed { fields, items })
+    Ok(Parsed {
+        fields,
+        items,
+        withheld: None,
+    })
 }
 
 /// The top level and the messages as the validating pass found them; `None` for
@@ -286,6 +293,31 @@ const MANAGED: &str =
     "context_management: the provider edits this conversation itself; forwarded untouched";
 
 owned_request!("Messages");
+
+impl Request {
+    /// Takes `context_management` from the request, for abridge serves it (see
+    /// `crate::provider_apis::messages`): the body stays as received, but the field is
+    /// no longer the provider's — not forwarded ([`withheld_edit`]) and no reason to
+    /// leave the request untouched ([`untouchable`]). Without parsing again. `false`
+    /// (nothing taken) when there is none, or it cannot be cut out of the body.
+    pub fn withhold_context_management(&mut self) -> bool {
+        self.with_dependent_mut(|body, parsed| {
+            let Some(field) = parsed.fields.context_management else {
+                return false;
+            };
+            if splice::remove_member(body, field.get()).is_none() {
+                return false;
+            }
+            parsed.withheld = parsed.fields.context_management.take();
+            true
+        })
+    }
+}
+
+/// The edit that leaves out what the request withholds ([`Request::withhold_context_management`]).
+pub fn withheld_edit(body: &[u8], parsed: &Parsed<'_>) -> Option<Edit> {
+    splice::remove_member(body, parsed.withheld?.get())
+}
 
 #[cfg(test)]
 mod tests;

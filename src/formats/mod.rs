@@ -441,8 +441,9 @@ impl Request {
 
     /// The body to send: the original bytes with `items` (the forwarded conversation,
     /// when a checkpoint is applied) in place of the client's, `tool` (a tool definition
-    /// in this format) after the client's tools, and — where the format needs it and
-    /// `ask_usage` allows — the ask for usage in streams.
+    /// in this format) after the client's tools, what it [`withheld`](Self::withheld)
+    /// left out, and — where the format needs it and `ask_usage` allows — the ask for
+    /// usage in streams.
     pub fn outgoing(
         &self,
         items: Option<&[Raw<'_>]>,
@@ -463,15 +464,23 @@ impl Request {
             Request::Messages(r) => {
                 let messages =
                     items.and_then(|items| messages::messages_edit(body, r.parsed(), items));
-                (
-                    splice::apply(body, messages.into_iter().chain(tool).collect()),
-                    false,
-                )
+                let withheld = messages::withheld_edit(body, r.parsed());
+                let edits = messages.into_iter().chain(withheld).chain(tool);
+                (splice::apply(body, edits.collect()), false)
             }
         };
         Outgoing {
             body: edited.unwrap_or_else(|| body.clone()),
             asked_usage,
+        }
+    }
+
+    /// A top-level member of the body that is not forwarded (a Messages
+    /// `context_management` abridge serves), as written.
+    pub fn withheld(&self) -> Option<Raw<'_>> {
+        match self {
+            Request::Chat(_) | Request::Responses(_) => None,
+            Request::Messages(r) => r.parsed().withheld,
         }
     }
 

@@ -14,14 +14,13 @@ use std::fmt::Write as _;
 use http::{HeaderMap, Uri};
 use sha2::{Digest, Sha256};
 
-use super::compacted::{self, Kind};
+use super::compacted::Kind;
 use super::sealed::Summary;
 use crate::azure::Deployment;
 use crate::conversation::{Item, Role};
 use crate::formats::Format;
 use crate::formats::responses::Parsed;
 use crate::headers::{Credentials, Provider};
-use crate::identity::IdentityKey;
 use crate::state::AppState;
 use crate::strategies::redact::redact;
 use crate::strategies::{SummaryRequest, structured};
@@ -38,7 +37,7 @@ pub(super) const DIGEST: &str = "compaction: the summary model could not be used
 
 /// What the model said for a compaction made now.
 pub(super) enum Model {
-    /// Not asked: the strategy does not summarise, or no compaction is made.
+    /// Not asked: the strategy does not summarise.
     NotAsked,
     /// Asked, and no summary came: the digest stands in (with [`DIGEST`]).
     Failed,
@@ -60,37 +59,28 @@ impl Model {
     }
 }
 
-/// The model's summary for the compaction `parsed` makes now — a trailing
-/// `compaction_trigger`, a `/responses/compact` call (`always`), or `context_management`
-/// over its threshold by a first look at the body — when the strategy summarises.
-pub(super) async fn for_request(
+/// The model's summary for a compaction made now of `parsed`'s input (`kinds` and
+/// what their compaction items carry, `opened`, as the plan read them) — a trailing
+/// `compaction_trigger`, a `/responses/compact` call, or `context_management` over its
+/// threshold — when the strategy summarises. Called only for a compaction that is made:
+/// what it says is used.
+pub(super) async fn for_compaction(
     state: &AppState,
     at: (&HeaderMap, &Uri),
-    (key, body, parsed): (&IdentityKey, &[u8], &Parsed<'_>),
-    always: bool,
+    (size, parsed): (usize, &Parsed<'_>),
+    (kinds, opened): (&[Kind<'_>], &[Option<Summary>]),
 ) -> Model {
     let config = state.config();
     if !config.compaction.strategy.summarises() {
         return Model::NotAsked;
     }
     let max_tokens = config.strategies.summary_max_tokens;
-    let permit = state.cpu().permit_for(body.len()).await;
-    let wanted = state.cpu().run_with(&permit, || {
-        let kinds = compacted::kinds(&parsed.items);
-        let over = |t: u64| crate::tokens::approx_text(&String::from_utf8_lossy(body)) > t;
-        let made = always
-            || kinds.last() == Some(&Kind::Trigger)
-            || matches!(super::context::asked(parsed), Ok(Some(Some(t))) if over(t));
-        made.then(|| {
-            let opened = compacted::opened(key, &kinds);
-            let prior = opened.iter().rev().flatten().next();
-            request(&parsed.items, &kinds, prior, max_tokens)
-        })
+    let permit = state.cpu().permit_for(size).await;
+    let request = state.cpu().run_with(&permit, || {
+        let prior = opened.iter().rev().flatten().next();
+        request(&parsed.items, kinds, prior, max_tokens)
     });
     drop(permit);
-    let Some(request) = wanted else {
-        return Model::NotAsked;
-    };
     let model = parsed.fields.model.as_deref().unwrap_or_default();
     match ask(state, at, model, &request).await {
         Some(text) => Model::Said(text),

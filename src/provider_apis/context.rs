@@ -6,7 +6,9 @@
 //! the summary expanded as a later request's `compaction` item is, then the current turn
 //! (from its last user message on) verbatim; the answer's `output` starts with the
 //! `compaction` item ([`super::first`]), which the client sends back next turn. Under N,
-//! or without a `compact_threshold`, the request goes on without the field.
+//! or without a `compact_threshold`, the request goes on without the field. Weighed once,
+//! before any summary is asked ([`weigh`]): a model is asked for a summary only when the
+//! compaction is made.
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -19,7 +21,6 @@ use crate::conversation::Item;
 use crate::error::Error;
 use crate::formats::responses::{self, Parsed};
 use crate::formats::splice::{self, Edit};
-use crate::identity::IdentityKey;
 use crate::json::Raw;
 use crate::strategies::SummaryRole;
 
@@ -102,23 +103,40 @@ fn removal(body: &[u8], value: std::ops::Range<usize>) -> Option<Edit> {
     })
 }
 
-/// A request with `context_management` (and no compaction trigger): compacted when over
-/// its threshold, else its compaction items expanded; the field dropped either way.
-/// `None`: the body could not be rewritten (then it goes on as sent, field and all).
-pub(super) fn managed(
-    key: &IdentityKey,
+/// What a request's `context_management` comes to, weighed once: its compaction items
+/// expanded and the field dropped, is it over the threshold?
+pub(super) enum Weighed {
+    /// Not over it (or there is none): goes on as this body.
+    Under(Bytes),
+    /// Over it: compacted ([`compacted`]).
+    Over,
+}
+
+/// A request with `context_management` (and no compaction trigger) weighed: `None` when
+/// the body could not be rewritten (then it goes on as sent, field and all).
+pub(super) fn weigh(
     (body_in, parsed): (&Bytes, &Parsed<'_>),
     (kinds, opened): (&[Kind<'_>], &[Option<Summary>]),
-    (threshold, role, model): (Option<u64>, SummaryRole, &super::asked::Model),
-    note: Option<&'static str>,
-) -> Option<Outcome> {
+    threshold: Option<u64>,
+    role: SummaryRole,
+) -> Option<Weighed> {
     let expanded = compacted::expand(&parsed.items, kinds, opened, role);
     let plain = body(body_in, parsed, &expanded.forwarded())?;
     let estimate = crate::tokens::approx_text(&String::from_utf8_lossy(&plain));
-    if threshold.is_none_or(|t| estimate <= t) {
-        return Some(Outcome::Expanded(plain, note));
-    }
-    let made = super::make(key, parsed, (kinds, opened), model);
+    Some(match threshold.is_some_and(|t| estimate > t) {
+        true => Weighed::Over,
+        false => Weighed::Under(plain),
+    })
+}
+
+/// A request [`Weighed::Over`] its threshold, compacted with `made`: `None` when the
+/// body could not be rewritten.
+pub(super) fn compacted(
+    (body_in, parsed): (&Bytes, &Parsed<'_>),
+    kinds: &[Kind<'_>],
+    (made, role): (Made, SummaryRole),
+    note: Option<&'static str>,
+) -> Option<Outcome> {
     let forwarded = compacted_input(&parsed.items, kinds, &made, role);
     let compacted = body(body_in, parsed, &forwarded.forwarded())?;
     let first = First::new(made.item);

@@ -95,6 +95,10 @@ pub enum Before {
     /// compacted, parsed by the caller), with a note; its answer is to be wrapped with
     /// the [`messages::After`].
     Edited(Bytes, Option<&'static str>, messages::After),
+    /// Goes on as parsed, its `context_management` withheld (a Messages request whose
+    /// edits changed no message: served by abridge, not forwarded, not parsed again),
+    /// with a note; its answer is to be wrapped with the [`messages::After`].
+    Withheld(Arc<formats::Request>, Option<&'static str>, messages::After),
     /// abridge answered it (a compaction trigger, or its refusal).
     Answer(Response),
 }
@@ -123,14 +127,23 @@ pub async fn before(
     }
     let key = state.identity_key().await;
     let role = state.config().strategies.summary_role;
-    let model = match key.as_deref() {
-        Some(key) => asked::for_request(state, at, (key, body, parsed), false).await,
-        None => asked::Model::NotAsked,
-    };
     let permit = state.cpu().permit_for(body.len()).await;
-    let outcome = state.cpu().run_with(&permit, || {
-        decide(key.as_deref(), (body, parsed), role, &model)
-    });
+    let planned = state
+        .cpu()
+        .run_with(&permit, || plan(key.as_deref(), (body, parsed), role));
+    drop(permit);
+    let outcome = match planned {
+        Planned::Done(outcome) => outcome,
+        Planned::Make(plan) => {
+            // A summary is asked only here, for a compaction that is made with it.
+            let summaries = (plan.kinds.as_slice(), plan.opened.as_slice());
+            let model = asked::for_compaction(state, at, (body.len(), parsed), summaries).await;
+            let permit = state.cpu().permit_for(body.len()).await;
+            state
+                .cpu()
+                .run_with(&permit, || plan.make((body, parsed), role, &model))
+        }
+    };
     match outcome {
         None => Before::Go(request, None),
         Some(Outcome::Answer(response)) => Before::Answer(response),
@@ -154,12 +167,38 @@ fn on_provider(parsed: &Parsed<'_>) -> bool {
     present(parsed.fields.previous_response_id) || present(parsed.fields.conversation)
 }
 
-fn decide(
-    key: Option<&IdentityKey>,
-    (body, parsed): (&Bytes, &Parsed<'_>),
+/// What a request that carries the compaction APIs comes to, planned once before any
+/// summary is asked: decided outright, or a compaction to make (and only then a model
+/// asked for its summary, so a summary asked is a summary used).
+enum Planned<'a, 'k> {
+    /// No compaction made (`None`: the request goes on as parsed).
+    Done(Option<Outcome>),
+    Make(Plan<'a, 'k>),
+}
+
+/// A compaction abridge makes for a request: what its input holds, and why it is made.
+struct Plan<'a, 'k> {
+    key: &'k IdentityKey,
+    kinds: Vec<Kind<'a>>,
+    opened: Vec<Option<sealed::Summary>>,
+    /// A compaction item abridge did not make was dropped.
+    foreign: bool,
+    why: Why,
+}
+
+enum Why {
+    /// Codex's `compaction_trigger`: answered with the item.
+    Trigger,
+    /// `context_management` over its threshold (by the estimate of the body as it would
+    /// otherwise go on): the input compacted, the item first in the answer.
+    OverThreshold,
+}
+
+fn plan<'a, 'k>(
+    key: Option<&'k IdentityKey>,
+    (body, parsed): (&Bytes, &Parsed<'a>),
     role: crate::strategies::SummaryRole,
-    model: &asked::Model,
-) -> Option<Outcome> {
+) -> Planned<'a, 'k> {
     let kinds = compacted::kinds(&parsed.items);
     let trigger = kinds.iter().position(|k| *k == Kind::Trigger);
     if trigger.is_some_and(|at| at + 1 != kinds.len()) {
@@ -167,39 +206,76 @@ fn decide(
             message: "compaction_trigger must be the last item of input",
             param: "input",
         };
-        return Some(Outcome::Answer(error.response_in(Shape::OpenAi)));
+        return Planned::Done(Some(Outcome::Answer(error.response_in(Shape::OpenAi))));
     }
     let compactions = kinds.iter().any(|k| matches!(k, Kind::Compaction(_)));
     let managed = match context::asked(parsed) {
         Ok(managed) => managed.filter(|_| trigger.is_none()),
-        Err(error) => return Some(Outcome::Answer(error.response_in(Shape::OpenAi))),
+        Err(error) => {
+            return Planned::Done(Some(Outcome::Answer(error.response_in(Shape::OpenAi))));
+        }
     };
     if trigger.is_none() && !compactions && managed.is_none() {
-        return None;
+        return Planned::Done(None);
     }
     let Some(key) = key else {
-        return Some(Outcome::Untouched(
+        return Planned::Done(Some(Outcome::Untouched(
             "compaction: abridge's identity secret is not available (store unreachable); forwarded untouched",
-        ));
+        )));
     };
     let opened = compacted::opened(key, &kinds);
-    let note = compacted::any_foreign(&kinds, &opened)
-        .then_some(FOREIGN)
-        .or(model.note());
-    if trigger.is_some() {
-        let stream = parsed.fields.stream == Some(true);
-        let made = make(key, parsed, (&kinds, &opened), model);
-        let name = parsed.fields.model.as_deref().unwrap_or_default();
-        return Some(Outcome::Answer(triggered(&made, name, stream, note)));
+    let foreign = compacted::any_foreign(&kinds, &opened);
+    let note = foreign.then_some(FOREIGN);
+    let why = match managed {
+        _ if trigger.is_some() => Why::Trigger,
+        Some(threshold) => {
+            let summaries = (kinds.as_slice(), opened.as_slice());
+            match context::weigh((body, parsed), summaries, threshold, role) {
+                Some(context::Weighed::Over) => Why::OverThreshold,
+                Some(context::Weighed::Under(plain)) => {
+                    return Planned::Done(Some(Outcome::Expanded(plain, note)));
+                }
+                None => return Planned::Done(None),
+            }
+        }
+        None => {
+            let expanded = compacted::expand(&parsed.items, &kinds, &opened, role);
+            let body = responses::with_input(body, parsed, &expanded.forwarded());
+            return Planned::Done(body.map(|body| Outcome::Expanded(body, note)));
+        }
+    };
+    Planned::Make(Plan {
+        key,
+        kinds,
+        opened,
+        foreign,
+        why,
+    })
+}
+
+impl Plan<'_, '_> {
+    /// The compaction made, with the model's summary when it said one, and what the
+    /// request comes to with it.
+    fn make(
+        &self,
+        (body, parsed): (&Bytes, &Parsed<'_>),
+        role: crate::strategies::SummaryRole,
+        model: &asked::Model,
+    ) -> Option<Outcome> {
+        let note = self.foreign.then_some(FOREIGN).or(model.note());
+        let summaries = (self.kinds.as_slice(), self.opened.as_slice());
+        let made = make(self.key, parsed, summaries, model);
+        match self.why {
+            Why::Trigger => {
+                let stream = parsed.fields.stream == Some(true);
+                let name = parsed.fields.model.as_deref().unwrap_or_default();
+                Some(Outcome::Answer(triggered(&made, name, stream, note)))
+            }
+            Why::OverThreshold => {
+                context::compacted((body, parsed), &self.kinds, (made, role), note)
+            }
+        }
     }
-    if let Some(threshold) = managed {
-        let summaries = (kinds.as_slice(), opened.as_slice());
-        let asked = (threshold, role, model);
-        return context::managed(key, (body, parsed), summaries, asked, note);
-    }
-    let expanded = compacted::expand(&parsed.items, &kinds, &opened, role);
-    let body = responses::with_input(body, parsed, &expanded.forwarded())?;
-    Some(Outcome::Expanded(body, note))
 }
 
 /// A compaction made: its item and its id.
@@ -292,9 +368,10 @@ pub async fn compact(state: &AppState, request: Request) -> Result<Response, Err
         Error::Internal("the identity secret is not available (store unreachable)".into())
     })?;
     let at = (&parts.headers, &parts.uri);
-    let model = asked::for_request(state, at, (&key, &body, &parsed), true).await;
     let kinds = compacted::kinds(&parsed.items);
     let opened = compacted::opened(&key, &kinds);
+    let summaries = (kinds.as_slice(), opened.as_slice());
+    let model = asked::for_compaction(state, at, (body.len(), &parsed), summaries).await;
     let note = compacted::any_foreign(&kinds, &opened)
         .then_some(FOREIGN)
         .or(model.note());

@@ -12,14 +12,18 @@ fn key() -> IdentityKey {
 }
 
 fn run(body: &Value) -> Option<Outcome> {
+    run_with(body, &super::asked::Model::NotAsked)
+}
+
+/// What a request comes to, the model having said `model` if a compaction is made.
+fn run_with(body: &Value, model: &super::asked::Model) -> Option<Outcome> {
     let body = Bytes::from(body.to_string());
     let parsed = responses::parse(&body).unwrap();
-    decide(
-        Some(&key()),
-        (&body, &parsed),
-        SummaryRole::User,
-        &super::asked::Model::NotAsked,
-    )
+    let key = key();
+    match plan(Some(&key), (&body, &parsed), SummaryRole::User) {
+        Planned::Done(outcome) => outcome,
+        Planned::Make(plan) => plan.make((&body, &parsed), SummaryRole::User, model),
+    }
 }
 
 fn user(text: &str) -> Value {
@@ -180,4 +184,81 @@ fn compact_keeps_the_newest_user_messages_within_the_budget() {
     let kept = compacted::kept_users(&parsed.items, &kinds, 100);
     let kept: Vec<&str> = kept.iter().map(|r| r.get()).collect();
     assert_eq!(kept, [parsed.raw_items[1].get(), parsed.raw_items[2].get()]);
+}
+
+/// A request that sends back an item with the long history it replaced, asking for
+/// compaction over `threshold`.
+fn sent_back(threshold: Option<u64>) -> Value {
+    let mut input = history();
+    for n in 0..20 {
+        input.push(json!({"type": "function_call", "call_id": format!("d{n}"), "name": "shell", "arguments": "{}"}));
+        input.push(json!({"type": "function_call_output", "call_id": format!("d{n}"), "output": "log line ".repeat(200)}));
+    }
+    let summary = sealed::Summary {
+        summary: "The parser is fixed.".into(),
+        items: 45,
+        created_at: 1,
+    };
+    input.push(answer::item("cmp_1", &sealed::seal(&key(), &summary)));
+    input.push(user("Now the docs"));
+    let management = json!([{"type": "compaction", "compact_threshold": threshold}]);
+    json!({"model": "m", "input": input, "context_management": management})
+}
+
+/// The estimate a request is weighed by: its body as it would go on uncompacted.
+fn weighed(body: &Value) -> u64 {
+    let body = Bytes::from(body.to_string());
+    let parsed = responses::parse(&body).unwrap();
+    let kinds = compacted::kinds(&parsed.items);
+    let opened = compacted::opened(&key(), &kinds);
+    let summaries = (kinds.as_slice(), opened.as_slice());
+    let Some(context::Weighed::Under(plain)) =
+        context::weigh((&body, &parsed), summaries, None, SummaryRole::User)
+    else {
+        panic!("not rewritten");
+    };
+    crate::tokens::approx_text(std::str::from_utf8(&plain).unwrap())
+}
+
+#[test]
+fn a_summary_is_asked_only_for_a_compaction_that_is_made() {
+    // Over the threshold by the body as received (what the item replaced is still in
+    // it), under it by the body as it goes on: the summary would be paid for and not
+    // used. The plan weighs once, so no compaction is made and none asked.
+    let plain = weighed(&sent_back(None));
+    let raw = crate::tokens::approx_text(&sent_back(None).to_string());
+    assert!(raw > plain + 1000, "raw {raw}, as it goes on {plain}");
+    let threshold = plain + (raw - plain) / 2;
+    let body = Bytes::from(sent_back(Some(threshold)).to_string());
+    assert!(crate::tokens::approx_text(std::str::from_utf8(&body).unwrap()) > threshold);
+    let parsed = responses::parse(&body).unwrap();
+    let key = key();
+    let Planned::Done(Some(Outcome::Expanded(sent, None))) =
+        plan(Some(&key), (&body, &parsed), SummaryRole::User)
+    else {
+        panic!("a compaction is planned under the threshold");
+    };
+    let sent = String::from_utf8(sent.to_vec()).unwrap();
+    assert!(sent.contains("The parser is fixed.") && !sent.contains("log line"));
+
+    // Over it as it goes on: the compaction is made, with what the model said.
+    let over = sent_back(Some(plain - 1));
+    let body = Bytes::from(over.to_string());
+    let parsed = responses::parse(&body).unwrap();
+    assert!(matches!(
+        plan(Some(&key), (&body, &parsed), SummaryRole::User),
+        Planned::Make(Plan {
+            why: Why::OverThreshold,
+            ..
+        })
+    ));
+    let said = super::asked::Model::Said("Docs are next; the parser is fixed.".into());
+    let Some(Outcome::Compacted(sent, _, _)) = run_with(&over, &said) else {
+        panic!("not compacted");
+    };
+    let sent = String::from_utf8(sent.to_vec()).unwrap();
+    assert!(
+        sent.contains("Docs are next; the parser is fixed."),
+        "{sent}"
+    );
 }

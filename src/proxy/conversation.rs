@@ -208,8 +208,9 @@ enum Read {
 }
 
 /// ingress: the one body abridge reads whole, bounded; parse (once); then the provider
-/// compaction APIs abridge serves, which answer it here or expand their items (a new
-/// body, parsed once in turn).
+/// compaction APIs abridge serves, which answer it here, expand their items or edit its
+/// messages (a new body, parsed once in turn), or only withhold a Messages
+/// `context_management` (the parse goes on).
 async fn read(
     state: &AppState,
     parts: &Parts,
@@ -242,6 +243,7 @@ async fn read(
             Ok(request) => Read::Parsed(request, note, None),
             Err((body, _)) => Read::Unparsed(body, note),
         },
+        Before::Withheld(request, note, after) => Read::Parsed(request, note, Some(after)),
         Before::Edited(body, note, after) => match parsed(body).await {
             Ok(request) => Read::Parsed(request, note, Some(after)),
             Err((body, _)) => Read::Unparsed(body, note),

@@ -2,12 +2,15 @@
 //! lacks it (the fake provider ignores the field): abridge does not forward it; over the
 //! client's `compact_threshold` it compacts, forwards the compacted input and answers
 //! with its `compaction` item first, whole and streamed; the item sent back next turn is
-//! expanded; behind a provider that has it (`native`) everything passes untouched.
+//! expanded (by another replica on the same Redis, or after a restart); behind a
+//! provider that has it (`native`) everything passes untouched.
 
 use abridge::config::ProviderCompaction;
+use abridge::secret::Secret;
 use fake_provider::{Behavior, FakeProvider};
 use serde_json::{Value, json};
 
+use crate::common::redis::RedisServer;
 use crate::common::{Proxy, client, config_for};
 use crate::provider_apis::{compactions, events, history, last_responses, post, serving, user};
 
@@ -128,6 +131,94 @@ async fn under_the_threshold_only_the_field_is_dropped() {
     assert!(compactions(answer["output"].as_array().unwrap()).is_empty());
     let input = forwarded(&provider);
     assert_eq!(input.len(), history().len() + 1, "{input:?}");
+}
+
+/// The output `proxy` answers a request over its threshold with, whole or streamed: the
+/// compaction item first, then the provider's.
+async fn output_from(proxy: &Proxy, stream: bool) -> Vec<Value> {
+    let answer = post(proxy, "/v1/responses", &request(50, stream)).await;
+    assert_eq!(answer.status(), 200);
+    let response = match stream {
+        true => events(&answer.text().await.unwrap()).pop().unwrap().1["response"].clone(),
+        false => answer.json().await.unwrap(),
+    };
+    let output = response["output"].as_array().unwrap().clone();
+    assert_eq!(output[0]["type"], "compaction", "{response}");
+    let token = output[0]["encrypted_content"].as_str().unwrap();
+    assert!(token.starts_with("abridge.v1."), "{token}");
+    output
+}
+
+/// `output` sent back to `proxy` after the history, with a new ask: the answer's note,
+/// and the input that reached the provider.
+async fn sent_back(proxy: &Proxy, provider: &FakeProvider, output: &[Value]) -> (String, String) {
+    let mut input = history();
+    input.push(user("Now document it"));
+    input.extend(output.iter().cloned());
+    input.push(user("And add a test"));
+    let body =
+        json!({"model": "local-model", "input": input, "context_management": managed(1_000_000)});
+    let answer = post(proxy, "/v1/responses", &body).await;
+    assert_eq!(answer.status(), 200, "the fake refuses a compaction item");
+    let note = answer.headers().get("x-abridge-note");
+    let note = note.map_or(String::new(), |n| n.to_str().unwrap().to_owned());
+    (note, Value::from(forwarded(provider)).to_string())
+}
+
+/// The item expanded into its summary, what it summarised dropped, nothing of the
+/// compaction API forwarded (`forwarded` checks `context_management` is gone).
+fn assert_expanded(sent: &str) {
+    assert!(!sent.contains("\"compaction\""), "{sent}");
+    assert!(!sent.contains("call_1"), "what the item summarised: {sent}");
+    assert!(
+        sent.contains("compacted by abridge") && sent.contains("src/parser.rs"),
+        "{sent}"
+    );
+    assert!(sent.contains("And add a test"));
+}
+
+#[tokio::test]
+async fn the_item_is_read_on_another_replica_and_after_a_restart() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    // Two replicas on one Redis (the secret the first published): B reads A's item.
+    let redis = RedisServer::start();
+    let mut shared = serving(&provider.url());
+    shared.store.redis_url = Some(Secret::new(redis.url()));
+    let a = Proxy::start_with(shared.clone()).await;
+    let b = Proxy::start_with(shared).await;
+    for stream in [false, true] {
+        let output = output_from(&a, stream).await;
+        let (note, sent) = sent_back(&b, &provider, &output).await;
+        assert!(
+            !note.contains("did not make"),
+            "opened as abridge's own: {note}"
+        );
+        assert_expanded(&sent);
+    }
+
+    // In-process store, a configured secret: a restarted proxy reads it.
+    let mut alone = serving(&provider.url());
+    alone.identity.secret = Some(Secret::new("the deployment's identity secret"));
+    let before = Proxy::start_with(alone.clone()).await;
+    let outputs = [
+        output_from(&before, false).await,
+        output_from(&before, true).await,
+    ];
+    before.shutdown().await.unwrap();
+    let after = Proxy::start_with(alone).await;
+    for output in &outputs {
+        let (note, sent) = sent_back(&after, &provider, output).await;
+        assert!(
+            !note.contains("did not make"),
+            "opened after the restart: {note}"
+        );
+        assert_expanded(&sent);
+    }
+    // Without one, a restart makes another secret: the item is dropped, the client told.
+    let stranger = Proxy::start_with(serving(&provider.url())).await;
+    let (note, sent) = sent_back(&stranger, &provider, &outputs[0]).await;
+    assert!(note.contains("did not make"), "{note}");
+    assert!(!sent.contains("\"compaction\"") && !sent.contains("compacted by abridge"));
 }
 
 #[tokio::test]

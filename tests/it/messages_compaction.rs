@@ -3,13 +3,16 @@
 //! Anthropic SDKs and Claude Code send them, behind a server that lacks them (the fake
 //! provider: `context_management` ignored, a `compaction` block refused with a 400):
 //! abridge checks the edits, applies them to what it forwards, compacts over the
-//! trigger, expands its block when it comes back, and answers as Anthropic does; behind
-//! a provider that has them (`native`), everything passes untouched.
+//! trigger, expands its block when it comes back (to another replica on the same Redis,
+//! or after a restart), and answers as Anthropic does; behind a provider that has them
+//! (`native`), everything passes untouched.
 
 use abridge::config::{CompactionMode, Config, ProviderCompaction};
+use abridge::secret::Secret;
 use fake_provider::{Behavior, FakeProvider, Recorded, thinking_signature};
 use serde_json::{Value, json};
 
+use crate::common::redis::RedisServer;
 use crate::common::{Proxy, client, config_for};
 use crate::provider_apis::events;
 
@@ -360,6 +363,114 @@ async fn the_block_sent_back_is_expanded_and_what_came_before_it_dropped() {
             .contains("compacted by abridge")
     );
     assert_eq!(messages.last().unwrap(), &ask("Commit it"));
+}
+
+/// The block `proxy` answers `long_history` over the trigger with, whole or streamed,
+/// as the client appends it.
+async fn block_from(proxy: &Proxy, stream: bool) -> Value {
+    let answer = post(
+        proxy,
+        &request(&long_history(), compact_edit(false), stream),
+    )
+    .await;
+    assert_eq!(answer.status(), 200);
+    let block = match stream {
+        true => {
+            let events = events(&answer.text().await.unwrap());
+            let delta = &events[2].1["delta"];
+            assert_eq!(delta["type"], "compaction_delta");
+            json!({"type": "compaction", "content": delta["content"],
+                "encrypted_content": delta["encrypted_content"]})
+        }
+        false => answer.json::<Value>().await.unwrap()["content"][0].clone(),
+    };
+    assert_eq!(block["type"], "compaction");
+    let token = block["encrypted_content"].as_str().unwrap();
+    assert!(token.starts_with("abridge.v1."), "{token}");
+    block
+}
+
+/// `block` sent back to `proxy` after the history it replaced, with a new ask: the
+/// answer's note, and what reached the upstream.
+async fn sent_back(
+    proxy: &Proxy,
+    provider: &FakeProvider,
+    block: &Value,
+) -> (Option<String>, Value) {
+    let mut messages = long_history();
+    messages.push(
+        json!({"role": "assistant", "content": [block, {"type": "text", "text": "Ported."}]}),
+    );
+    messages.push(ask("Commit it"));
+    let answer = post(proxy, &request(&messages, compact_edit(false), false)).await;
+    assert_eq!(answer.status(), 200, "the fake refuses a compaction block");
+    let note = answer.headers().get("x-abridge-note");
+    let note = note.map(|n| n.to_str().unwrap().to_owned());
+    (note, forwarded(provider).pop().unwrap().json())
+}
+
+/// The block expanded into its summary, what came before it dropped, nothing of the
+/// beta API forwarded.
+fn assert_expanded(sent: &Value) {
+    let text = sent.to_string();
+    assert!(sent.get("context_management").is_none(), "{text}");
+    assert!(!text.contains("\"compaction\""), "{text}");
+    assert!(
+        !text.contains("tool_result"),
+        "what the block replaced: {text}"
+    );
+    let messages = sent["messages"].as_array().unwrap();
+    let summary = messages[0]["content"][0]["text"].as_str().unwrap();
+    assert!(summary.contains("compacted by abridge"), "{summary}");
+    assert!(summary.contains("Keep the file names."), "{summary}");
+    assert!(summary.contains("src/parser.rs"), "{summary}");
+    assert_eq!(messages.last().unwrap(), &ask("Commit it"));
+}
+
+#[tokio::test]
+async fn the_block_is_read_on_another_replica_and_after_a_restart() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let serving = config(&provider.url(), ProviderCompaction::Serve);
+    // Two replicas on one Redis (the secret the first published): B reads A's block.
+    let redis = RedisServer::start();
+    let mut shared = serving.clone();
+    shared.store.redis_url = Some(Secret::new(redis.url()));
+    let a = Proxy::start_with(shared.clone()).await;
+    let b = Proxy::start_with(shared).await;
+    for stream in [false, true] {
+        let block = block_from(&a, stream).await;
+        let (note, sent) = sent_back(&b, &provider, &block).await;
+        assert!(
+            !note.unwrap_or_default().contains("plain text"),
+            "opened as abridge's own"
+        );
+        assert_expanded(&sent);
+    }
+
+    // In-process store, a configured secret: a restarted proxy reads it.
+    let mut alone = serving.clone();
+    alone.identity.secret = Some(Secret::new("the deployment's identity secret"));
+    let before = Proxy::start_with(alone.clone()).await;
+    let blocks = [
+        block_from(&before, false).await,
+        block_from(&before, true).await,
+    ];
+    before.shutdown().await.unwrap();
+    let after = Proxy::start_with(alone).await;
+    for block in &blocks {
+        let (note, sent) = sent_back(&after, &provider, block).await;
+        assert!(
+            !note.unwrap_or_default().contains("plain text"),
+            "opened after the restart"
+        );
+        assert_expanded(&sent);
+    }
+    // Without one, a restart makes another secret: the block is read as plain text
+    // (its `content`), and the client told.
+    let stranger = Proxy::start_with(serving).await;
+    let (note, sent) = sent_back(&stranger, &provider, &blocks[0]).await;
+    assert!(note.unwrap().contains("plain text"));
+    assert!(!sent.to_string().contains("\"compaction\""));
 }
 
 #[tokio::test]

@@ -7,7 +7,10 @@
 //! upstream's answer to the compacted request ([`compact`]); a `compaction` block sent
 //! back expanded into its summary, everything before it dropped; and the answer given
 //! what Anthropic's would carry — the block first, `context_management.applied_edits`,
-//! `usage.iterations` ([`reply`]). `context_management` itself is not forwarded.
+//! `usage.iterations` ([`reply`]). `context_management` itself is not forwarded; when
+//! no edit changes a message (Claude Code's `clear_thinking` keeping all, on every
+//! request), the request goes on as it was parsed with the field withheld, not parsed
+//! again.
 //!
 //! Behind Anthropic's own host the request passes untouched ([`serves`]). The
 //! conversation handler calls [`before`] (through the wing's `before`) on a parsed
@@ -18,6 +21,7 @@ mod compact;
 mod edits;
 mod reply;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -26,6 +30,7 @@ use serde_json::value::RawValue;
 
 use super::Before;
 use crate::config::{Config, ProviderCompaction};
+use crate::conversation::{Content, Item, Part, Role};
 use crate::formats::messages::{self as wire, Parsed};
 use crate::formats::{self, splice};
 use crate::identity::IdentityKey;
@@ -34,6 +39,7 @@ use crate::state::AppState;
 use crate::strategies::SummaryRole;
 use crate::tokens::approx_text;
 
+use edits::{Edits, Trigger};
 pub use reply::After;
 
 /// Hosts (and their subdomains) whose Messages API has these itself.
@@ -107,13 +113,44 @@ pub(super) async fn before(state: &AppState, request: Arc<formats::Request>) -> 
     match outcome {
         Some(Outcome::Answer(response)) => Before::Answer(response),
         Some(Outcome::Edited(body, after)) => Before::Edited(body, after.note(), after),
+        Some(Outcome::Withheld(after)) => withheld(request, after),
         None => Before::Go(request, None),
     }
 }
 
 enum Outcome {
     Answer(axum::response::Response),
+    /// Messages edited: this body goes on.
     Edited(Bytes, After),
+    /// No message changed: the request goes on as parsed, `context_management` withheld.
+    Withheld(After),
+}
+
+/// A request whose edits change no message goes on as it was parsed, its
+/// `context_management` taken from the parse (not forwarded): not parsed again. Were the
+/// request shared (it is not, on the request path), the body without the field, for the
+/// caller to parse.
+fn withheld(mut request: Arc<formats::Request>, after: After) -> Before {
+    let note = after.note();
+    if let Some(formats::Request::Messages(messages)) = Arc::get_mut(&mut request) {
+        return match messages.withhold_context_management() {
+            true => Before::Withheld(request, note, after),
+            false => Before::Go(request, None),
+        };
+    }
+    let formats::Request::Messages(messages) = &*request else {
+        return Before::Go(request, None);
+    };
+    let (body, parsed) = (messages.body(), messages.parsed());
+    let cut = parsed
+        .fields
+        .context_management
+        .and_then(|field| splice::remove_member(body, field.get()))
+        .and_then(|edit| splice::apply(body, vec![edit]));
+    match cut {
+        Some(body) => Before::Edited(body, note, after),
+        None => Before::Go(request, None),
+    }
 }
 
 fn decide(
@@ -128,6 +165,12 @@ fn decide(
         },
         _ => None,
     };
+    if edits
+        .as_ref()
+        .is_some_and(|edits| changes_nothing(body, parsed, edits))
+    {
+        return Some(Outcome::Withheld(After::new(true, None)));
+    }
     let mut entries = parsed
         .items
         .iter()
@@ -178,18 +221,76 @@ fn decide(
     Some(Outcome::Edited(body, after))
 }
 
+/// Whether `edits` leave every message as it is, so that only `context_management`
+/// goes: no `compaction` block to expand, every thinking block kept, tool uses and
+/// compaction under their triggers. The common case — Claude Code asks on every request
+/// to keep all thinking — decided from the parse, with no message read again.
+fn changes_nothing(body: &[u8], parsed: &Parsed<'_>, edits: &Edits) -> bool {
+    if edits.thinking.as_ref().is_some_and(|t| t.keep.is_some())
+        || carries_compaction(body, &parsed.items)
+    {
+        return false;
+    }
+    let prompt = || {
+        let messages = parsed.items.iter().map(|item| approx_text(item.raw.get()));
+        prompt(body, parsed, messages)
+    };
+    let tool_uses = edits
+        .tool_uses
+        .as_ref()
+        .is_none_or(|edit| match edit.trigger {
+            Trigger::InputTokens(n) => prompt() <= n,
+            Trigger::ToolUses(n) => {
+                let assistants = parsed.items.iter().filter(|i| i.role == Role::Assistant);
+                assistants.map(|i| i.calls.len() as u64).sum::<u64>() <= n
+            }
+        });
+    tool_uses
+        && edits
+            .compact
+            .as_ref()
+            .is_none_or(|edit| prompt() <= edit.trigger)
+}
+
+/// Whether a message carries a `compaction` block: found by a byte search, or — where
+/// the body has escapes, which could spell the type — by the type of every block the
+/// view keeps raw.
+fn carries_compaction(body: &[u8], items: &[Item<'_>]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Cow<'a, str>,
+    }
+    let is_block = |raw: &Raw<'_>| {
+        serde_json::from_str::<Typed<'_>>(raw.get()).is_ok_and(|b| b.kind == "compaction")
+    };
+    if memchr::memmem::find(body, b"\"compaction\"").is_some() {
+        return true;
+    }
+    memchr::memmem::find(body, b"\\u").is_some()
+        && items.iter().any(|item| match &item.content {
+            Content::Parts(parts) => parts
+                .iter()
+                .any(|part| matches!(part, Part::Other(raw) if is_block(raw))),
+            _ => false,
+        })
+}
+
 /// The request's input tokens as abridge estimates them, with `entries` as its messages.
 fn estimate(body: &[u8], parsed: &Parsed<'_>, entries: &[Entry<'_>]) -> u64 {
+    let messages = entries.iter().map(|e| match (e.raw, e.changed) {
+        (Some(raw), false) => approx_text(raw.get()),
+        _ => approx_text(&e.value.to_string()),
+    });
+    prompt(body, parsed, messages)
+}
+
+/// The request's input tokens as abridge estimates them, with messages of `messages`
+/// tokens in place of its own.
+fn prompt(body: &[u8], parsed: &Parsed<'_>, messages: impl Iterator<Item = u64>) -> u64 {
     let whole = approx_text(std::str::from_utf8(body).unwrap_or_default());
-    let messages = parsed.fields.messages.map_or(0, |m| approx_text(m.get()));
-    let forwarded: u64 = entries
-        .iter()
-        .map(|e| match (e.raw, e.changed) {
-            (Some(raw), false) => approx_text(raw.get()),
-            _ => approx_text(&e.value.to_string()),
-        })
-        .sum();
-    whole.saturating_sub(messages) + forwarded
+    let own = parsed.fields.messages.map_or(0, |m| approx_text(m.get()));
+    whole.saturating_sub(own) + messages.sum::<u64>()
 }
 
 /// The body to forward: `entries` as its messages, `context_management` gone.

@@ -89,14 +89,162 @@ fn ask(text: &str) -> Value {
 
 /// What `decide` forwards for a request (`None`: answered, or untouched).
 fn forwarded_of(body: &Value, key: Option<&IdentityKey>) -> (Option<Value>, Option<After>) {
+    let (sent, after, _) = passed_on(&body.to_string(), key);
+    (
+        after
+            .is_some()
+            .then(|| serde_json::from_slice(&sent).unwrap()),
+        after,
+    )
+}
+
+/// What the wing passes on for a request's bytes (as the conversation handler gets it
+/// and forwards it with no checkpoint applied): the body sent, what the answer must
+/// carry (`None`: untouched), and whether it goes on as it was first parsed (the same
+/// parse, not a second one).
+fn passed_on(text: &str, key: Option<&IdentityKey>) -> (Bytes, Option<After>, bool) {
+    let body = Bytes::from(text.to_owned());
+    let request = Arc::new(formats::Request::parse(formats::Format::Messages, body).unwrap());
+    let first = Arc::as_ptr(&request);
+    let formats::Request::Messages(messages) = &*request else {
+        unreachable!("parsed as Messages")
+    };
+    let before = match decide(key, (messages.body(), messages.parsed()), SummaryRole::User) {
+        Some(Outcome::Withheld(after)) => withheld(request, after),
+        Some(Outcome::Edited(body, after)) => Before::Edited(body, after.note(), after),
+        Some(Outcome::Answer(_)) => panic!("answered"),
+        None => Before::Go(request, None),
+    };
+    let as_parsed = |request: Arc<formats::Request>, after| {
+        assert!(request.untouchable().is_none(), "left to abridge");
+        let same = std::ptr::eq(Arc::as_ptr(&request), first);
+        (request.outgoing(None, None, true).body, after, same)
+    };
+    match before {
+        Before::Withheld(request, _, after) => as_parsed(request, Some(after)),
+        Before::Go(request, _) => as_parsed(request, None),
+        Before::Edited(body, _, after) => (body, Some(after), false),
+        _ => panic!("not a Messages outcome"),
+    }
+}
+
+#[test]
+fn claude_codes_keep_all_goes_on_as_parsed_with_only_the_field_gone() {
+    let management =
+        r#""context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}"#;
+    let text = format!(
+        r#"{{"model": "claude-x", "max_tokens": 10,
+  "messages": [ {{"role": "user", "content": "hi"}},
+    {{"role": "assistant", "content": [{}, {{"type": "text", "text": "yo"}}]}},
+    {{"role": "user", "content": "more"}} ],
+  {management},
+  "stream": true}}"#,
+        thinking("why")
+    );
+    let (sent, after, same) = passed_on(&text, None);
+    assert!(same, "the first parse goes on");
+    let expected = text.replace(&format!("\n  {management},"), "");
+    assert_ne!(expected, text);
+    assert_eq!(String::from_utf8(sent.to_vec()).unwrap(), expected);
+    assert_eq!(after.unwrap().applied, Some(vec![]), "applied_edits: []");
+
+    // The bytes the wing forwarded when it rebuilt the body, for such a body as Claude
+    // Code writes it.
+    let body: Value = serde_json::from_str(&text).unwrap();
     let bytes = Bytes::from(body.to_string());
     let parsed = wire::parse(&bytes).unwrap();
-    match decide(key, (&bytes, &parsed), SummaryRole::User) {
-        Some(Outcome::Edited(out, after)) => {
-            (Some(serde_json::from_slice(&out).unwrap()), Some(after))
-        }
-        Some(Outcome::Answer(_)) | None => (None, None),
+    let entries: Vec<Entry<'_>> = (parsed.items.iter().enumerate())
+        .map(|(k, item)| Entry {
+            raw: Some(item.raw),
+            value: serde_json::from_str(item.raw.get()).unwrap(),
+            changed: false,
+            from: Some(k),
+        })
+        .collect();
+    let rebuilt = forwarded(&bytes, &parsed, &entries).unwrap();
+    let (sent, _, same) = passed_on(&body.to_string(), None);
+    assert!(same);
+    assert_eq!(sent, rebuilt, "the same bytes as before");
+}
+
+#[test]
+fn edits_under_their_triggers_go_on_as_parsed_and_over_them_edit() {
+    let mut messages = vec![ask("read them")];
+    for n in 1..=4 {
+        messages.extend(tool_round(n, "output"));
     }
+    let with = |edits: Value| {
+        json!({"model": "m", "max_tokens": 10, "messages": messages,
+            "context_management": {"edits": edits}})
+        .to_string()
+    };
+    let tool_uses =
+        |trigger: Value| json!({"type": "clear_tool_uses_20250919", "trigger": trigger});
+    let compact = json!({"type": "compact_20260112"});
+    let under = [
+        json!([
+            tool_uses(json!({"type": "input_tokens", "value": 100_000})),
+            compact
+        ]),
+        json!([tool_uses(json!({"type": "tool_uses", "value": 4}))]),
+        json!([]),
+    ];
+    for edits in under {
+        let text = with(edits.clone());
+        let (sent, after, same) = passed_on(&text, Some(&key()));
+        assert!(same, "{edits}");
+        let sent: Value = serde_json::from_slice(&sent).unwrap();
+        assert_eq!(sent["messages"], json!(messages), "{edits}");
+        assert!(sent.get("context_management").is_none());
+        assert_eq!(after.unwrap().applied, Some(vec![]));
+    }
+    let over = with(json!([tool_uses(json!({"type": "tool_uses", "value": 3}))]));
+    let (_, after, same) = passed_on(&over, Some(&key()));
+    assert!(!same, "a message changed: a new body");
+    assert_eq!(after.unwrap().applied.unwrap()[0]["cleared_tool_uses"], 1);
+    // Thinking cleared (the default keeps one turn's): read and edited too.
+    let thinking = with(json!([{"type": "clear_thinking_20251015"}]));
+    assert!(!passed_on(&thinking, Some(&key())).2);
+}
+
+#[test]
+fn a_compaction_block_spelled_with_an_escape_is_still_expanded() {
+    let key = key();
+    let summary = sealed::Summary {
+        summary: "The user is fixing the parser.".into(),
+        items: 2,
+        created_at: 1,
+    };
+    let block = json!({"type": "compaction", "encrypted_content": sealed::seal(&key, &summary)});
+    let text = json!({"model": "m", "max_tokens": 10,
+        "messages": [ask("old ask"), {"role": "assistant", "content": [block]}, ask("now")],
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}})
+    .to_string()
+    .replace(r#""compaction""#, r#""compac\u0074ion""#);
+    let (sent, _, same) = passed_on(&text, Some(&key));
+    assert!(!same);
+    let sent = String::from_utf8(sent.to_vec()).unwrap();
+    assert!(
+        sent.contains("fixing the parser") && !sent.contains("old ask"),
+        "{sent}"
+    );
+}
+
+#[test]
+fn a_tool_abridge_adds_goes_in_beside_the_withheld_field() {
+    let text = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"context_management":{"edits":[]}}"#;
+    let mut request =
+        formats::Request::parse(formats::Format::Messages, Bytes::from(text)).unwrap();
+    let formats::Request::Messages(messages) = &mut request else {
+        unreachable!("parsed as Messages")
+    };
+    assert!(messages.withhold_context_management());
+    assert!(!messages.withhold_context_management(), "taken once");
+    let sent = request.outgoing(None, Some(r#"{"name":"t"}"#), true).body;
+    assert_eq!(
+        sent,
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"name":"t"}]}"#
+    );
 }
 
 #[test]
