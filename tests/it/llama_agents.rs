@@ -161,12 +161,13 @@ async fn anthropic_python_sdk_compaction_betas_in_front_of_llama_server() {
     let proxy = Proxy::start_with(config_for(&relay.url("/v1"))).await;
     let base = proxy.url("/v1").trim_end_matches("/v1").to_owned();
     let out = run_within(
-        Duration::from_secs(1200),
+        // Measured 391 s alone; scripts/test runs it beside the other ignored tests.
+        Duration::from_secs(2400),
         sdk_dir().join("venv/bin/python"),
         vec![
             script("anthropic_compaction.py").display().to_string(),
             base,
-            "600".to_owned(),
+            "900".to_owned(),
         ],
     )
     .await;
