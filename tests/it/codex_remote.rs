@@ -26,8 +26,14 @@ use crate::common::{Proxy, config_for};
 /// A `CODEX_HOME` on the built-in provider at `base_url`, compacting over `limit` tokens,
 /// and nothing that goes online.
 fn codex_home(dir: &Path, base_url: &str, limit: u64) {
+    codex_home_for(dir, r#"model = "fake-model""#, base_url, limit);
+}
+
+/// The same for the `model` lines given (its name, and its window when Codex cannot
+/// know it).
+pub(crate) fn codex_home_for(dir: &Path, model: &str, base_url: &str, limit: u64) {
     let config = format!(
-        r#"model = "fake-model"
+        r#"{model}
 openai_base_url = "{base_url}"
 model_auto_compact_token_limit = {limit}
 check_for_update_on_startup = false
@@ -43,13 +49,24 @@ plugins = false
 }
 
 /// What one `codex exec` printed, and how long it took.
-struct Run {
-    stdout: String,
-    stderr: String,
-    took: Duration,
+pub(crate) struct Run {
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) took: Duration,
 }
 
 async fn codex(home: &Path, work: &Path, args: &[&str]) -> Run {
+    codex_within(Duration::from_secs(90), home, work, args).await
+}
+
+/// `codex exec` with `args` in `work`, on `home`'s configuration; fails the test unless
+/// it exits 0 within `deadline`.
+pub(crate) async fn codex_within(
+    deadline: Duration,
+    home: &Path,
+    work: &Path,
+    args: &[&str],
+) -> Run {
     let binary = codex_binary();
     assert!(
         binary.exists(),
@@ -73,9 +90,9 @@ async fn codex(home: &Path, work: &Path, args: &[&str]) -> Run {
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(Duration::from_secs(90), child)
+    let out = tokio::time::timeout(deadline, child)
         .await
-        .expect("codex exec finishes within 90 s")
+        .unwrap_or_else(|_| panic!("codex exec {args:?} finishes within {deadline:?}"))
         .unwrap();
     let run = Run {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -91,11 +108,11 @@ async fn codex(home: &Path, work: &Path, args: &[&str]) -> Run {
     run
 }
 
-const FACT: &str = "The quokkabase replica listens on port 6543.";
+pub(crate) const FACT: &str = "The quokkabase replica listens on port 6543.";
 
 /// A short ask (the fact in the second): the fake's long replies, which a compaction
 /// drops, are what take Codex over its limit; the user messages it keeps stay small.
-fn ask(n: usize) -> String {
+pub(crate) fn ask(n: usize) -> String {
     let fact = if n == 2 {
         format!("\n{FACT}\n")
     } else {
@@ -105,8 +122,16 @@ fn ask(n: usize) -> String {
 }
 
 /// The compactions Codex recorded in its session files (`"type":"compacted"` lines).
-fn compactions_recorded(home: &Path) -> usize {
-    let mut found = 0;
+pub(crate) fn compactions_recorded(home: &Path) -> usize {
+    sessions_recorded(home)
+        .lines()
+        .filter(|l| l.contains(r#""type":"compacted""#))
+        .count()
+}
+
+/// Codex's session files under `home`, one after another.
+pub(crate) fn sessions_recorded(home: &Path) -> String {
+    let mut text = String::new();
     let mut stack = vec![home.join("sessions")];
     while let Some(at) = stack.pop() {
         for entry in std::fs::read_dir(&at).unwrap().flatten() {
@@ -114,15 +139,11 @@ fn compactions_recorded(home: &Path) -> usize {
             if path.is_dir() {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "jsonl") {
-                let text = std::fs::read_to_string(&path).unwrap();
-                found += text
-                    .lines()
-                    .filter(|l| l.contains(r#""type":"compacted""#))
-                    .count();
+                text.push_str(&std::fs::read_to_string(&path).unwrap());
             }
         }
     }
-    found
+    text
 }
 
 /// Runs a session of `turns` long asks and a question about the fact, Codex on its

@@ -11,129 +11,14 @@
 //! `#[ignore]`d for a bare `cargo test`; `scripts/test` runs it.
 
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use abridge::strategies::Strategy;
 
-use crate::common::{Proxy, client, config_for};
+use crate::common::llama::{LlamaServer, listening_port};
+use crate::common::{Proxy, config_for};
 
 const THRESHOLD: u64 = 1500;
-
-fn llama_dir() -> PathBuf {
-    std::env::var_os("ABRIDGE_LLAMA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/llama"))
-}
-
-/// `llama-server` on a port it chose itself, killed when dropped.
-struct LlamaServer {
-    child: tokio::process::Child,
-    url: String,
-}
-
-impl LlamaServer {
-    async fn start() -> Self {
-        Self::with_window(4096).await
-    }
-
-    /// Served with a context of `window` tokens, on port 0: the port it bound is read
-    /// from its log, so no other process can take it first.
-    async fn with_window(window: u64) -> Self {
-        let dir = llama_dir();
-        let (binary, model) = (
-            dir.join("bin/llama-server"),
-            dir.join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        );
-        assert!(
-            binary.exists() && model.exists(),
-            "run scripts/setup-llama (scripts/test does) to build llama-server"
-        );
-        let mut child = tokio::process::Command::new(binary)
-            .arg("-m")
-            .arg(model)
-            .args(["--host", "127.0.0.1", "--port", "0"])
-            // One thread for generation, two for the prompt: stable timings on 2 cores.
-            .args([
-                "-c",
-                &window.to_string(),
-                "-t",
-                "1",
-                "-tb",
-                "2",
-                "--no-webui",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let (sender, mut lines) = tokio::sync::mpsc::unbounded_channel();
-        forward(child.stdout.take().unwrap(), sender.clone());
-        forward(child.stderr.take().unwrap(), sender);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut seen = String::new();
-        let port = loop {
-            match tokio::time::timeout_at(deadline.into(), lines.recv()).await {
-                Ok(Some(line)) => match listening_port(&line) {
-                    Some(port) => break port,
-                    None => seen.push_str(&(line + "\n")),
-                },
-                Ok(None) => panic!("llama-server exited:\n{seen}"),
-                Err(_) => panic!("llama-server named no port within 60 s:\n{seen}"),
-            }
-        };
-        let health = format!("http://127.0.0.1:{port}/health");
-        loop {
-            if client()
-                .get(&health)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "llama-server did not become healthy"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        Self {
-            child,
-            url: format!("http://127.0.0.1:{port}/v1"),
-        }
-    }
-}
-
-/// Sends `pipe`'s lines to `lines` until it closes; reading on after nobody listens
-/// keeps the server from blocking on a full pipe.
-fn forward(
-    pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
-    lines: tokio::sync::mpsc::UnboundedSender<String>,
-) {
-    tokio::spawn(async move {
-        use tokio::io::AsyncBufReadExt;
-        let mut reader = tokio::io::BufReader::new(pipe).lines();
-        while let Ok(Some(line)) = reader.next_line().await {
-            let _ = lines.send(line);
-        }
-    });
-}
-
-/// The port in llama-server's line saying it listens: `HTTP server is listening,
-/// hostname: 127.0.0.1, port: 41234, ...` (its versions all print it once bound, the
-/// port chosen for port 0), or `server is listening on http://127.0.0.1:41234 - ...`.
-fn listening_port(line: &str) -> Option<u16> {
-    if !line.contains("listening") {
-        return None;
-    }
-    let (_, rest) = line
-        .split_once("port: ")
-        .or_else(|| line.split_once("http://127.0.0.1:"))?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok().filter(|&port| port != 0)
-}
 
 #[test]
 fn the_port_llama_server_bound_is_read_from_its_log() {
@@ -151,14 +36,8 @@ fn the_port_llama_server_bound_is_read_from_its_log() {
     }
 }
 
-impl Drop for LlamaServer {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
 async fn conversation(strategy: Strategy) -> String {
-    let llama = LlamaServer::start().await;
+    let llama = LlamaServer::start(4096, &[]).await;
     let mut config = config_for(&llama.url);
     config.compaction.threshold_tokens = THRESHOLD;
     config.compaction.strategy = strategy;
@@ -238,7 +117,7 @@ async fn a_real_model_conversation_compacts_with_structured_or_falls_back() {
 #[ignore = "needs llama-server from scripts/setup-llama (scripts/test runs it)"]
 async fn a_small_window_is_learned_from_the_server_and_never_overflowed() {
     const WINDOW: u64 = 2048;
-    let llama = LlamaServer::with_window(WINDOW).await;
+    let llama = LlamaServer::start(WINDOW, &[]).await;
     let mut config = config_for(&llama.url);
     config.summary.timeout_ms = 120_000;
     let proxy = Proxy::start_with(config).await;

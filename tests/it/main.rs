@@ -32,6 +32,7 @@ mod fidelity;
 mod hardening;
 mod lifecycle;
 mod llama;
+mod llama_agents;
 mod messages;
 mod messages_compaction;
 mod outage;

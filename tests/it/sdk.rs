@@ -35,6 +35,11 @@ pub(crate) fn script(name: &str) -> PathBuf {
 
 /// Runs `program args` with a deadline and returns its output, failing loudly.
 pub(crate) async fn run(program: PathBuf, args: Vec<String>) -> String {
+    run_within(Duration::from_secs(120), program, args).await
+}
+
+/// The same within `deadline`.
+pub(crate) async fn run_within(deadline: Duration, program: PathBuf, args: Vec<String>) -> String {
     assert!(
         program.exists(),
         "{} is missing: run scripts/test, which installs the SDKs",
@@ -44,9 +49,9 @@ pub(crate) async fn run(program: PathBuf, args: Vec<String>) -> String {
         .args(&args)
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), child)
+    let out = tokio::time::timeout(deadline, child)
         .await
-        .expect("the SDK check finishes within 2 minutes")
+        .unwrap_or_else(|_| panic!("the SDK check finishes within {deadline:?}"))
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(

@@ -5,7 +5,9 @@ comes first (whole and streamed), a paused compaction stops with `compaction`, t
 sent back on the next turn is taken, an invalid edit is the SDK's BadRequestError, and
 cleared tool uses are reported in `context_management.applied_edits`.
 
-Usage: python anthropic_compaction.py ABRIDGE_BASE_URL  (no /v1: the SDK adds it)
+Usage: python anthropic_compaction.py ABRIDGE_BASE_URL [TIMEOUT_SECS]  (no /v1: the SDK
+adds it; the timeout of each call, 60 s unless given: a real model on a small machine
+needs minutes)
 Prints one line per scenario; exits 1 on the first failure.
 """
 
@@ -14,6 +16,7 @@ import sys
 from anthropic import Anthropic, BadRequestError
 
 VIA = sys.argv[1]
+TIMEOUT = float(sys.argv[2]) if len(sys.argv) > 2 else 60
 MODEL = "claude-sonnet-4-5"
 BETAS = ["compact-2026-01-12", "context-management-2025-06-27"]
 TOOLS = [
@@ -27,7 +30,7 @@ COMPACT = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "valu
 
 
 def client():
-    return Anthropic(base_url=VIA, api_key="sk-ant-sdk-compaction", max_retries=0, timeout=60)
+    return Anthropic(base_url=VIA, api_key="sk-ant-sdk-compaction", max_retries=0, timeout=TIMEOUT)
 
 
 def history(reads):

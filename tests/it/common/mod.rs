@@ -10,6 +10,8 @@
 pub mod agent;
 pub mod binary;
 pub mod claude;
+pub mod llama;
+pub mod recorder;
 pub mod redis;
 pub mod redis_tls;
 pub mod responses;
