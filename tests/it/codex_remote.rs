@@ -122,6 +122,20 @@ pub(crate) fn ask(n: usize) -> String {
 }
 
 /// The compactions Codex recorded in its session files (`"type":"compacted"` lines).
+/// No Responses body `server` received carried a `compaction` or `compaction_trigger`
+/// item (abridge answered them).
+pub(crate) fn no_compaction_items(bodies: &[serde_json::Value], server: &str) {
+    for body in bodies {
+        for item in body["input"].as_array().into_iter().flatten() {
+            let kind = item["type"].as_str().unwrap_or("");
+            assert!(
+                kind != "compaction" && kind != "compaction_trigger",
+                "{server} received a {kind} item"
+            );
+        }
+    }
+}
+
 pub(crate) fn compactions_recorded(home: &Path) -> usize {
     sessions_recorded(home)
         .lines()
@@ -198,15 +212,7 @@ fn assert_served(
         .map(|r| r.json())
         .collect();
     assert!(bodies.len() >= 6, "{} requests", bodies.len());
-    for body in &bodies {
-        for item in body["input"].as_array().into_iter().flatten() {
-            let kind = item["type"].as_str().unwrap_or("");
-            assert!(
-                kind != "compaction" && kind != "compaction_trigger",
-                "the fake received a {kind} item"
-            );
-        }
-    }
+    no_compaction_items(&bodies, "the fake");
     let compacted = compactions_recorded(home);
     assert!(compacted >= 1, "Codex recorded no compaction");
     // The only 4xx are the 426s to the WebSocket handshake, one per `codex exec`.

@@ -117,14 +117,8 @@ fn assert_codex_served(relay: &Recorder, proxy: &Proxy, runs: &[Run], home: &Pat
     assert!(bodies.len() >= runs.len(), "{} requests", bodies.len());
     for body in &bodies {
         assert!(body.get("context_management").is_none(), "{body}");
-        for item in body["input"].as_array().into_iter().flatten() {
-            let kind = item["type"].as_str().unwrap_or("");
-            assert!(
-                kind != "compaction" && kind != "compaction_trigger",
-                "llama-server received a {kind} item"
-            );
-        }
     }
+    crate::codex_remote::no_compaction_items(&bodies, "llama-server");
     let compacted = compactions_recorded(home);
     assert!(compacted >= 1, "Codex recorded no compaction");
     let sessions = crate::codex_remote::sessions_recorded(home);
@@ -171,16 +165,7 @@ async fn anthropic_python_sdk_compaction_betas_in_front_of_llama_server() {
         ],
     )
     .await;
-    for scenario in [
-        "compaction_whole",
-        "block_sent_back",
-        "compaction_streamed",
-        "paused",
-        "invalid_edit",
-        "clear_tool_uses",
-    ] {
-        assert!(out.contains(&format!("ok {scenario}")), "{scenario}: {out}");
-    }
+    crate::sdk::every_compaction_scenario_passed(&out);
     let sent = relay.requests();
     // The whole and streamed compactions, the block sent back, the cleared tool uses
     // (the paused compaction and the invalid edit ask the server nothing).

@@ -27,6 +27,20 @@ pub(crate) fn sdk_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/sdk"))
 }
 
+/// `tests/sdk/anthropic_compaction.py` said every scenario passed.
+pub(crate) fn every_compaction_scenario_passed(out: &str) {
+    for scenario in [
+        "compaction_whole",
+        "block_sent_back",
+        "compaction_streamed",
+        "paused",
+        "invalid_edit",
+        "clear_tool_uses",
+    ] {
+        assert!(out.contains(&format!("ok {scenario}")), "{scenario}: {out}");
+    }
+}
+
 pub(crate) fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/sdk")
@@ -194,16 +208,7 @@ async fn anthropic_python_sdk_compaction_betas_are_served() {
         ],
     )
     .await;
-    for scenario in [
-        "compaction_whole",
-        "block_sent_back",
-        "compaction_streamed",
-        "paused",
-        "invalid_edit",
-        "clear_tool_uses",
-    ] {
-        assert!(out.contains(&format!("ok {scenario}")), "{scenario}: {out}");
-    }
+    every_compaction_scenario_passed(&out);
     // Nothing of the betas reached the server that lacks them.
     for request in provider.requests() {
         let body = String::from_utf8_lossy(&request.body);
