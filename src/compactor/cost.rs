@@ -23,10 +23,11 @@
 //!
 //! `R` is not known; a conversation that has made `n` requests is expected to make about
 //! as many more ([`remaining`]), at least [`MIN_REMAINING`] — but never more than it can
-//! make before it reaches the window's bound (`(B − P) / G` requests, at least one):
-//! past that bound the conversation as it is gets compacted too (by abridge, for the
-//! window, or by an agent that compacts itself near its window, as Claude Code and Codex
-//! do), so what a compaction now saves after it is not this compaction's to claim.
+//! make before the size `E` where it would be compacted anyway (`(E − P) / G + 1`
+//! requests): there the conversation as it is gets compacted too (by an agent that
+//! compacts itself near its window, as Claude Code and Codex do, by its user's
+//! `/compact`, or by abridge, for the window), so what a compaction now saves after it is
+//! not this compaction's to claim. `E` is the caller's (see `super::horizon`).
 
 use crate::outcome::Figures;
 use crate::prices::Price;
@@ -84,8 +85,8 @@ pub struct Summary {
 }
 
 /// Requests a conversation that has made `made` is expected to make, this one included,
-/// when its requests are `prompt` tokens, growing `growth` a request, and the window's
-/// `bound` compacts it anyway (see the module docs).
+/// when its requests are `prompt` tokens, growing `growth` a request, and it would be
+/// compacted anyway at `bound` tokens (see the module docs).
 pub fn remaining(made: u64, prompt: u64, growth: u64, bound: u64) -> u64 {
     let before_bound = bound.saturating_sub(prompt) / growth.max(1) + 1;
     made.clamp(MIN_REMAINING, MAX_REMAINING).min(before_bound)

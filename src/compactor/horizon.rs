@@ -5,9 +5,10 @@
 //! makes just before that point pays for a future the conversation will not have (see
 //! [`super::cost`]). A conversation abridge compacted went on past where it was
 //! compacted, to an end not seen here: it counts as one that reached the window
-//! ([`FAR`]), so compacting never teaches abridge to stop compacting. Learned in memory per replica (lost on a restart: the
-//! window's bound applies until it is learned again), bounded: [`TENANTS`] tenant and
-//! model pairs, [`KEPT`] conversations each.
+//! ([`FAR`]), so compacting never teaches abridge to stop compacting. Learned in memory
+//! per replica (lost on a restart: the decision's default applies until it is learned
+//! again, see `super::decide`), bounded: [`TENANTS`] tenant and model pairs, [`KEPT`]
+//! conversations each, model names cut at 200 characters.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;

@@ -2,7 +2,8 @@
 //! "this is what to forward", and after the response, what to remember.
 //!
 //! - [`decide`] — the decision, pure: forward, apply a prepared checkpoint, or compact
-//!   now to a budget (prediction, target, calibration).
+//!   now to a budget (prediction, target, calibration); [`cost`], whether a compaction
+//!   pays; [`horizon`], where a tenant's conversations end, which bounds what it can.
 //! - [`Compactor::plan`] — the short async shell that carries a decision out.
 //! - [`build`] — running a strategy, single-flight, saving the checkpoint.
 //! - [`background`] — recording usage and the background builds.
