@@ -7,17 +7,22 @@
 //! compacted, to an end not seen here: it counts as one that reached the window
 //! ([`FAR`]), so compacting never teaches abridge to stop compacting. Learned in memory
 //! per replica (lost on a restart: the decision's default applies until it is learned
-//! again, see `super::decide`), bounded: [`TENANTS`] tenant and model pairs, [`KEPT`]
-//! conversations each, model names cut at 200 characters.
+//! again, see `super::decide`), bounded: [`TENANTS`] tenants (the least recent
+//! forgotten first), [`MODELS`] models each (a tenant's own least recent forgotten: one
+//! tenant naming many models or many tenants' keys cannot make another forget what it
+//! is using), [`KEPT`] conversations each, model names cut at 200 characters.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use crate::identity::Fingerprint;
 
-/// Tenant and model pairs remembered (past it, the map starts over).
+/// Tenants remembered: past it, the one seen least recently is forgotten.
 pub const TENANTS: usize = 4096;
-/// Conversations remembered per pair, the latest.
+/// Models remembered per tenant: past it, the tenant's least recent one is forgotten
+/// (so a tenant naming many models forgets only its own).
+pub const MODELS: usize = 8;
+/// Conversations remembered per tenant and model, the latest.
 pub const KEPT: usize = 16;
 /// The end of a conversation abridge compacted: past every bound.
 pub const FAR: u64 = u64::MAX;
@@ -28,7 +33,21 @@ const MODEL_CHARS: usize = 200;
 /// reached.
 #[derive(Default)]
 pub struct Horizons {
-    seen: Mutex<HashMap<(Fingerprint, String), Latest>>,
+    seen: Mutex<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    tenants: HashMap<Fingerprint, Tenant>,
+    /// Counts requests seen, to find the tenant seen least recently.
+    clock: u64,
+}
+
+/// One tenant's models, least recent first, each with its latest conversations.
+#[derive(Default)]
+struct Tenant {
+    models: VecDeque<(String, Latest)>,
+    last: u64,
 }
 
 /// One tenant and model's latest conversations, oldest first, with their peaks.
@@ -44,11 +63,32 @@ impl Horizons {
         tokens: u64,
     ) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (tenant, bounded(model).to_owned());
-        if !seen.contains_key(&key) && seen.len() >= TENANTS {
-            seen.clear();
+        seen.clock += 1;
+        let clock = seen.clock;
+        if !seen.tenants.contains_key(&tenant) && seen.tenants.len() >= TENANTS {
+            let least = seen
+                .tenants
+                .iter()
+                .min_by_key(|(_, t)| t.last)
+                .map(|(k, _)| *k);
+            if let Some(least) = least {
+                seen.tenants.remove(&least);
+            }
         }
-        let latest = seen.entry(key).or_default();
+        let entry = seen.tenants.entry(tenant).or_default();
+        entry.last = clock;
+        let model = bounded(model);
+        let latest = match entry.models.iter().position(|(m, _)| m == model) {
+            Some(i) => entry.models.remove(i).map_or_else(Latest::new, |(_, l)| l),
+            None => Latest::new(),
+        };
+        entry.models.push_back((model.to_owned(), latest));
+        while entry.models.len() > MODELS {
+            entry.models.pop_front();
+        }
+        let Some((_, latest)) = entry.models.back_mut() else {
+            return;
+        };
         match latest.iter().position(|(c, _)| *c == conversation) {
             Some(i) => {
                 let (_, peak) = latest.remove(i).unwrap_or((conversation, 0));
@@ -70,7 +110,12 @@ impl Horizons {
         floor: u64,
     ) -> Vec<u64> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(latest) = seen.get(&(tenant, bounded(model).to_owned())) else {
+        let model = bounded(model);
+        let Some((_, latest)) = seen
+            .tenants
+            .get(&tenant)
+            .and_then(|t| t.models.iter().find(|(m, _)| m == model))
+        else {
             return Vec::new();
         };
         let mut peaks: Vec<u64> = latest
@@ -101,9 +146,11 @@ impl Horizons {
     /// have learned it).
     pub fn carry_into(&self, other: &Horizons) {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        for ((tenant, model), latest) in seen.iter() {
-            for &(conversation, peak) in latest {
-                other.see((*tenant, model), conversation, peak);
+        for (tenant, t) in &seen.tenants {
+            for (model, latest) in &t.models {
+                for &(conversation, peak) in latest {
+                    other.see((*tenant, model), conversation, peak);
+                }
             }
         }
     }
@@ -175,6 +222,50 @@ mod tests {
             [200; KEPT],
             "the oldest was dropped"
         );
+    }
+
+    #[test]
+    fn a_tenant_naming_many_models_forgets_only_its_own() {
+        let h = Horizons::default();
+        h.see((id(1), "m"), id(10), 150);
+        h.see((id(2), "m"), id(20), 160);
+        for n in 0..=MODELS {
+            h.see((id(1), &format!("spray-{n}")), id(11), 100);
+        }
+        assert!(
+            h.ends((id(1), "m"), id(99), 0).is_empty(),
+            "its own oldest model"
+        );
+        assert_eq!(h.ends((id(2), "m"), id(99), 0), [160], "another tenant's");
+    }
+
+    #[test]
+    fn the_tenant_seen_least_recently_is_forgotten_first() {
+        let h = Horizons::default();
+        h.see((id(1), "m"), id(10), 150);
+        h.see((id(2), "m"), id(20), 160);
+        h.see((id(1), "m"), id(10), 151);
+        {
+            // Others fill the map, each seen after these two.
+            let mut seen = h.seen.lock().unwrap();
+            for n in 0..(TENANTS - 2) as u64 {
+                let tenant = Fingerprint::from_hex(&format!("{n:064x}")).unwrap();
+                let last = 100 + n;
+                let t = Tenant {
+                    last,
+                    ..Tenant::default()
+                };
+                seen.tenants.insert(tenant, t);
+            }
+        }
+        h.see((id(3), "m"), id(30), 170);
+        assert_eq!(h.seen.lock().unwrap().tenants.len(), TENANTS);
+        assert!(
+            h.ends((id(2), "m"), id(99), 0).is_empty(),
+            "seen least recently"
+        );
+        assert_eq!(h.ends((id(1), "m"), id(99), 0), [151]);
+        assert_eq!(h.ends((id(3), "m"), id(99), 0), [170]);
     }
 
     #[test]
