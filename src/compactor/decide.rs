@@ -306,9 +306,9 @@ fn weigh(
 /// Where a conversation of `prompt` tokens is expected to be compacted anyway: where
 /// the tenant's other conversations that grew as far ended
 /// ([`super::horizon::expected_end`]); until one has, midway between the threshold and
-/// the window's bound `must` (where agents compact themselves: Claude Code at 155–173 K
-/// of a 200 K window, its users' `/compact` near 150 K; Codex at 90 %); never past
-/// `must`.
+/// the window's bound `must` (where agents end conversations: Claude Code compacted
+/// itself at 155–173 K of a 200 K window in the real sessions replayed, its users ran
+/// `/compact` at 149–166 K); never past `must`.
 fn horizon(e: &Economics, prompt: u64, b: &cost::Bounds) -> u64 {
     let unlearned = b.threshold + b.must.saturating_sub(b.threshold) / 2;
     super::horizon::expected_end(&e.ends, prompt)

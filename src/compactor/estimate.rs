@@ -20,10 +20,12 @@ use super::turn::Turn;
 pub fn essential(turn: &Turn<'_, '_>) -> u64 {
     let estimator = Estimator::for_model_ready(turn.model);
     let messages = turn.messages;
-    let kept = match Layout::new(messages).ok().and_then(|l| l.smallest()) {
-        Some((head, start)) => messages[..head].iter().chain(&messages[start..]),
-        None => messages[..0].iter().chain(messages),
-    };
+    let whole = (messages.len(), messages.len());
+    let (head, start) = Layout::new(messages)
+        .ok()
+        .and_then(|l| l.smallest())
+        .unwrap_or(whole);
+    let kept = messages[..head].iter().chain(&messages[start..]);
     kept.map(|m| estimator.message(m)).sum::<u64>() + estimator.per_request()
 }
 

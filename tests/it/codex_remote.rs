@@ -122,6 +122,33 @@ pub(crate) fn ask(n: usize) -> String {
 }
 
 /// The compactions Codex recorded in its session files (`"type":"compacted"` lines).
+/// What a session Codex compacted remotely through abridge shows, whatever the server
+/// behind it: Codex recorded a compaction; abridge answered no error but the 426s to the
+/// WebSocket handshake, one per `codex exec` (`runs`); a request after the compaction
+/// carries fewer input items than the one before; the fact stated in the second turn is
+/// in the last request (Codex keeps the user messages beside abridge's item). The
+/// compactions recorded and each request's input items, for the test's output.
+pub(crate) fn compacted_and_carried_on(
+    proxy: &Proxy,
+    home: &Path,
+    bodies: &[serde_json::Value],
+    runs: u64,
+) -> (usize, Vec<usize>) {
+    let compacted = compactions_recorded(home);
+    assert!(compacted >= 1, "Codex recorded no compaction");
+    let stats = proxy.stats();
+    assert_eq!(stats.responses_4xx, runs, "{stats:?}");
+    assert_eq!(stats.responses_5xx, 0, "{stats:?}");
+    let sizes: Vec<usize> = bodies
+        .iter()
+        .map(|b| b["input"].as_array().map_or(0, Vec::len))
+        .collect();
+    assert!(sizes.windows(2).any(|w| w[1] < w[0]), "{sizes:?}");
+    let last = bodies.last().map(ToString::to_string).unwrap_or_default();
+    assert!(last.contains("6543"), "the fact is lost: {last}");
+    (compacted, sizes)
+}
+
 /// No Responses body `server` received carried a `compaction` or `compaction_trigger`
 /// item (abridge answered them).
 pub(crate) fn no_compaction_items(bodies: &[serde_json::Value], server: &str) {
@@ -213,23 +240,7 @@ fn assert_served(
         .collect();
     assert!(bodies.len() >= 6, "{} requests", bodies.len());
     no_compaction_items(&bodies, "the fake");
-    let compacted = compactions_recorded(home);
-    assert!(compacted >= 1, "Codex recorded no compaction");
-    // The only 4xx are the 426s to the WebSocket handshake, one per `codex exec`.
-    let stats = proxy.stats();
-    assert_eq!(stats.responses_4xx, runs, "{stats:?}");
-    assert_eq!(stats.responses_5xx, 0, "{stats:?}");
-    // The compaction took effect: a request after it carries fewer items than the one
-    // before.
-    let sizes: Vec<usize> = bodies
-        .iter()
-        .map(|b| b["input"].as_array().map_or(0, Vec::len))
-        .collect();
-    assert!(sizes.windows(2).any(|w| w[1] < w[0]), "{sizes:?}");
-    // The fact, stated in the second turn, is in what the model gets after it (Codex keeps
-    // the user messages beside abridge's item; the fake answers from its context).
-    let last = bodies.last().unwrap().to_string();
-    assert!(last.contains("6543"), "the fact is lost: {last}");
+    let (compacted, sizes) = compacted_and_carried_on(proxy, home, &bodies, runs);
     assert!(
         answer.stdout.contains("Fake reply to: Which port"),
         "{}",
@@ -239,7 +250,7 @@ fn assert_served(
         "{} requests forwarded (input items {sizes:?}), {compacted} compactions recorded, \
          {} 426s",
         bodies.len(),
-        stats.responses_4xx
+        runs
     )
 }
 
