@@ -11,7 +11,9 @@
 //! - a rewound or edited turn leaves a dead branch: any other child of a record on the
 //!   way (a user prompt, an answer of another `message.id`) is not part of the history;
 //! - Claude Code's own compaction (`compact_boundary`: no parent, a `logicalParentUuid`)
-//!   starts a new conversation, as it does at the provider;
+//!   starts a new conversation, as it does at the provider; the history before it ends
+//!   at the record the boundary names or, when that record was never written (Claude
+//!   Code 2.1 names one it did not keep), at the newest record written before it;
 //! - sub-agents (`isSidechain`) are conversations of their own, each replayed apart.
 //!
 //! So the history of a conversation is its newest record's ancestors, widened to the
@@ -37,13 +39,21 @@ struct Tree<'a> {
     lines: &'a [(usize, Value)],
     by_uuid: HashMap<&'a str, usize>,
     children: HashMap<&'a str, Vec<usize>>,
+    /// For each line, the newest main-history user or assistant record written before it.
+    last_before: Vec<Option<usize>>,
 }
 
 impl<'a> Tree<'a> {
     fn of(lines: &'a [(usize, Value)]) -> Self {
         let mut by_uuid = HashMap::new();
         let mut children: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut last_before = Vec::with_capacity(lines.len());
+        let mut last = None;
         for (i, (_, line)) in lines.iter().enumerate() {
+            last_before.push(last);
+            if is_claude_code(line) && line["isSidechain"] != true {
+                last = Some(i);
+            }
             if let Some(uuid) = line["uuid"].as_str() {
                 by_uuid.insert(uuid, i);
             }
@@ -55,6 +65,7 @@ impl<'a> Tree<'a> {
             lines,
             by_uuid,
             children,
+            last_before,
         }
     }
 
@@ -83,9 +94,15 @@ impl<'a> Tree<'a> {
                 record["logicalParentUuid"].as_str(),
             ) {
                 (Some(parent), _) => self.by_uuid.get(parent).copied(),
+                // The record a boundary names is not always written (Claude Code 2.1
+                // names one it never kept): the history it closed ends at the newest
+                // record written before it.
                 (None, Some(logical)) => {
                     segments.push(Vec::new());
-                    self.by_uuid.get(logical).copied()
+                    self.by_uuid
+                        .get(logical)
+                        .copied()
+                        .or(self.last_before[i])
                 }
                 (None, None) => None,
             };

@@ -136,6 +136,40 @@ fn claude_codes_own_compaction_starts_a_conversation_of_its_own() {
     assert!(after.contains("being continued") && !after.contains("Start."));
 }
 
+#[test]
+fn a_compaction_naming_a_record_never_written_closes_the_history_before_it() {
+    // Claude Code 2.1 writes a `microcompact_boundary`, then a `compact_boundary` whose
+    // `logicalParentUuid` is in no record: the history before it is still a conversation.
+    let lines = [
+        said("u1", None, "Start."),
+        answer_line(
+            "a1",
+            "u1",
+            "msg_1",
+            json!({"type": "text", "text": "Started."}),
+        ),
+        said("u2", Some("a1"), "More."),
+        answer_line("a2", "u2", "msg_2", json!({"type": "text", "text": "More done."})),
+        json!({"type": "system", "subtype": "microcompact_boundary", "uuid": "m1", "parentUuid": "a2"}),
+        json!({"type": "system", "subtype": "compact_boundary", "uuid": "c1", "parentUuid": null,
+               "logicalParentUuid": "never-written", "content": "Conversation compacted",
+               "compactMetadata": {"trigger": "auto", "preTokens": 2048}}),
+        json!({"type": "user", "uuid": "u3", "parentUuid": "c1", "isCompactSummary": true,
+               "message": {"role": "user", "content": "This session is being continued…"}}),
+        answer_line(
+            "a3",
+            "u3",
+            "msg_3",
+            json!({"type": "text", "text": "Continuing."}),
+        ),
+    ];
+    let inputs = read(&jsonl(&lines)).unwrap();
+    assert_eq!(inputs.len(), 2, "the history before the boundary is replayed too");
+    assert_eq!(inputs[0].len(), 2);
+    assert!(inputs[0].body(1).to_string().contains("More."));
+    assert_eq!(inputs[1].len(), 1);
+}
+
 fn codex_line(kind: &str, payload: Value) -> Value {
     json!({"timestamp": "2026-12-01T10:00:00Z", "type": kind, "payload": payload})
 }
