@@ -2,8 +2,8 @@
 //! simulated provider applies to what abridge forwards (answering 400, as they would):
 //! every tool call answered and every tool result answering a call — OpenAI's chat
 //! completions and Responses, Anthropic's Messages (whose results must come in the user
-//! message right after the call) — a Responses `reasoning` item followed by the item it
-//! reasoned for, and on Messages: only `user` and `assistant` turns, alternating (as
+//! message right after the call) — a Responses `reasoning` item (or a run of them, as
+//! the model writes them) followed by the item it reasoned for, and on Messages: only `user` and `assistant` turns, alternating (as
 //! Anthropic-compatible servers and llama.cpp's templates require; Anthropic itself
 //! merges a run of one role), and thinking blocks only in assistant turns — anywhere in
 //! them: Claude Opus 4.6 answers text, then thinking, then text and tool calls in one
@@ -82,11 +82,10 @@ fn responses(items: &[Value]) -> Option<String> {
                 };
                 return Some(format!("item {i}: the output for {id:?} {why}"));
             }
-            "reasoning"
-                if items
-                    .get(i + 1)
-                    .is_none_or(|next| kind(next) == "reasoning") =>
-            {
+            // The model writes several reasoning items in one answer; the provider takes
+            // a run of them before the item they reasoned for (real Codex rollouts send
+            // them back so, and are billed). Only a run that ends the history has none.
+            "reasoning" if i + 1 == items.len() => {
                 return Some(format!(
                     "item {i}: a reasoning item without the item it reasoned for after it"
                 ));
@@ -225,6 +224,18 @@ mod tests {
             output.clone(),
         ];
         assert_eq!(violation(Format::Responses, &ok), None);
+        let run = [
+            user.clone(),
+            reasoning.clone(),
+            reasoning.clone(),
+            call.clone(),
+            output.clone(),
+        ];
+        assert_eq!(
+            violation(Format::Responses, &run),
+            None,
+            "a run of reasoning"
+        );
         let orphan = [user.clone(), output.clone()];
         assert!(
             violation(Format::Responses, &orphan)
@@ -237,6 +248,8 @@ mod tests {
                 .unwrap()
                 .contains("no output")
         );
+        let ending = [user.clone(), reasoning.clone(), reasoning.clone()];
+        assert!(violation(Format::Responses, &ending).is_some());
         let alone = [user, reasoning];
         assert!(
             violation(Format::Responses, &alone)

@@ -19,8 +19,9 @@
 //!   `No tool call found for function call output with call_id {call_id}.` (`custom tool
 //!   call output` likewise); not checked when `previous_response_id` is given (the call
 //!   may be in the earlier response);
-//! - a `reasoning` item not followed by an item of the assistant it belongs to (an
-//!   assistant message, or an item whose type ends in `_call`):
+//! - a `reasoning` item (or a run of them: the model writes several in one answer, and
+//!   OpenAI takes them back so) not followed by an item of the assistant it belongs to
+//!   (an assistant message, or an item whose type ends in `_call`):
 //!   `Item '{id}' of type 'reasoning' was provided without its required following item.`;
 //! - a `compaction` or `compaction_trigger` item (OpenAI's compaction APIs, which this
 //!   fake, like llama-server or vLLM, does not have): `Invalid value: '{type}'. …`,
@@ -268,7 +269,12 @@ fn validate(request: &Value) -> Result<(), Answer> {
                     )
                 })
             }
-            "reasoning" => (!items.get(i + 1).is_some_and(follows_reasoning)).then(|| {
+            // A run of reasoning items (the model writes several in one answer) is
+            // judged at its last one.
+            "reasoning" => (!items.get(i + 1).is_some_and(|next| {
+                kind(next) == "reasoning" || follows_reasoning(next)
+            }))
+            .then(|| {
                 format!(
                     "Item '{}' of type 'reasoning' was provided without its required following item.",
                     item["id"].as_str().unwrap_or("")

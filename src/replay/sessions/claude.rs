@@ -99,10 +99,7 @@ impl<'a> Tree<'a> {
                 // record written before it.
                 (None, Some(logical)) => {
                     segments.push(Vec::new());
-                    self.by_uuid
-                        .get(logical)
-                        .copied()
-                        .or(self.last_before[i])
+                    self.by_uuid.get(logical).copied().or(self.last_before[i])
                 }
                 (None, None) => None,
             };

@@ -149,7 +149,12 @@ fn a_compaction_naming_a_record_never_written_closes_the_history_before_it() {
             json!({"type": "text", "text": "Started."}),
         ),
         said("u2", Some("a1"), "More."),
-        answer_line("a2", "u2", "msg_2", json!({"type": "text", "text": "More done."})),
+        answer_line(
+            "a2",
+            "u2",
+            "msg_2",
+            json!({"type": "text", "text": "More done."}),
+        ),
         json!({"type": "system", "subtype": "microcompact_boundary", "uuid": "m1", "parentUuid": "a2"}),
         json!({"type": "system", "subtype": "compact_boundary", "uuid": "c1", "parentUuid": null,
                "logicalParentUuid": "never-written", "content": "Conversation compacted",
@@ -164,7 +169,11 @@ fn a_compaction_naming_a_record_never_written_closes_the_history_before_it() {
         ),
     ];
     let inputs = read(&jsonl(&lines)).unwrap();
-    assert_eq!(inputs.len(), 2, "the history before the boundary is replayed too");
+    assert_eq!(
+        inputs.len(),
+        2,
+        "the history before the boundary is replayed too"
+    );
     assert_eq!(inputs[0].len(), 2);
     assert!(inputs[0].body(1).to_string().contains("More."));
     assert_eq!(inputs[1].len(), 1);

@@ -117,6 +117,23 @@ fn reasoning_needs_its_following_item() {
         error_of(&body(json!([reasoning("rs_1"), user("x")])))["message"],
         msg
     );
+    // A run is judged at its last item.
+    assert_eq!(
+        error_of(&body(json!([
+            user("x"),
+            reasoning("rs_0"),
+            reasoning("rs_1")
+        ])))["message"],
+        msg
+    );
+    let run = json!([
+        user("x"),
+        reasoning("rs_0"),
+        reasoning("rs_1"),
+        call("c"),
+        output("c")
+    ]);
+    assert_eq!(whole(&Behavior::default(), &body(run)).0, StatusCode::OK);
     let assistant = json!({"role": "assistant", "content": "ok"});
     for next in [call("c"), assistant] {
         let mut input = vec![user("x"), reasoning("rs_1"), next.clone()];
