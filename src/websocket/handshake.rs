@@ -1,8 +1,10 @@
 //! The two handshakes of a relayed Responses WebSocket: the provider's first — an
 //! HTTP/1.1 upgrade sent through the upstream's pool, so the target, TLS, connect and
 //! first-byte deadlines and the header rules are a POST's — then the client's, answered
-//! `101` only once the provider's is. A provider that refuses (401, 404, …) is answered
-//! to the client as it is; the client's upgrade is then never accepted.
+//! `101` only once the provider's is. A provider that refuses (a 401, a 429, …) is
+//! answered to the client as it is, one that has no WebSocket there (404, 405, 426, 501)
+//! with the 426 Codex falls back from at once; the client's upgrade is then never
+//! accepted.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -52,6 +54,10 @@ async fn open(state: &AppState, request: Request) -> Result<Response, Error> {
         .send(upstream_request)
         .await
         .inspect_err(|_| state.stats().upstream_error())?;
+    if lacks_it(response.status()) {
+        tracing::debug!(status = %response.status(), "the provider has no Responses WebSocket: 426");
+        return Ok(super::refused());
+    }
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
         let (mut head, body) = response.into_parts();
         headers::strip_response(&mut head.headers);
@@ -81,6 +87,13 @@ async fn open(state: &AppState, request: Request) -> Result<Response, Error> {
         }
     });
     Ok(answer)
+}
+
+/// Whether the provider's answer to the handshake says it has no WebSocket there (no
+/// such path, method or upgrade): the client then gets the 426 Codex falls back to HTTPS
+/// from at once, where the provider's own answer would have it reconnect first.
+fn lacks_it(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 404 | 405 | 426 | 501)
 }
 
 /// The client's `Sec-WebSocket-Key`, from a handshake of version 13 (RFC 6455).

@@ -7,8 +7,9 @@
 //! - **Native** (OpenAI's or Azure OpenAI's own host, or `responses_compaction =
 //!   "native"`): relayed. The upgrade goes to the configured upstream first, on the same
 //!   path mapping, connection pool, TLS and header rules as a POST (and with the same
-//!   `x-abridge-*` controls); the client's is accepted only once the provider's is, and
-//!   a refusal (a 401, a 404) is the provider's answer, passed on. Then [`session`]
+//!   `x-abridge-*` controls); the client's is accepted only once the provider's is. A
+//!   refusal (a 401) is the provider's answer, passed on; a provider that turns out to
+//!   have no WebSocket there (a 404) gets the client the 426 below. Then [`session`]
 //!   relays the frames both ways, each `response.create` through the conversation stages
 //!   of a POST ([`crate::proxy::frame`]).
 //! - **Serve** (any other upstream): answered at once with `426 Upgrade Required`. Codex
