@@ -2,17 +2,20 @@
 //! `native` mode to the fake provider serving the Responses WebSocket as OpenAI does:
 //! Codex talks WebSocket through abridge (the fake receives its `response.create`
 //! frames, relayed), its turns complete, and its time to the first answer through
-//! abridge is close to its time direct to the fake. `#[ignore]`d for a bare
-//! `cargo test` (it needs the Codex CLI that scripts/test installs).
+//! abridge is close to its time direct to the fake; over a session of runs, the full
+//! `response.create` each run opens with is compacted by abridge as a POST body is, and
+//! the session carries on. `#[ignore]`d for a bare `cargo test` (it needs the Codex CLI
+//! that scripts/test installs).
 
 use std::path::Path;
 use std::time::Duration;
 
 use abridge::config::ProviderCompaction;
+use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider};
 
-use crate::codex_remote::{codex_home_for, codex_within};
-use crate::common::{Proxy, config_for};
+use crate::codex_remote::{ask, codex_home_for, codex_within};
+use crate::common::{Proxy, compacting, config_for};
 
 /// The `response.create` frames the fake received (its handshakes have no body).
 fn frames(provider: &FakeProvider) -> usize {
@@ -32,6 +35,16 @@ async fn say_hello(base: &str) -> crate::codex_remote::Run {
 
 async fn run(home: &Path, work: &Path) -> crate::codex_remote::Run {
     codex_within(Duration::from_secs(90), home, work, &["Say hello."]).await
+}
+
+/// The `response.create` frames the fake received, as JSON.
+fn frame_bodies(provider: &FakeProvider) -> Vec<serde_json::Value> {
+    provider
+        .requests()
+        .iter()
+        .filter(|r| r.method == http::Method::GET && !r.body.is_empty())
+        .map(|r| r.json())
+        .collect()
 }
 
 #[tokio::test]
@@ -76,4 +89,57 @@ async fn codex_talks_websocket_through_abridge_as_fast_as_direct() {
         stats.usage_reports > 0,
         "usage read from the relayed frames"
     );
+}
+
+#[tokio::test]
+#[ignore = "needs Codex CLI, which scripts/test installs"]
+async fn codex_over_websocket_is_compacted_through_abridge() {
+    let behavior = Behavior {
+        responses_websocket: true,
+        reply_words: 400,
+        ..Behavior::default()
+    };
+    let provider = FakeProvider::start(behavior).await.unwrap();
+    // Codex's instructions and tools are about 5,000 tokens and every turn adds about
+    // 1,100: over 8,000 by the fourth run. Codex itself never compacts (its limit is far).
+    let mut config = compacting(&provider.url(), Strategy::Recency, 8_000);
+    config.provider_apis.responses_compaction = ProviderCompaction::Native;
+    config.compaction.background = false;
+    let proxy = Proxy::start_with(config).await;
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    codex_home_for(
+        home.path(),
+        r#"model = "fake-model""#,
+        &proxy.url("/v1"),
+        200_000,
+    );
+    let first = ask(1);
+    let deadline = Duration::from_secs(90);
+    codex_within(deadline, home.path(), work.path(), &[&first]).await;
+    for n in 2..=7 {
+        let next = ask(n);
+        let args = ["resume", "--last", next.as_str()];
+        codex_within(deadline, home.path(), work.path(), &args).await;
+    }
+    // The full requests (no previous_response_id) that generate an answer: one a run.
+    let full: Vec<usize> = frame_bodies(&provider)
+        .iter()
+        .filter(|f| f.get("previous_response_id").is_none() && f["generate"] != false)
+        .map(|f| f["input"].as_array().map_or(0, Vec::len))
+        .collect();
+    eprintln!("Codex over WebSocket through abridge: full requests' input items {full:?}");
+    assert!(full.len() >= 7, "{full:?}");
+    assert!(
+        full.windows(2).any(|w| w[1] < w[0]),
+        "a run's full request went compacted: {full:?}"
+    );
+    let marked = frame_bodies(&provider)
+        .iter()
+        .filter(|f| f.to_string().contains("[abridge: reference material"))
+        .count();
+    assert!(marked > 0, "abridge's marker reached the provider");
+    let stats = proxy.stats();
+    assert!(stats.checkpoints_applied > 0, "{stats:?}");
+    assert!(stats.usage_reports as usize >= full.len());
 }
