@@ -73,6 +73,12 @@ pub async fn run(
     for answer in pending.drain(..) {
         answer.done(&state, None, over);
     }
+    // Each side is sent a close unless it was already (then this one is refused, and
+    // nothing is lost): the client learns of a provider gone without one.
+    let _ = client
+        .send(close(CloseCode::Error, "the provider's connection ended"))
+        .await;
+    let _ = provider.send(close(CloseCode::Away, "client gone")).await;
     let drained = tokio::time::timeout(CLOSE_GRACE, async {
         tokio::join!(drain(&mut client), drain(&mut provider))
     })
@@ -125,11 +131,6 @@ async fn from_client(
         Ok(()) => Step::Go,
         Err(e) => {
             tracing::debug!(error = %e, "the provider's WebSocket failed");
-            let _ = SinkExt::send(
-                &mut *provider,
-                close(CloseCode::Error, "the provider's connection failed"),
-            )
-            .await;
             Step::Over(End::UpstreamError)
         }
     }
