@@ -9,6 +9,9 @@
 //! - [`server`]    — wiring: the proxy [`router`] (which routes are read) and [`run`].
 //! - [`admin`]     — the admin listener: health, readiness, metrics, the token-guarded
 //!   `/admin` API (stats, conversations, preview) and the dashboard page.
+//! - [`websocket`] — the Responses API over WebSocket: relayed where the upstream has
+//!   it (each `response.create` through the proxy's conversation stages), else refused
+//!   with the 426 Codex falls back from.
 //! - [`proxy`]     — request handlers: the conversation routes (chat completions,
 //!   Responses: one handler whatever the format) and pass-through (everything else).
 //! - [`prepare`]   — the stages shared by the handler and the admin preview: parse,
@@ -124,6 +127,7 @@ pub mod strategies;
 pub mod tenants;
 pub mod tokens;
 pub mod upstream;
+pub mod websocket;
 pub mod windows;
 
 pub use config::Config;

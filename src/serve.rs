@@ -13,7 +13,10 @@
 //!   connection may stay silent for `idle` (keep-alive), and once the first byte of a
 //!   request head has arrived, the whole head must arrive within `header` (slowloris); a response the client stops reading is dropped after `idle` without
 //!   progress. Request bodies have their own deadline where they are read (see
-//!   `proxy`), so a long generation the client waits for is never cut.
+//!   `proxy`), so a long generation the client waits for is never cut. A connection
+//!   that switched protocols (a WebSocket, see [`crate::websocket`]) has no read
+//!   deadline here from then on: the session keeps its own. It keeps its place under
+//!   the connection cap as long as its socket is open.
 //! - **Request ids.** Every request gets an id and a log span (see
 //!   [`crate::request_log`]), and every response an `x-request-id` (see
 //!   [`crate::request_id`]).
@@ -37,7 +40,6 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -106,7 +108,8 @@ pub async fn serve(
     reserve: Option<Reserve>,
     mut stop: watch::Receiver<()>,
 ) -> io::Result<()> {
-    let graceful = GracefulShutdown::new();
+    // Every connection's task holds a sender: all dropped, all connections have ended.
+    let (open, mut ended) = tokio::sync::mpsc::channel::<()>(1);
     let main = Pool::new(router, bounds, true);
     let reserve = reserve.map(|r| {
         let header = bounds.header.min(RESERVE_HEADER);
@@ -149,28 +152,53 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "set_nodelay failed");
         }
-        let state = Arc::new(ConnState::default());
-        let io = TokioIo::new(Deadlines::new(tcp, state.clone(), pool.bounds));
-        let service = ConnService {
-            router: pool.router.clone(),
-            peer,
-            state,
-            inflight: pool.inflight.clone(),
-        };
-        let conn = hyper::server::conn::http1::Builder::new()
-            .keep_alive(pool.keep_alive)
-            .serve_connection(io, service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, %peer, "connection ended with an error");
-            }
-            drop(permit);
-        });
+        let stop = stop.clone();
+        spawn_connection(tcp, peer, (pool, permit), (open.clone(), stop));
     }
-    drop(listener);
-    graceful.shutdown().await;
+    drop((listener, open));
+    let _ = ended.recv().await;
     Ok(())
+}
+
+/// Serves one accepted connection in its own task, HTTP/1.1 with upgrades, until it
+/// ends or `stop` changes (then it finishes the request at hand and closes). The
+/// connection's place under the cap lives as long as its socket: past an upgrade (a
+/// WebSocket, see [`crate::websocket`]) too. `open` is dropped when the task ends.
+fn spawn_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    (pool, permit): (&Pool, OwnedSemaphorePermit),
+    (open, mut stop): (tokio::sync::mpsc::Sender<()>, watch::Receiver<()>),
+) {
+    let state = Arc::new(ConnState {
+        permit: Some(permit),
+        ..ConnState::default()
+    });
+    let io = TokioIo::new(Deadlines::new(tcp, state.clone(), pool.bounds));
+    let service = ConnService {
+        router: pool.router.clone(),
+        peer,
+        state,
+        inflight: pool.inflight.clone(),
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(pool.keep_alive)
+        .serve_connection(io, service)
+        .with_upgrades();
+    tokio::spawn(async move {
+        let mut conn = std::pin::pin!(conn);
+        let ended = tokio::select! {
+            ended = conn.as_mut() => ended,
+            _ = stop.changed() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = ended {
+            tracing::debug!(error = %e, %peer, "connection ended with an error");
+        }
+        drop(open);
+    });
 }
 
 /// What a connection's socket wrapper and its service share: whether a request is
@@ -185,6 +213,12 @@ struct ConnState {
     /// finishes, so the idle deadline is set even if no byte ever comes (std mutex, no
     /// `.await` under it).
     reader: std::sync::Mutex<Option<std::task::Waker>>,
+    /// The connection switched protocols (a WebSocket, see [`crate::websocket`]): its
+    /// reads have no deadline here from then on, the session keeps its own.
+    upgraded: std::sync::atomic::AtomicBool,
+    /// The connection's place under the cap, held as long as its socket.
+    #[allow(dead_code, reason = "held for its Drop")]
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 /// The per-connection service: the router, with the peer's address for the handlers,
@@ -217,6 +251,7 @@ impl hyper::service::Service<http::Request<Incoming>> for ConnService {
         id.propagate(request.headers_mut());
         request.extensions_mut().insert(ConnectInfo(self.peer));
         let mut router = self.router.clone();
+        let conn = self.state.clone();
         Box::pin(async move {
             let mut response = match router
                 .call(request.map(Body::new))
@@ -226,6 +261,9 @@ impl hyper::service::Service<http::Request<Incoming>> for ConnService {
                 Ok(response) => response,
                 Err(never) => match never {},
             };
+            if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                conn.upgraded.store(true, Ordering::Release);
+            }
             if let Some(theirs) = id.stamp(response.headers_mut())
                 && theirs.as_bytes() != id.as_str().as_bytes()
             {
@@ -364,6 +402,9 @@ impl AsyncRead for Deadlines {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.state.upgraded.load(Ordering::Acquire) {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(result) => {

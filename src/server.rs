@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::state::AppState;
-use crate::{admin, provider_apis, proxy, serve};
+use crate::{admin, provider_apis, proxy, serve, websocket};
 
 /// The proxy's routes: chat completions, Responses and Anthropic Messages are read —
 /// chat completions and Responses also at Azure OpenAI's paths (the v1 base, the classic
@@ -17,12 +17,12 @@ use crate::{admin, provider_apis, proxy, serve};
 /// everything else (other methods on those paths included) passes through. Where
 /// abridge serves the provider compaction APIs ([`provider_apis::serves`]),
 /// `/responses/compact` is answered too. A WebSocket handshake on the Responses paths is
-/// refused at once ([`provider_apis::websocket`]).
+/// relayed or refused ([`websocket`]).
 pub fn router(state: AppState) -> Router {
     let chat = || post(proxy::chat).fallback(proxy::passthrough);
     let responses = || {
         post(proxy::responses)
-            .get(proxy::responses_get)
+            .get(websocket::responses_get)
             .fallback(proxy::passthrough)
     };
     let mut router = Router::new();

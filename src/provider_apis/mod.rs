@@ -8,9 +8,8 @@
 //! summarises, [`asked`]; else, or when that fails, the `deterministic` digest) in a
 //! `compaction` item of its own ([`sealed`]: signed with a key derived from
 //! the identity secret, readable by every replica and after a restart) — and expands
-//! such an item into its summary before a later request goes on ([`before`]). The
-//! Responses WebSocket handshake is refused in the way Codex falls back from at once
-//! ([`websocket`]).
+//! such an item into its summary before a later request goes on ([`before`]). Which of
+//! the two also decides what a Responses WebSocket handshake gets ([`crate::websocket`]).
 //!
 //! Anthropic's compaction and context editing on `POST /v1/messages` are the
 //! [`messages`] wing's, on the same summariser and the same sealing.
@@ -28,7 +27,6 @@ pub mod first;
 pub mod messages;
 mod rewriting;
 pub mod sealed;
-pub mod websocket;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -265,7 +265,7 @@ fn with(served: Option<&str>, note: &str) -> String {
 
 /// For a model whose window abridge does not know, asks its server in the background
 /// (see [`crate::ask`]); what it says applies from a later request on.
-fn ask_window(state: &AppState, turn: &Turn<'_, '_>) {
+pub(super) fn ask_window(state: &AppState, turn: &Turn<'_, '_>) {
     let Some(tenant) = turn.payer else { return };
     if state.config().compaction.mode == CompactionMode::Off
         || !state
@@ -481,7 +481,7 @@ fn refused_addition(upstream: &Upstream) -> bool {
 /// decided without the checkpoints; its usage, recorded once the store is back, would
 /// read as "the checkpoint in force is none" and make the next turn compact afresh,
 /// breaking the forwarded prefix the checkpoints kept (seen across a Sentinel failover).
-fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
+pub(super) fn followup(prepared: &Prepared, decision: &Decision) -> Option<Followup> {
     let identified = prepared.identified.as_ref()?;
     prepared.loaded.as_ref()?;
     Some(Followup {

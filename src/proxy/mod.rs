@@ -8,6 +8,7 @@
 //! stages live in their own modules and only `forward` touches the network.
 
 mod conversation;
+pub mod frame;
 mod peek;
 mod recall;
 mod recall_stream;
@@ -34,7 +35,6 @@ use crate::identity::Fingerprint;
 use crate::ingress;
 use crate::prices::Price;
 use crate::provider_apis::first::First;
-use crate::provider_apis::websocket;
 use crate::relay::{self, OnDone, Outcome, Watch};
 use crate::state::AppState;
 use crate::stats::{InFlight, Route};
@@ -99,18 +99,6 @@ impl Exchange {
         let own = self.started.elapsed().saturating_sub(self.upstream_wait);
         state.stats().added_latency(route, own);
     }
-}
-
-/// `GET` on a Responses path: a WebSocket handshake is refused at once (see
-/// [`crate::provider_apis::websocket`]); any other passes through.
-pub async fn responses_get(State(state): State<AppState>, request: Request) -> Response {
-    if !websocket::asked(request.headers()) {
-        return passthrough(State(state), request).await;
-    }
-    let exchange = Exchange::start(&state);
-    let response = websocket::refused();
-    exchange.finish(&state, Route::Responses, &response);
-    response
 }
 
 /// Every other request under `/v1` (and Azure's `/openai/…`): method, path, query,

@@ -19,6 +19,7 @@ mod claude_code;
 mod cli;
 mod codex;
 mod codex_remote;
+mod codex_websocket;
 mod connections;
 mod context_management;
 mod conversations;

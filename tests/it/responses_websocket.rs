@@ -1,15 +1,26 @@
-//! The Responses WebSocket handshake Codex CLI opens first on its built-in `openai`
-//! provider: answered at once with the 426 Codex falls back to HTTPS from without
-//! retrying, whichever upstream, and nothing reaches the provider.
+//! The Responses WebSocket Codex CLI opens first on its built-in `openai` provider.
+//! Where the upstream has it (`native`), abridge relays it: the handshake goes to the
+//! provider first, frames pass both ways, each `response.create` is compacted as a POST
+//! body would be and its usage recorded. Elsewhere (`serve`) the handshake is answered at
+//! once with the 426 Codex falls back to HTTPS from without retrying, and nothing
+//! reaches the provider.
 
 use std::time::{Duration, Instant};
 
-use abridge::config::ProviderCompaction;
+use abridge::config::{Config, ProviderCompaction};
+use abridge::strategies::Strategy;
 use fake_provider::{Behavior, FakeProvider};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{WebSocketStream, client_async};
 
-use crate::common::{Proxy, client, config_for};
+use crate::common::{Proxy, client, compacting, config_for, eventually};
+
+type Ws = WebSocketStream<TcpStream>;
 
 /// A WebSocket handshake as Codex sends it (tungstenite), on a fresh connection: the
 /// status line and body of the answer.
@@ -49,29 +60,125 @@ async fn handshake(proxy: &Proxy, path: &str) -> (String, String) {
     }
 }
 
-#[tokio::test]
-async fn a_websocket_handshake_gets_426_at_once_and_nothing_is_forwarded() {
-    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
-    for mode in [ProviderCompaction::Serve, ProviderCompaction::Native] {
-        let mut config = config_for(&provider.url());
-        config.provider_apis.responses_compaction = mode;
-        let proxy = Proxy::start_with(config).await;
-        for path in ["/v1/responses", "/openai/v1/responses"] {
-            let started = Instant::now();
-            let (status, body) = handshake(&proxy, path).await;
-            assert!(
-                started.elapsed() < Duration::from_millis(500),
-                "{mode:?} {path}"
-            );
-            assert_eq!(status, "HTTP/1.1 426 Upgrade Required", "{mode:?} {path}");
-            let body: serde_json::Value = serde_json::from_str(&body).unwrap();
-            assert_eq!(body["error"]["type"], "invalid_request_error");
-            assert!(
-                body["error"]["message"].as_str().unwrap().contains("HTTP"),
-                "{body}"
-            );
+/// A fake provider with the Responses WebSocket, and optionally a key list.
+async fn provider_with_websocket(keys: &[&str]) -> FakeProvider {
+    let mut behavior = Behavior {
+        responses_websocket: true,
+        ..Behavior::default()
+    };
+    behavior.faults.api_keys = keys.iter().map(|k| (*k).to_owned()).collect();
+    FakeProvider::start(behavior).await.unwrap()
+}
+
+fn native(mut config: Config) -> Config {
+    config.provider_apis.responses_compaction = ProviderCompaction::Native;
+    config
+}
+
+/// Opens a WebSocket to abridge's `/v1/responses` as Codex does, with `key` and `extra`
+/// headers.
+async fn open(
+    proxy: &Proxy,
+    key: &str,
+    extra: &[(&'static str, &'static str)],
+) -> Result<(Ws, http::Response<Option<Vec<u8>>>), WsError> {
+    let mut request = format!("ws://{}/v1/responses", proxy.addr)
+        .into_client_request()
+        .unwrap();
+    let headers = request.headers_mut();
+    headers.insert("authorization", format!("Bearer {key}").parse().unwrap());
+    headers.insert(
+        "openai-beta",
+        "responses_websockets=2026-02-06".parse().unwrap(),
+    );
+    for (name, value) in extra {
+        headers.insert(*name, value.parse().unwrap());
+    }
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    client_async(request, tcp).await
+}
+
+/// Sends `body` as a `response.create` frame; the events answered, up to the terminal one.
+async fn create(ws: &mut Ws, body: &Value) -> Vec<Value> {
+    let mut frame = body.clone();
+    frame["type"] = json!("response.create");
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+    let mut events = Vec::new();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("an event in time")
+            .expect("the connection stays open")
+            .unwrap();
+        let Message::Text(text) = message else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(&text).unwrap();
+        let done = matches!(
+            event["type"].as_str(),
+            Some("response.completed" | "response.failed" | "error")
+        );
+        events.push(event);
+        if done {
+            return events;
         }
-        proxy.shutdown().await.unwrap();
+    }
+}
+
+/// The `response.create` frames the provider received, as JSON.
+fn frames(provider: &FakeProvider) -> Vec<Value> {
+    provider
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == http::Method::GET && !r.body.is_empty())
+        .map(|r| r.json())
+        .collect()
+}
+
+fn user(text: &str) -> Value {
+    json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+}
+
+fn request(input: &[Value]) -> Value {
+    json!({"model": "fake-model", "input": input, "store": false, "stream": true,
+        "instructions": "You are a careful coding agent."})
+}
+
+/// The completed response's id and output items.
+fn completed(events: &[Value]) -> (String, Vec<Value>) {
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "response.completed", "{events:?}");
+    assert_eq!(events[0]["type"], "response.created");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "response.output_text.delta"),
+        "{events:?}"
+    );
+    let response = &last["response"];
+    (
+        response["id"].as_str().unwrap().to_owned(),
+        response["output"].as_array().unwrap().clone(),
+    )
+}
+
+#[tokio::test]
+async fn serve_mode_answers_426_at_once_and_forwards_nothing() {
+    let provider = provider_with_websocket(&[]).await;
+    let mut config = config_for(&provider.url());
+    config.provider_apis.responses_compaction = ProviderCompaction::Serve;
+    let proxy = Proxy::start_with(config).await;
+    for path in ["/v1/responses", "/openai/v1/responses"] {
+        let started = Instant::now();
+        let (status, body) = handshake(&proxy, path).await;
+        assert!(started.elapsed() < Duration::from_millis(500), "{path}");
+        assert_eq!(status, "HTTP/1.1 426 Upgrade Required", "{path}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("HTTP"),
+            "{body}"
+        );
     }
     assert!(
         provider.requests().is_empty(),
@@ -80,7 +187,6 @@ async fn a_websocket_handshake_gets_426_at_once_and_nothing_is_forwarded() {
     );
 
     // A plain GET on the same path still passes through to the provider.
-    let proxy = Proxy::start(&provider.url()).await;
     let answer = client()
         .get(proxy.url("/v1/responses"))
         .send()
@@ -88,4 +194,191 @@ async fn a_websocket_handshake_gets_426_at_once_and_nothing_is_forwarded() {
         .unwrap();
     assert_ne!(answer.status(), 426);
     assert_eq!(provider.last_request().unwrap().uri.path(), "/v1/responses");
+}
+
+#[tokio::test]
+async fn native_relays_a_conversation_over_one_connection() {
+    let provider = provider_with_websocket(&[]).await;
+    let proxy = Proxy::start_with(native(config_for(&provider.url()))).await;
+    let extra = [("session_id", "thread-1"), ("x-abridge-compact", "off")];
+    let (mut ws, answer) = open(&proxy, "sk-codex", &extra).await.unwrap();
+    assert_eq!(answer.status(), 101);
+    // The provider's own handshake headers reach the client (Codex reads them).
+    assert_eq!(answer.headers()["x-models-etag"], "fake-etag");
+
+    let mut input = vec![user("Say hello.")];
+    let (_, output) = completed(&create(&mut ws, &request(&input)).await);
+    input.extend(output);
+    input.push(user("And once more."));
+    let (second, _) = completed(&create(&mut ws, &request(&input)).await);
+    // Codex on a reused connection: only what is new, after the previous response.
+    let mut incremental = request(&[user("A third time.")]);
+    incremental["previous_response_id"] = json!(second);
+    completed(&create(&mut ws, &incremental).await);
+    // Another frame type passes through; the connection goes on.
+    ws.send(Message::text(
+        json!({"type": "response.processed", "response_id": second}).to_string(),
+    ))
+    .await
+    .unwrap();
+    completed(&create(&mut ws, &request(&[user("Fresh.")])).await);
+    ws.close(None).await.unwrap();
+
+    let sent = frames(&provider);
+    assert_eq!(sent.len(), 4, "{sent:?}");
+    assert_eq!(sent[1]["input"].as_array().unwrap().len(), input.len());
+    assert_eq!(sent[2]["previous_response_id"], json!(second));
+    assert_eq!(sent[2]["input"].as_array().unwrap().len(), 1, "untouched");
+    assert_eq!(sent[2]["type"], "response.create");
+    let handshakes: Vec<_> = provider
+        .requests()
+        .into_iter()
+        .filter(|r| r.body.is_empty())
+        .collect();
+    assert_eq!(handshakes.len(), 1, "one upstream connection");
+    let headers = &handshakes[0].headers;
+    assert_eq!(headers["authorization"], "Bearer sk-codex");
+    assert_eq!(headers["openai-beta"], "responses_websockets=2026-02-06");
+    assert_eq!(headers["session_id"], "thread-1");
+    assert!(!headers.contains_key("x-abridge-compact"));
+    assert_eq!(handshakes[0].uri.path(), "/v1/responses");
+    assert!(
+        eventually(Duration::from_secs(5), || proxy.stats().usage_reports == 4).await,
+        "every answer's usage read: {}",
+        proxy.stats().usage_reports
+    );
+}
+
+#[tokio::test]
+async fn a_long_conversation_over_websocket_is_compacted_and_its_usage_recorded() {
+    let provider = provider_with_websocket(&[]).await;
+    let mut config = native(compacting(&provider.url(), Strategy::Recency, 3000));
+    config.compaction.background = false;
+    let proxy = Proxy::start_with(config).await;
+    let (mut ws, _) = open(&proxy, "sk-codex", &[]).await.unwrap();
+    let mut input = vec![json!({"type": "message", "role": "developer", "content": [
+        {"type": "input_text", "text": "<permissions>sandbox: workspace-write</permissions>"}]})];
+    let mut lengths = Vec::new();
+    for n in 0..14 {
+        input.push(user(&format!(
+            "Step {n}: open src/module_{n}.rs and fix check {n}. {}",
+            "The build must stay green and the change small. ".repeat(25)
+        )));
+        lengths.push(input.len());
+        let (_, output) = completed(&create(&mut ws, &request(&input)).await);
+        input.extend(output);
+    }
+    ws.close(None).await.unwrap();
+
+    let sent = frames(&provider);
+    assert_eq!(sent.len(), lengths.len());
+    let shorter = sent
+        .iter()
+        .zip(&lengths)
+        .filter(|(frame, len)| frame["input"].as_array().unwrap().len() < **len)
+        .count();
+    assert!(shorter > 0, "some frame went compacted");
+    let last = sent.last().unwrap();
+    assert_eq!(last["type"], "response.create");
+    assert_eq!(last["input"][0], input[0], "the head is kept");
+    assert!(
+        last.to_string().len()
+            < request(&input[..*lengths.last().unwrap()])
+                .to_string()
+                .len(),
+        "the last frame went smaller than sent"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || proxy.stats().usage_reports == 14).await,
+        "usage read: {}",
+        proxy.stats().usage_reports
+    );
+    let stats = proxy.stats();
+    assert!(stats.checkpoints_applied > 0);
+    assert!(stats.prompt_tokens_reported_compacted > 0, "{stats:?}");
+}
+
+#[tokio::test]
+async fn a_refused_client_never_gets_a_websocket() {
+    let provider = provider_with_websocket(&["sk-good"]).await;
+    let proxy = Proxy::start_with(native(config_for(&provider.url()))).await;
+    // abridge's own refusal (an invalid control): nothing reaches the provider.
+    match open(&proxy, "sk-good", &[("x-abridge-compact", "sometimes")]).await {
+        Err(WsError::Http(answer)) => assert_eq!(answer.status(), 400),
+        other => panic!("refused: {:?}", other.map(|(_, r)| r.status())),
+    }
+    assert!(provider.requests().is_empty(), "{:?}", provider.requests());
+    // The provider's refusal of the credential is the client's answer.
+    match open(&proxy, "sk-bad", &[]).await {
+        Err(WsError::Http(answer)) => assert_eq!(answer.status(), 401),
+        other => panic!("refused: {:?}", other.map(|(_, r)| r.status())),
+    }
+    assert!(frames(&provider).is_empty());
+    let (mut ws, _) = open(&proxy, "sk-good", &[]).await.unwrap();
+    completed(&create(&mut ws, &request(&[user("hi")])).await);
+}
+
+#[tokio::test]
+async fn native_toward_a_server_without_the_websocket_answers_426_at_once() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let proxy = Proxy::start_with(native(config_for(&provider.url()))).await;
+    let started = Instant::now();
+    let (status, _) = handshake(&proxy, "/v1/responses").await;
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert_eq!(status, "HTTP/1.1 426 Upgrade Required");
+    // It was asked: the provider's 404 is what says it has none.
+    assert_eq!(provider.last_request().unwrap().uri.path(), "/v1/responses");
+}
+
+#[tokio::test]
+async fn a_silent_session_is_closed_and_an_oversized_frame_refused() {
+    let provider = provider_with_websocket(&[]).await;
+    let mut config = native(config_for(&provider.url()));
+    config.timeouts.stream_idle_ms = 300;
+    config.limits.max_body_bytes = 64 * 1024;
+    let proxy = Proxy::start_with(config).await;
+    let (mut ws, _) = open(&proxy, "sk-codex", &[]).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .expect("closed within the idle deadline");
+    assert!(
+        matches!(next, Some(Ok(Message::Close(_))) | None | Some(Err(_))),
+        "{next:?}"
+    );
+
+    let (mut ws, _) = open(&proxy, "sk-codex", &[]).await.unwrap();
+    let big = request(&[user(&"x".repeat(100 * 1024))]);
+    let mut frame = big;
+    frame["type"] = json!("response.create");
+    let _ = ws.send(Message::text(frame.to_string())).await;
+    let next = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .expect("ended at once");
+    assert!(
+        !matches!(next, Some(Ok(Message::Text(_)))),
+        "no answer to an oversized frame: {next:?}"
+    );
+    assert!(frames(&provider).is_empty());
+}
+
+#[tokio::test]
+async fn a_session_outlives_the_connection_deadlines_and_holds_its_place_under_the_cap() {
+    let provider = provider_with_websocket(&[]).await;
+    let mut config = native(config_for(&provider.url()));
+    config.timeouts.client_header_ms = 200;
+    config.timeouts.client_idle_ms = 200;
+    config.limits.max_connections = 1;
+    let proxy = Proxy::start_with(config).await;
+    let (mut ws, _) = open(&proxy, "sk-codex", &[]).await.unwrap();
+    completed(&create(&mut ws, &request(&[user("one")])).await);
+    // Past the header and keep-alive deadlines of an HTTP connection, between frames.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    completed(&create(&mut ws, &request(&[user("two")])).await);
+    // The session is a connection under `limits.max_connections`.
+    let over = client().get(proxy.url("/v1/models")).send().await;
+    assert!(
+        over.is_err() || over.is_ok_and(|r| r.status() == 503),
+        "over the cap"
+    );
+    ws.close(None).await.unwrap();
 }

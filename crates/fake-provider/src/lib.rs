@@ -42,6 +42,8 @@
 //! first; Messages: a thinking block first), `x-fake-strict-alternation: 1` (Messages:
 //! reject consecutive same-role turns), `x-fake-request-id: none` (no `x-request-id`, or
 //! Anthropic's `request-id`, answered). Azure's `/openai/…` paths: as Azure (`azure.rs`).
+//! With [`Behavior::responses_websocket`], the Responses API over WebSocket too
+//! ([`websocket`]).
 //! The status, stall, delay, latency, words, window, split, multiline, gzip, reset,
 //! prompt-tokens and token-scale knobs apply to all three APIs; `x-fake-usage` and the
 //! summaries are chat's only. Bench mode keeps answers for chat only.
@@ -63,6 +65,7 @@ pub mod responses;
 pub mod shapes;
 mod summary;
 mod transport;
+mod websocket;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -163,6 +166,9 @@ pub struct Behavior {
     /// Think before answering: a reasoning item (Responses) or a thinking block (Messages)
     /// first.
     pub thinking: bool,
+    /// Serve the Responses API over WebSocket, as OpenAI does (see [`websocket`]); off,
+    /// a server without it.
+    pub responses_websocket: bool,
 }
 
 impl Default for Behavior {
@@ -191,6 +197,7 @@ impl Default for Behavior {
             token_scale: 1.0,
             strict_alternation: false,
             thinking: false,
+            responses_websocket: false,
         }
     }
 }
@@ -555,6 +562,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    if lock(&shared.behavior).responses_websocket && websocket::asked(&request) {
+        return websocket::handshake(shared, request);
+    }
     let (parts, body) = request.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
