@@ -29,7 +29,8 @@
 //! Per-message accounting follows OpenAI's published recipe: 3 tokens per message, 1 more
 //! for a `name`, 3 to prime the reply; tool calls count their name, arguments and id plus
 //! a small frame; images a fixed 765 (a 1024×1024 high-detail image; 85 for
-//! `"detail":"low"`), since their size is not known without decoding them.
+//! `"detail":"low"`; an Anthropic `image` block 1,600), since their size is not known
+//! without decoding them — never their base64 data as text.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,6 +51,9 @@ const PER_TOOL_CALL: u64 = 8;
 const IMAGE_HIGH: u64 = 765;
 /// An image at `"detail":"low"`.
 const IMAGE_LOW: u64 = 85;
+/// An Anthropic `image` block of unknown size: the most Anthropic bills for one it does
+/// not downscale (1.15 megapixels, width × height / 750).
+const IMAGE_ANTHROPIC: u64 = 1_600;
 
 /// Counts tokens for one model. Cheap to clone (a reference to a shared table or
 /// nothing).
@@ -267,20 +271,27 @@ fn piece_end(text: &str) -> usize {
 }
 
 /// A non-text content part: images at a fixed size, anything else by its bytes.
+/// Its `type` is read wherever it stands (serializers that sort keys write an image's
+/// base64 data first), skipping the rest in one pass.
 fn other_part(raw: &str) -> u64 {
-    let compact: String = raw
-        .chars()
-        .take(64)
-        .filter(|c| !c.is_whitespace())
-        .collect();
-    if compact.contains(r#""type":"image_url""#) || compact.contains(r#""type":"input_image""#) {
-        if raw.contains(r#""detail":"low""#) || raw.contains(r#""detail": "low""#) {
-            IMAGE_LOW
-        } else {
-            IMAGE_HIGH
+    #[derive(serde::Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<std::borrow::Cow<'a, str>>,
+    }
+    let kind = serde_json::from_str::<Kind<'_>>(raw)
+        .ok()
+        .and_then(|k| k.kind);
+    match kind.as_deref() {
+        Some("image_url" | "input_image") => {
+            if raw.contains(r#""detail":"low""#) || raw.contains(r#""detail": "low""#) {
+                IMAGE_LOW
+            } else {
+                IMAGE_HIGH
+            }
         }
-    } else {
-        approx_text(raw)
+        Some("image") => IMAGE_ANTHROPIC,
+        _ => approx_text(raw),
     }
 }
 
@@ -453,6 +464,28 @@ mod tests {
         assert_eq!(e.messages(m), total + PER_REQUEST);
         let exact = Estimator::for_model("gpt-4o");
         assert_eq!(exact.message(&m[0]), 3 + 2 + 1 + 1);
+    }
+
+    #[test]
+    fn an_image_is_an_image_whatever_order_its_keys_come_in() {
+        // Keys sorted (as serde_json and Python's sort_keys write them): the base64 data
+        // comes before the type. A real Codex rollout's 197 KB screenshot was counted
+        // as ~100,000 tokens of text.
+        let data = "iVBORw0KGgoAAAANSUhEUgAABU8AAALoCAIAAA".repeat(2_000);
+        let responses =
+            format!(r#"{{"image_url":"data:image/png;base64,{data}","type":"input_image"}}"#);
+        assert_eq!(other_part(&responses), IMAGE_HIGH);
+        let chat = format!(
+            r#"{{"image_url":{{"detail":"low","url":"data:image/png;base64,{data}"}},"type":"image_url"}}"#
+        );
+        assert_eq!(other_part(&chat), IMAGE_LOW);
+        let anthropic = format!(
+            r#"{{"source":{{"data":"{data}","media_type":"image/png","type":"base64"}},"type":"image"}}"#
+        );
+        assert_eq!(other_part(&anthropic), IMAGE_ANTHROPIC);
+        // Anything else still by its bytes.
+        let file = format!(r#"{{"file_data":"{data}","type":"input_file"}}"#);
+        assert!(other_part(&file) > 10_000);
     }
 
     /// Prints bytes per token of `o200k_base` against the estimate on the text at hand
