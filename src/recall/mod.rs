@@ -8,6 +8,12 @@
 //! keeps no client text for it (as it keeps none for the checkpoints: see
 //! [`crate::store`]).
 //!
+//! After a provider-API compaction abridge served, the client no longer sends what the
+//! compaction replaced: its `compaction` item or block carries it instead, as an
+//! [`archive`] inside the sealed payload, read from the request the same way. A request
+//! recalls from a [`Condensed`]: its applied checkpoint, the archive, or both; archived
+//! messages are named `c<N>` (see [`archive`]).
+//!
 //! The condensed messages are those a checkpoint replaced (`head..=through`, less the
 //! ones it forwards unchanged), named `m<N>` by their position in the history (1 is the
 //! first message). A message longer than [`PART_CHARS`] is read in parts, `m<N>.<k>`.
