@@ -218,7 +218,6 @@ enum Read {
 /// What the provider compaction APIs abridge served leave to the later stages: a note
 /// for the client, what the answer is to be given (a Messages request's), and what a
 /// compaction item or block the request carried replaced (its archive, for recall).
-#[derive(Default)]
 struct Served {
     note: Option<&'static str>,
     after: Option<After>,
@@ -226,10 +225,11 @@ struct Served {
 }
 
 impl Served {
-    fn note(note: Option<&'static str>) -> Self {
+    fn of(note: Option<&'static str>, after: Option<After>, archive: Option<Archive>) -> Self {
         Self {
             note,
-            ..Self::default()
+            after,
+            archive,
         }
     }
 }
@@ -264,43 +264,20 @@ async fn read(
     };
     let at = (&parts.headers, &parts.uri);
     let (body, served) = match provider_apis::before(state, request, at).await {
-        Before::Go(request, note) => return Ok(Read::Parsed(request, Served::note(note))),
+        Before::Go(request, note) => {
+            return Ok(Read::Parsed(request, Served::of(note, None, None)));
+        }
         Before::Answer(response) => return Ok(Read::Answer(response)),
         Before::Withheld(request, note, after) => {
-            let after = Some(after);
-            let served = Served {
-                after,
-                ..Served::note(note)
-            };
-            return Ok(Read::Parsed(request, served));
+            return Ok(Read::Parsed(request, Served::of(note, Some(after), None)));
         }
-        Before::Expanded(body, note, archive) => (
-            body,
-            Served {
-                archive,
-                ..Served::note(note)
-            },
-        ),
+        Before::Expanded(body, note, archive) => (body, Served::of(note, None, archive)),
         Before::Edited(body, note, after, archive) => {
-            let after = Some(after);
-            (
-                body,
-                Served {
-                    after,
-                    archive,
-                    note,
-                },
-            )
+            (body, Served::of(note, Some(after), archive))
         }
         Before::Compacted(body, note, first, archive) => {
             exchange.first = Some(first);
-            (
-                body,
-                Served {
-                    archive,
-                    ..Served::note(note)
-                },
-            )
+            (body, Served::of(note, None, archive))
         }
     };
     // A new body: parsed once in turn.
