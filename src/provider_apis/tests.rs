@@ -263,3 +263,40 @@ fn a_summary_is_asked_only_for_a_compaction_that_is_made() {
         "{sent}"
     );
 }
+
+/// A second compaction over a request that still sends the history its item replaced
+/// archives that history once (from the item's archive) and only what came after the
+/// item anew; the expanded request hands the item's archive on for recall.
+#[test]
+fn a_later_compaction_archives_only_what_follows_the_item_it_carries_on_from() {
+    let archived = |item: &Value| {
+        let token = item["encrypted_content"].as_str().unwrap();
+        let opened = sealed::open(&key(), token).unwrap();
+        opened.archive().unwrap().open().unwrap()
+    };
+    let mut input = history();
+    input.push(json!({"type": "compaction_trigger"}));
+    let first = item_of(run(&json!({"model": "m", "input": input})));
+    let once = archived(&first);
+    let texts: Vec<&str> = once.messages.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(once.total, 5, "{texts:?}");
+    assert!(texts[3].contains("3 tests failed"), "{texts:?}");
+
+    // The client keeps everything and appends the item, then a new turn.
+    let mut input = history();
+    input.push(first.clone());
+    input.push(user("Now the lexer"));
+    let Some(Outcome::Expanded(_, None, Some(carried))) =
+        run(&json!({"model": "m", "input": input.clone()}))
+    else {
+        panic!("expanded, with the item's archive");
+    };
+    assert_eq!(carried.open(), Some(once.clone()));
+
+    input.push(json!({"type": "compaction_trigger"}));
+    let second = archived(&item_of(run(&json!({"model": "m", "input": input}))));
+    assert_eq!(second.total, 6, "the history once, the new ask once");
+    assert_eq!(second.messages[..5], once.messages[..]);
+    assert_eq!(second.messages[5].n, 6);
+    assert!(second.messages[5].text.contains("Now the lexer"));
+}
