@@ -24,8 +24,9 @@
 //!   build, persistence, background pre-compaction, the summariser, overflow recognition.
 //! - [`strategies`] — the compaction strategies (pure, no I/O) and the validator every
 //!   plan passes.
-//! - [`recall`]    — the `abridge_recall` tool: the condensed messages of a request,
-//!   ranked for a query, and each format's tool, calls and follow-up.
+//! - [`recall`]    — the `abridge_recall` tool: the condensed messages of a request (and
+//!   the archive a provider-API compaction item carries), ranked for a query, and each
+//!   format's tool, calls and follow-up.
 //! - [`relay`]     — the response back to the client, byte for byte, with the usage tee:
 //!   [`relay::sse`] scans events incrementally, [`relay::usage`] reads every naming.
 //! - [`replay`]    — `abridge replay`: conversations through the real request path against

@@ -35,6 +35,9 @@ pub struct Prepared {
     pub note: Option<&'static str>,
     /// The recall tool a compacted request gets, named for it (see [`recall_tool`]).
     pub recall_tool: Option<crate::recall::Tool>,
+    /// What a provider-API compaction item or block the request carried replaced (its
+    /// archive: see [`crate::recall::archive`]), for recall; `None`: it carried none.
+    pub archive: Option<crate::recall::Archive>,
 }
 
 impl Prepared {
@@ -110,7 +113,7 @@ pub async fn prepare(
         state,
         reason,
         (controls, credentials),
-        request,
+        (request, None),
         (deployment, provider),
     )
     .await)
@@ -139,12 +142,13 @@ pub async fn parse(
     }
 }
 
-/// [`prepare`] after the parse: identifies and loads `request`.
+/// [`prepare`] after the parse: identifies and loads `request`, which carries
+/// `archive` (see [`Prepared::archive`]).
 pub async fn prepare_parsed(
     state: &AppState,
     reason: Reason,
     (controls, credentials): (Controls, Credentials),
-    request: Arc<Request>,
+    (request, archive): (Arc<Request>, Option<crate::recall::Archive>),
     (deployment, provider): (Option<Deployment>, Provider),
 ) -> Prepared {
     let counted = reason != Reason::Preview;
@@ -198,6 +202,7 @@ pub async fn prepare_parsed(
         identified,
         loaded,
         note,
+        archive,
     }
 }
 

@@ -14,6 +14,7 @@ use crate::conversation::{Item, Role};
 use crate::formats::Format;
 use crate::identity::IdentityKey;
 use crate::json::Raw;
+use crate::recall::Archive;
 use crate::strategies::SummaryRole;
 use crate::tokens::Estimator;
 
@@ -87,6 +88,34 @@ pub(super) fn any_foreign(kinds: &[Kind<'_>], opened: &[Option<Summary>]) -> boo
         .any(|(k, o)| matches!(k, Kind::Compaction(_)) && o.is_none())
 }
 
+/// What a compaction of this input replaces, archived for recall (see
+/// [`crate::recall::archive`]): after the archive of the latest earlier compaction
+/// abridge made, the plain items that follow that item — those before it are what it
+/// replaced, archived already, and not twice when the client still sends them (an
+/// earlier item without an archive, made before archives were: every plain item).
+pub(super) fn archive(
+    items: &[Item<'_>],
+    kinds: &[Kind<'_>],
+    opened: &[Option<Summary>],
+) -> Option<String> {
+    let latest = opened.iter().rposition(Option::is_some);
+    let prior = latest
+        .and_then(|l| opened[l].as_ref())
+        .and_then(Summary::archive);
+    let from = match (&prior, latest) {
+        (Some(_), Some(l)) => l + 1,
+        _ => 0,
+    };
+    let replaced: Vec<Item<'_>> = items
+        .iter()
+        .zip(kinds)
+        .skip(from)
+        .filter(|(_, k)| **k == Kind::Plain)
+        .map(|(i, _)| i.clone())
+        .collect();
+    Archive::of(prior.as_ref(), &replaced).map(|a| a.encoded().to_owned())
+}
+
 /// The summary of `items`: the latest earlier compaction's, then a digest of the
 /// conversation items (compaction items, the trigger and request-scoped items left out).
 pub(super) fn summarise(
@@ -120,6 +149,7 @@ pub(super) fn said(
         summary: crate::strategies::redact::redact(text).into_owned(),
         items: plain + prior.map_or(0, |p| p.items),
         created_at,
+        archive: None,
     }
 }
 
@@ -149,6 +179,7 @@ pub(super) fn summary_of(
         summary: crate::strategies::redact::redact(&summary).into_owned(),
         items: summarised.len() as u64 + prior.map_or(0, |p| p.items),
         created_at,
+        archive: None,
     }
 }
 
@@ -188,6 +219,8 @@ pub(super) struct Expanded<'a> {
     pub items: Vec<Raw<'a>>,
     pub summary: Option<Box<RawValue>>,
     pub at: usize,
+    /// What the expanded item replaced, for recall.
+    pub archive: Option<Archive>,
 }
 
 impl Expanded<'_> {
@@ -235,13 +268,12 @@ pub(super) fn expand<'a>(
             out.push(item.raw);
         }
     }
-    let summary = latest
-        .and_then(|l| opened[l].as_ref())
-        .map(|s| summary_message(s, role));
+    let opened = latest.and_then(|l| opened[l].as_ref());
     Expanded {
         items: out,
-        summary,
+        summary: opened.map(|s| summary_message(s, role)),
         at,
+        archive: opened.and_then(Summary::archive),
     }
 }
 

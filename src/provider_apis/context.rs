@@ -22,6 +22,7 @@ use crate::error::Error;
 use crate::formats::responses::{self, Parsed};
 use crate::formats::splice::{self, Edit};
 use crate::json::Raw;
+use crate::recall::Archive;
 use crate::strategies::SummaryRole;
 
 /// The note when abridge compacted over the client's `compact_threshold`.
@@ -106,8 +107,9 @@ fn removal(body: &[u8], value: std::ops::Range<usize>) -> Option<Edit> {
 /// What a request's `context_management` comes to, weighed once: its compaction items
 /// expanded and the field dropped, is it over the threshold?
 pub(super) enum Weighed {
-    /// Not over it (or there is none): goes on as this body.
-    Under(Bytes),
+    /// Not over it (or there is none): goes on as this body, with what the item it
+    /// expanded replaced (for recall).
+    Under(Bytes, Option<Archive>),
     /// Over it: compacted ([`compacted`]).
     Over,
 }
@@ -125,7 +127,7 @@ pub(super) fn weigh(
     let estimate = crate::tokens::approx_text(&String::from_utf8_lossy(&plain));
     Some(match threshold.is_some_and(|t| estimate > t) {
         true => Weighed::Over,
-        false => Weighed::Under(plain),
+        false => Weighed::Under(plain, expanded.archive),
     })
 }
 
@@ -139,11 +141,13 @@ pub(super) fn compacted(
 ) -> Option<Outcome> {
     let forwarded = compacted_input(&parsed.items, kinds, &made, role);
     let compacted = body(body_in, parsed, &forwarded.forwarded())?;
+    let archive = made.summary.archive();
     let first = First::new(made.item);
     Some(Outcome::Compacted(
         compacted,
         note.or(Some(COMPACTED)),
         first,
+        archive,
     ))
 }
 
@@ -185,6 +189,7 @@ fn compacted_input<'a>(
         items: kept,
         summary: Some(compacted::summary_message(&made.summary, role)),
         at,
+        archive: None,
     }
 }
 

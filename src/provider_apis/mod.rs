@@ -8,7 +8,8 @@
 //! summarises, [`asked`]; else, or when that fails, the `deterministic` digest) in a
 //! `compaction` item of its own ([`sealed`]: signed with a key derived from
 //! the identity secret, readable by every replica and after a restart) — and expands
-//! such an item into its summary before a later request goes on ([`before`]). Which of
+//! such an item into its summary before a later request goes on ([`before`]), handing
+//! on what it replaced (its archive, [`crate::recall::archive`]) for recall. Which of
 //! the two also decides what a Responses WebSocket handshake gets ([`crate::websocket`]).
 //!
 //! Anthropic's compaction and context editing on `POST /v1/messages` are the
@@ -43,6 +44,7 @@ use crate::formats;
 use crate::formats::responses::{self, Parsed};
 use crate::identity::IdentityKey;
 use crate::ingress;
+use crate::recall::Archive;
 use crate::state::AppState;
 
 use compacted::Kind;
@@ -84,15 +86,23 @@ pub enum Before {
     /// serve them), with a note for the client.
     Go(Arc<formats::Request>, Option<&'static str>),
     /// Goes on as these bytes, its compaction items expanded (parsed by the caller: they
-    /// are a new body), with a note.
-    Expanded(Bytes, Option<&'static str>),
+    /// are a new body), with a note and what the expanded item replaced (its archive,
+    /// for recall).
+    Expanded(Bytes, Option<&'static str>, Option<Archive>),
     /// Goes on as these bytes, compacted by abridge for the client's
-    /// `context_management`; the answer gets the item first ([`first::First::onto`]).
-    Compacted(Bytes, Option<&'static str>, first::First),
+    /// `context_management`; the answer gets the item first ([`first::First::onto`]);
+    /// what the item replaced, for recall.
+    Compacted(Bytes, Option<&'static str>, first::First, Option<Archive>),
     /// Goes on as these bytes (a Messages request whose context abridge edited or
     /// compacted, parsed by the caller), with a note; its answer is to be wrapped with
-    /// the [`messages::After`].
-    Edited(Bytes, Option<&'static str>, messages::After),
+    /// the [`messages::After`]; what a compaction block it expanded or made replaced,
+    /// for recall.
+    Edited(
+        Bytes,
+        Option<&'static str>,
+        messages::After,
+        Option<Archive>,
+    ),
     /// Goes on as parsed, its `context_management` withheld (a Messages request whose
     /// edits changed no message: served by abridge, not forwarded, not parsed again),
     /// with a note; its answer is to be wrapped with the [`messages::After`].
@@ -145,16 +155,20 @@ pub async fn before(
     match outcome {
         None => Before::Go(request, None),
         Some(Outcome::Answer(response)) => Before::Answer(response),
-        Some(Outcome::Expanded(expanded, note)) => Before::Expanded(expanded, note),
-        Some(Outcome::Compacted(body, note, first)) => Before::Compacted(body, note, first),
+        Some(Outcome::Expanded(expanded, note, archive)) => {
+            Before::Expanded(expanded, note, archive)
+        }
+        Some(Outcome::Compacted(body, note, first, archive)) => {
+            Before::Compacted(body, note, first, archive)
+        }
         Some(Outcome::Untouched(note)) => Before::Go(request, Some(note)),
     }
 }
 
 enum Outcome {
     Answer(Response),
-    Expanded(Bytes, Option<&'static str>),
-    Compacted(Bytes, Option<&'static str>, first::First),
+    Expanded(Bytes, Option<&'static str>, Option<Archive>),
+    Compacted(Bytes, Option<&'static str>, first::First, Option<Archive>),
     Untouched(&'static str),
 }
 
@@ -230,8 +244,8 @@ fn plan<'a, 'k>(
             let summaries = (kinds.as_slice(), opened.as_slice());
             match context::weigh((body, parsed), summaries, threshold, role) {
                 Some(context::Weighed::Over) => Why::OverThreshold,
-                Some(context::Weighed::Under(plain)) => {
-                    return Planned::Done(Some(Outcome::Expanded(plain, note)));
+                Some(context::Weighed::Under(plain, archive)) => {
+                    return Planned::Done(Some(Outcome::Expanded(plain, note, archive)));
                 }
                 None => return Planned::Done(None),
             }
@@ -239,7 +253,8 @@ fn plan<'a, 'k>(
         None => {
             let expanded = compacted::expand(&parsed.items, &kinds, &opened, role);
             let body = responses::with_input(body, parsed, &expanded.forwarded());
-            return Planned::Done(body.map(|body| Outcome::Expanded(body, note)));
+            let archive = expanded.archive;
+            return Planned::Done(body.map(|body| Outcome::Expanded(body, note, archive)));
         }
     };
     Planned::Make(Plan {
@@ -295,10 +310,11 @@ fn make(
     let created_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let summary = match model.said() {
+    let mut summary = match model.said() {
         Some(said) => compacted::said(said, kinds, opened, created_at),
         None => compacted::summarise(&parsed.items, kinds, opened, created_at),
     };
+    summary.archive = compacted::archive(&parsed.items, kinds, opened);
     let token = sealed::seal(key, &summary);
     let id = format!(
         "cmp_{}",
@@ -373,7 +389,12 @@ pub async fn compact(state: &AppState, request: Request) -> Result<Response, Err
     let note = compacted::any_foreign(&kinds, &opened)
         .then_some(FOREIGN)
         .or(model.note());
-    let made = make(&key, &parsed, (&kinds, &opened), &model);
+    // The digest and the archive run off the async workers, as a request's plan does.
+    let permit = state.cpu().permit_for(body.len()).await;
+    let made = state
+        .cpu()
+        .run_with(&permit, || make(&key, &parsed, (&kinds, &opened), &model));
+    drop(permit);
     let kept = compacted::kept_users(&parsed.items, &kinds, compacted::KEPT_USER_TOKENS);
     let mut output: Vec<serde_json::Value> = kept
         .iter()

@@ -6,6 +6,13 @@
 //! is the client's own conversation, which it sent in the clear. Anything else — another
 //! provider's ciphertext, an altered or truncated token, a token signed with another
 //! secret — does not open.
+//!
+//! The payload's fields are additive within `v1`: a field added later is optional, so a
+//! token made before it opens without it, and a replica that predates it opens a newer
+//! token and ignores the field (a rolling deploy never loses a summary). The one added so
+//! far is `archive`: what the compaction replaced, for recall
+//! ([`crate::recall::archive`]: compressed, bounded, redacted). Tokens that carry one
+//! grow by its base64 (at most about 128 KiB, inside the payload's own base64).
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -29,6 +36,16 @@ pub struct Summary {
     pub items: u64,
     /// When it was made (Unix seconds).
     pub created_at: u64,
+    /// What it replaced, for recall (absent from tokens made before archives were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<String>,
+}
+
+impl Summary {
+    /// Its archive, for recall.
+    pub fn archive(&self) -> Option<crate::recall::Archive> {
+        self.archive.as_deref().map(crate::recall::Archive::new)
+    }
 }
 
 /// The token for `summary`.
@@ -71,6 +88,7 @@ mod tests {
             summary: "The user asked for tests.".into(),
             items: 12,
             created_at: 1_700_000_000,
+            archive: None,
         };
         let token = seal(&key("one"), &summary);
         assert!(token.starts_with("abridge.v1."));
@@ -83,5 +101,31 @@ mod tests {
         assert_eq!(open(&key("one"), &token[..token.len() - 2]), None);
         assert_eq!(open(&key("one"), "gAAAAABoOpenAI"), None, "foreign");
         assert_eq!(open(&key("one"), ""), None);
+    }
+
+    /// A token made before archives (its payload without the field, as that code wrote
+    /// it) opens with no archive; one with an archive opens with it.
+    #[test]
+    fn a_token_without_an_archive_still_opens() {
+        let old = br#"{"summary":"The user asked for tests.","items":3,"created_at":1700000000}"#;
+        let signed = format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(old));
+        let tag = mac(&key("one"), signed.as_bytes()).finalize().into_bytes();
+        let token = format!("{signed}.{}", URL_SAFE_NO_PAD.encode(tag));
+        let opened = open(&key("one"), &token).unwrap();
+        assert_eq!(opened.summary, "The user asked for tests.");
+        assert_eq!(opened.archive, None);
+        let summary = Summary {
+            archive: Some("abc".into()),
+            ..opened.clone()
+        };
+        assert_eq!(
+            open(&key("one"), &seal(&key("one"), &summary)),
+            Some(summary)
+        );
+        assert_eq!(
+            seal(&key("one"), &opened),
+            token,
+            "without an archive, the same bytes as before"
+        );
     }
 }

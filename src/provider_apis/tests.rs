@@ -78,7 +78,7 @@ fn a_trigger_is_answered_with_one_compaction_item_that_expands_later() {
     let next = json!({"model": "m", "input": [
         history()[0], user("Fix the parser in src/parse.rs"), item, user("Now the docs"),
     ]});
-    let Some(Outcome::Expanded(body, None)) = run(&next) else {
+    let Some(Outcome::Expanded(body, None, _)) = run(&next) else {
         panic!("not expanded");
     };
     let sent: Value = serde_json::from_slice(&body).unwrap();
@@ -97,7 +97,7 @@ fn a_foreign_item_is_dropped_with_a_note() {
     let mut input = history();
     input.push(json!({"type": "compaction", "encrypted_content": "gAAAAABfromOpenAI"}));
     input.push(user("go on"));
-    let Some(Outcome::Expanded(body, Some(note))) = run(&json!({"model": "m", "input": input}))
+    let Some(Outcome::Expanded(body, Some(note), _)) = run(&json!({"model": "m", "input": input}))
     else {
         panic!("not dropped");
     };
@@ -198,6 +198,7 @@ fn sent_back(threshold: Option<u64>) -> Value {
         summary: "The parser is fixed.".into(),
         items: 45,
         created_at: 1,
+        archive: None,
     };
     input.push(answer::item("cmp_1", &sealed::seal(&key(), &summary)));
     input.push(user("Now the docs"));
@@ -212,7 +213,7 @@ fn weighed(body: &Value) -> u64 {
     let kinds = compacted::kinds(&parsed.items);
     let opened = compacted::opened(&key(), &kinds);
     let summaries = (kinds.as_slice(), opened.as_slice());
-    let Some(context::Weighed::Under(plain)) =
+    let Some(context::Weighed::Under(plain, _)) =
         context::weigh((&body, &parsed), summaries, None, SummaryRole::User)
     else {
         panic!("not rewritten");
@@ -233,7 +234,7 @@ fn a_summary_is_asked_only_for_a_compaction_that_is_made() {
     assert!(crate::tokens::approx_text(std::str::from_utf8(&body).unwrap()) > threshold);
     let parsed = responses::parse(&body).unwrap();
     let key = key();
-    let Planned::Done(Some(Outcome::Expanded(sent, None))) =
+    let Planned::Done(Some(Outcome::Expanded(sent, None, _))) =
         plan(Some(&key), (&body, &parsed), SummaryRole::User)
     else {
         panic!("a compaction is planned under the threshold");
@@ -253,7 +254,7 @@ fn a_summary_is_asked_only_for_a_compaction_that_is_made() {
         })
     ));
     let said = super::asked::Model::Said("Docs are next; the parser is fixed.".into());
-    let Some(Outcome::Compacted(sent, _, _)) = run_with(&over, &said) else {
+    let Some(Outcome::Compacted(sent, _, _, _)) = run_with(&over, &said) else {
         panic!("not compacted");
     };
     let sent = String::from_utf8(sent.to_vec()).unwrap();
@@ -261,4 +262,41 @@ fn a_summary_is_asked_only_for_a_compaction_that_is_made() {
         sent.contains("Docs are next; the parser is fixed."),
         "{sent}"
     );
+}
+
+/// A second compaction over a request that still sends the history its item replaced
+/// archives that history once (from the item's archive) and only what came after the
+/// item anew; the expanded request hands the item's archive on for recall.
+#[test]
+fn a_later_compaction_archives_only_what_follows_the_item_it_carries_on_from() {
+    let archived = |item: &Value| {
+        let token = item["encrypted_content"].as_str().unwrap();
+        let opened = sealed::open(&key(), token).unwrap();
+        opened.archive().unwrap().open().unwrap()
+    };
+    let mut input = history();
+    input.push(json!({"type": "compaction_trigger"}));
+    let first = item_of(run(&json!({"model": "m", "input": input})));
+    let once = archived(&first);
+    let texts: Vec<&str> = once.messages.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(once.total, 5, "{texts:?}");
+    assert!(texts[3].contains("3 tests failed"), "{texts:?}");
+
+    // The client keeps everything and appends the item, then a new turn.
+    let mut input = history();
+    input.push(first.clone());
+    input.push(user("Now the lexer"));
+    let Some(Outcome::Expanded(_, None, Some(carried))) =
+        run(&json!({"model": "m", "input": input.clone()}))
+    else {
+        panic!("expanded, with the item's archive");
+    };
+    assert_eq!(carried.open(), Some(once.clone()));
+
+    input.push(json!({"type": "compaction_trigger"}));
+    let second = archived(&item_of(run(&json!({"model": "m", "input": input}))));
+    assert_eq!(second.total, 6, "the history once, the new ask once");
+    assert_eq!(second.messages[..5], once.messages[..]);
+    assert_eq!(second.messages[5].n, 6);
+    assert!(second.messages[5].text.contains("Now the lexer"));
 }

@@ -35,6 +35,7 @@ use crate::ingress;
 use crate::prepare::{Prepared, parse, prepare_parsed};
 use crate::provider_apis::messages::After;
 use crate::provider_apis::{self, Before};
+use crate::recall::Archive;
 use crate::relay::Watch;
 use crate::state::AppState;
 use crate::stats::Route;
@@ -104,8 +105,15 @@ async fn stages(
         .route(&parts.method, &parts.uri, &parts.headers)?;
 
     // ingress → parse, and the provider compaction APIs abridge serves.
-    let (request, served, after) = match read(state, &parts, body, format, exchange).await? {
-        Read::Parsed(request, note, after) => (request, note, after),
+    let (
+        request,
+        Served {
+            note: served,
+            after,
+            archive,
+        },
+    ) = match read(state, &parts, body, format, exchange).await? {
+        Read::Parsed(request, served) => (request, served),
         Read::Answer(response) => return Ok(response),
         Read::Unparsed(body, note) => {
             let note = with(note, "request body not understood: forwarded untouched");
@@ -124,7 +132,7 @@ async fn stages(
         state,
         Reason::Request,
         (controls, credentials),
-        request,
+        (request, archive),
         (deployment, provider),
     )
     .await;
@@ -200,11 +208,30 @@ fn relay(
 
 /// What the read stages make of a body.
 enum Read {
-    Parsed(Arc<Conversation>, Option<&'static str>, Option<After>),
+    Parsed(Arc<Conversation>, Served),
     /// Not understood: forwarded untouched.
     Unparsed(Bytes, Option<&'static str>),
     /// Answered by abridge (see [`crate::provider_apis`]).
     Answer(Response),
+}
+
+/// What the provider compaction APIs abridge served leave to the later stages: a note
+/// for the client, what the answer is to be given (a Messages request's), and what a
+/// compaction item or block the request carried replaced (its archive, for recall).
+struct Served {
+    note: Option<&'static str>,
+    after: Option<After>,
+    archive: Option<Archive>,
+}
+
+impl Served {
+    fn of(note: Option<&'static str>, after: Option<After>, archive: Option<Archive>) -> Self {
+        Self {
+            note,
+            after,
+            archive,
+        }
+    }
 }
 
 /// ingress: the one body abridge reads whole, bounded; parse (once); then the provider
@@ -236,25 +263,27 @@ async fn read(
         }
     };
     let at = (&parts.headers, &parts.uri);
-    Ok(match provider_apis::before(state, request, at).await {
-        Before::Go(request, note) => Read::Parsed(request, note, None),
-        Before::Answer(response) => Read::Answer(response),
-        Before::Expanded(body, note) => match parsed(body).await {
-            Ok(request) => Read::Parsed(request, note, None),
-            Err((body, _)) => Read::Unparsed(body, note),
-        },
-        Before::Withheld(request, note, after) => Read::Parsed(request, note, Some(after)),
-        Before::Edited(body, note, after) => match parsed(body).await {
-            Ok(request) => Read::Parsed(request, note, Some(after)),
-            Err((body, _)) => Read::Unparsed(body, note),
-        },
-        Before::Compacted(body, note, first) => {
-            exchange.first = Some(first);
-            match parsed(body).await {
-                Ok(request) => Read::Parsed(request, note, None),
-                Err((body, _)) => Read::Unparsed(body, note),
-            }
+    let (body, served) = match provider_apis::before(state, request, at).await {
+        Before::Go(request, note) => {
+            return Ok(Read::Parsed(request, Served::of(note, None, None)));
         }
+        Before::Answer(response) => return Ok(Read::Answer(response)),
+        Before::Withheld(request, note, after) => {
+            return Ok(Read::Parsed(request, Served::of(note, Some(after), None)));
+        }
+        Before::Expanded(body, note, archive) => (body, Served::of(note, None, archive)),
+        Before::Edited(body, note, after, archive) => {
+            (body, Served::of(note, Some(after), archive))
+        }
+        Before::Compacted(body, note, first, archive) => {
+            exchange.first = Some(first);
+            (body, Served::of(note, None, archive))
+        }
+    };
+    // A new body: parsed once in turn.
+    Ok(match parsed(body).await {
+        Ok(request) => Read::Parsed(request, served),
+        Err((body, _)) => Read::Unparsed(body, served.note),
     })
 }
 

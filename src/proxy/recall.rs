@@ -5,8 +5,9 @@
 //! answer without tools. The client gets the last answer, with every round's usage
 //! summed; a recall call never reaches it.
 //!
-//! The tool is added only to a compacted request that lets the model choose its tools
-//! (see [`wanted`]). A streamed answer goes through the rounds as it streams
+//! The tool is added only to a request with something condensed — a checkpoint applied,
+//! or a provider-API compaction item or block carrying an archive — that lets the model
+//! choose its tools (see [`wanted`]). A streamed answer goes through the rounds as it streams
 //! ([`super::recall_stream`]); this module reads whole answers. When a follow-up cannot
 //! be sent or the provider refuses it, the request is sent once more as the client
 //! would have had it answered without recall (the forwarded request without the tool),
@@ -34,11 +35,10 @@ use crate::identity::Fingerprint;
 use crate::ingress::Held;
 use crate::prepare::Prepared;
 use crate::prices::Price;
-use crate::recall::{Corpus, Limits, NAME, wire};
+use crate::recall::{Condensed, Corpus, Limits, NAME, wire};
 use crate::relay::decode::Decoding;
 use crate::relay::usage;
 use crate::state::AppState;
-use crate::store::Checkpoint;
 use crate::tokens::Estimator;
 
 use super::recall_stream::Streamed;
@@ -46,7 +46,16 @@ use super::{Exchange, Upstream, first_answer};
 
 /// Whether this request gets the recall tool (see the module docs).
 pub(super) fn wanted(prepared: &Prepared, decision: &Decision) -> bool {
-    prepared.recall_tool.is_some() && decision.active && decision.apply.is_some()
+    prepared.recall_tool.is_some() && decision.active && condensed(prepared, decision).is_some()
+}
+
+/// What the request's recall reads: the messages its applied checkpoint condensed, and
+/// what a provider-API compaction item or block it carries replaced (its archive).
+fn condensed(prepared: &Prepared, decision: &Decision) -> Condensed {
+    Condensed {
+        checkpoint: decision.apply.clone(),
+        archive: prepared.archive.clone(),
+    }
 }
 
 /// The recall tool in `prepared`'s format, when `recall` says it is added.
@@ -173,8 +182,8 @@ async fn serve_whole(
     };
     decision.report.recalls = Some(0);
     let choice = client_choice(prepared);
-    let checkpoint = decision.apply.clone();
-    let (Some(checkpoint), false) = (checkpoint, answer.calls.is_empty()) else {
+    let condensed = condensed(prepared, decision);
+    let (true, false) = (condensed.is_some(), answer.calls.is_empty()) else {
         // A Responses answer echoes the tools, and the calls of another choice than
         // the first are not served: the client sees only its own.
         first.body = Bytes::from(wire::finish(format, answer.value, None, &choice, name));
@@ -182,7 +191,7 @@ async fn serve_whole(
     };
     let rounds = Rounds {
         state,
-        served: (&prepared.request, &checkpoint),
+        served: (&prepared.request, &condensed),
         price: state.prices().of(prepared.request.model()),
         format,
         choice: choice.clone(),
@@ -318,13 +327,14 @@ fn streamed(
     decision: &Decision,
     (upstream, held): (Upstream, Held),
 ) -> Upstream {
-    let Some(checkpoint) = decision.apply.clone() else {
+    let condensed = condensed(prepared, decision);
+    if !condensed.is_some() {
         return upstream;
-    };
+    }
     let rounds = Streamed {
         state: state.clone(),
         request: prepared.request.clone(),
-        checkpoint,
+        condensed,
         parts: super::recall_stream::copy(parts),
         target: target.clone(),
         sent,
@@ -338,13 +348,13 @@ fn streamed(
 
 /// The calls of one provider answer, each with its result, and how many were served:
 /// answered from the request's condensed messages (`corpus`, built from `request` and
-/// `checkpoint` the first time) within `recall.max_calls_per_answer`, `max_tokens` and
+/// `condensed` the first time) within `recall.max_calls_per_answer`, `max_tokens` and
 /// `max_round_tokens` (see [`Corpus::answer_round`]). Building and ranking run through
 /// the CPU pool (off the async workers for a large request, see [`crate::offload`]).
 /// The calls served are counted in the stats.
 pub(super) async fn answer_calls(
     state: &AppState,
-    (request, checkpoint): (&Request, &Checkpoint),
+    (request, condensed): (&Request, &Condensed),
     corpus: &mut Option<Corpus>,
     calls: &[wire::Call],
 ) -> (Vec<(wire::Call, String)>, u64) {
@@ -357,7 +367,7 @@ pub(super) async fn answer_calls(
     let estimator = Estimator::for_model_ready(request.model());
     let permit = state.cpu().permit_for(request.body().len()).await;
     let answered = state.cpu().run_with(&permit, || {
-        let corpus = corpus.get_or_insert_with(|| Corpus::of(request.items(), checkpoint));
+        let corpus = corpus.get_or_insert_with(|| Corpus::for_request(request.items(), condensed));
         let arguments: Vec<&str> = calls.iter().map(|c| c.arguments.as_str()).collect();
         corpus.answer_round(&arguments, limits, &|t| estimator.text(t))
     });
@@ -420,8 +430,8 @@ async fn without_tool(
 
 struct Rounds<'a> {
     state: &'a AppState,
-    /// The request whose condensed messages are recalled, and its checkpoint.
-    served: (&'a Request, &'a Checkpoint),
+    /// The request whose condensed messages are recalled, and what they are.
+    served: (&'a Request, &'a Condensed),
     price: Option<Price>,
     format: crate::formats::Format,
     /// The client's `tool_choice`, as the answer echoes it (Responses).

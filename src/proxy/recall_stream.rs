@@ -44,12 +44,12 @@ use crate::accounting::{self, Tally};
 use crate::formats::Request;
 use crate::identity::Fingerprint;
 use crate::ingress::Held;
+use crate::recall::Condensed;
 use crate::recall::stream::reader::{Fed, Reader};
 use crate::recall::stream::{Carry, Round};
 use crate::recall::wire;
 use crate::relay::{self, Watch};
 use crate::state::AppState;
-use crate::store::Checkpoint;
 
 use super::{Exchange, Upstream, first_answer};
 
@@ -59,7 +59,8 @@ type Sent = Result<Frame<Bytes>, axum::Error>;
 pub(super) struct Streamed {
     pub state: AppState,
     pub request: Arc<Request>,
-    pub checkpoint: Checkpoint,
+    /// What the request's recall reads.
+    pub condensed: Condensed,
     pub parts: Parts,
     pub target: Uri,
     /// The body of the first round, as sent.
@@ -172,7 +173,7 @@ impl Streamed {
         let max_rounds = self.state.config().recall.max_rounds;
         let (results, served) = super::recall::answer_calls(
             &self.state,
-            (&self.request, &self.checkpoint),
+            (&self.request, &self.condensed),
             &mut at.corpus,
             &answer.calls,
         )
@@ -194,8 +195,9 @@ impl Streamed {
         };
         self.state.stats().recall_failure();
         tracing::warn!(%why, "recall follow-up failed; continued without recall");
+        let checkpoint = self.condensed.checkpoint.as_ref();
         let (plain, watch) =
-            super::conversation::rewrite(&self.state, &self.request, Some(&self.checkpoint), None);
+            super::conversation::rewrite(&self.state, &self.request, checkpoint, None);
         match self.ask(plain, watch, bounds).await {
             Ok((body, sent)) => {
                 (at.body, at.sent) = (body, sent);

@@ -8,6 +8,12 @@
 //! keeps no client text for it (as it keeps none for the checkpoints: see
 //! [`crate::store`]).
 //!
+//! After a provider-API compaction abridge served, the client no longer sends what the
+//! compaction replaced: its `compaction` item or block carries it instead, as an
+//! [`archive`] inside the sealed payload, read from the request the same way. A request
+//! recalls from a [`Condensed`]: its applied checkpoint, the archive, or both; archived
+//! messages are named `c<N>` (see [`archive`]).
+//!
 //! The condensed messages are those a checkpoint replaced (`head..=through`, less the
 //! ones it forwards unchanged), named `m<N>` by their position in the history (1 is the
 //! first message). A message longer than [`PART_CHARS`] is read in parts, `m<N>.<k>`.
@@ -27,6 +33,7 @@
 //! [`wire`] has each format's side: the tool, its calls in a provider's answer, and the
 //! follow-up request.
 
+pub mod archive;
 pub mod rank;
 pub mod stream;
 pub mod wire;
@@ -38,6 +45,7 @@ use std::borrow::Cow;
 use crate::conversation::{Content, Item, Role};
 use crate::store::{Checkpoint, Piece};
 use crate::strategies::redact::redact;
+pub use archive::Archive;
 
 /// The tool's name.
 pub const NAME: &str = "abridge_recall";
@@ -86,10 +94,46 @@ impl Tool {
 /// Longest passage: a longer message is read in parts.
 pub const PART_CHARS: usize = 4000;
 
+/// Where a condensed message is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The request's own history (a checkpoint condensed it): `m<N>`.
+    Request,
+    /// The archive of a provider-API compaction item or block the request carries:
+    /// `c<N>` (see [`archive`]).
+    Archive,
+}
+
+impl Source {
+    fn letter(self) -> char {
+        match self {
+            Source::Request => 'm',
+            Source::Archive => 'c',
+        }
+    }
+}
+
+/// What a request's recall reads: the messages its applied checkpoint condensed, and
+/// the archive of the provider-API compaction item or block it carries (one request may
+/// have both: a conversation abridge compacts after the client's own compaction).
+#[derive(Debug, Clone, Default)]
+pub struct Condensed {
+    pub checkpoint: Option<Checkpoint>,
+    pub archive: Option<Archive>,
+}
+
+impl Condensed {
+    /// Whether there is anything to recall from.
+    pub fn is_some(&self) -> bool {
+        self.checkpoint.is_some() || self.archive.is_some()
+    }
+}
+
 /// One condensed message, or one part of a long one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Passage {
-    /// Index of the message in the history.
+    source: Source,
+    /// Index of the message in the history (in the archive's numbering, less one).
     message: usize,
     /// 1-based part, and how many the message has.
     part: usize,
@@ -100,9 +144,10 @@ struct Passage {
 
 impl Passage {
     fn id(&self) -> String {
+        let letter = self.source.letter();
         match self.parts {
-            1 => format!("m{}", self.message + 1),
-            _ => format!("m{}.{}", self.message + 1, self.part),
+            1 => format!("{letter}{}", self.message + 1),
+            _ => format!("{letter}{}.{}", self.message + 1, self.part),
         }
     }
 }
@@ -111,6 +156,9 @@ impl Passage {
 #[derive(Debug, Default)]
 pub struct Corpus {
     passages: Vec<Passage>,
+    /// What the reader is told of messages it cannot read (an archive's oldest, left
+    /// out over its bound).
+    note: Option<String>,
 }
 
 /// How much one answer's calls are served (see [`Corpus::answer_round`]).
@@ -141,6 +189,35 @@ struct Arguments {
 }
 
 impl Corpus {
+    /// What a request whose messages are `items` recalls from `condensed`: the archive
+    /// first (it is the earlier conversation), then what the checkpoint condensed. An
+    /// archive that cannot be opened adds nothing.
+    pub fn for_request(items: &[Item<'_>], condensed: &Condensed) -> Self {
+        let mut corpus = match &condensed.checkpoint {
+            Some(checkpoint) => Self::of(items, checkpoint),
+            None => Self::default(),
+        };
+        if let Some(opened) = condensed.archive.as_ref().and_then(Archive::open) {
+            let mut passages = Vec::new();
+            for m in &opened.messages {
+                let text = format!("[c{} {}]\n{}", m.n, m.label, m.text);
+                push(&mut passages, (Source::Archive, m.n as usize - 1), &text);
+            }
+            passages.append(&mut corpus.passages);
+            corpus.passages = passages;
+            corpus.note = match opened.left_out() {
+                0 => None,
+                1 => Some(
+                    "c1 was left out of the archive (over its bound): it cannot be read".to_owned(),
+                ),
+                n => Some(format!(
+                    "c1–c{n} were left out of the archive (over its bound): they cannot be read"
+                )),
+            };
+        }
+        corpus
+    }
+
     /// The messages `checkpoint` condensed in `items`.
     pub fn of(items: &[Item<'_>], checkpoint: &Checkpoint) -> Self {
         let kept: Vec<usize> = checkpoint
@@ -161,17 +238,12 @@ impl Corpus {
         let mut passages = Vec::new();
         for i in indices {
             let Some(item) = items.get(i) else { continue };
-            let text = render(i, item);
-            let pieces = split(&text);
-            let parts = pieces.len();
-            passages.extend(pieces.into_iter().enumerate().map(|(k, text)| Passage {
-                message: i,
-                part: k + 1,
-                parts,
-                text,
-            }));
+            push(&mut passages, (Source::Request, i), &render(i, item));
         }
-        Self { passages }
+        Self {
+            passages,
+            note: None,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -179,12 +251,22 @@ impl Corpus {
     }
 
     /// The ids the condensed messages span, for the marker and error texts: `m3–m40`.
+    /// With an archive, its ids first: `c1–c80, m3–m40`.
     pub fn span(&self) -> Option<String> {
-        let (first, last) = (self.passages.first()?, self.passages.last()?);
-        Some(match first.message == last.message {
-            true => format!("m{}", first.message + 1),
-            false => format!("m{}–m{}", first.message + 1, last.message + 1),
-        })
+        let spans: Vec<String> = [Source::Archive, Source::Request]
+            .into_iter()
+            .filter_map(|source| {
+                let mut of = self.passages.iter().filter(|p| p.source == source);
+                let first = of.next()?;
+                let last = of.next_back().unwrap_or(first);
+                let letter = source.letter();
+                Some(match first.message == last.message {
+                    true => format!("{letter}{}", first.message + 1),
+                    false => format!("{letter}{}–{letter}{}", first.message + 1, last.message + 1),
+                })
+            })
+            .collect();
+        (!spans.is_empty()).then(|| spans.join(", "))
     }
 
     /// The answer to a call whose arguments are `arguments` (the JSON the model wrote),
@@ -254,26 +336,45 @@ impl Corpus {
             .collect()
     }
 
-    /// The passages an id names: a message (all its parts), one part, or a range.
+    /// The passages an id names: a message (all its parts), one part, or a range. `c12`
+    /// names an archived message; `m12` (or `12`) one of the request's, or an archived
+    /// one when the request has none condensed (the tool's description speaks of `m`).
     fn by_id(&self, id: &str) -> Option<Vec<usize>> {
-        let number = |s: &str| -> Option<(usize, Option<usize>)> {
-            let s = s.trim().trim_start_matches(['m', 'M']);
+        let number = |s: &str| -> Option<(Option<Source>, usize, Option<usize>)> {
+            let s = s.trim();
+            let (source, s) = match s.chars().next()? {
+                'c' | 'C' => (Some(Source::Archive), &s[1..]),
+                'm' | 'M' => (Some(Source::Request), &s[1..]),
+                _ => (None, s),
+            };
             match s.split_once('.') {
-                Some((m, k)) => Some((m.parse().ok()?, Some(k.parse().ok()?))),
-                None => Some((s.parse().ok()?, None)),
+                Some((m, k)) => Some((source, m.parse().ok()?, Some(k.parse().ok()?))),
+                None => Some((source, s.parse().ok()?, None)),
             }
         };
         let (from, to) = match id.split_once(['-', '–']) {
             Some((a, b)) => (number(a)?, number(b)?),
             None => (number(id)?, number(id)?),
         };
-        let (lo, hi) = (from.0.checked_sub(1)?, to.0.checked_sub(1)?);
-        let part = (from == to).then_some(from.1).flatten();
+        let own = self.passages.iter().any(|p| p.source == Source::Request);
+        let source = match from.0.or(to.0) {
+            Some(Source::Request) | None if !own => Source::Archive,
+            Some(source) => source,
+            None => Source::Request,
+        };
+        let (lo, hi) = (from.1.checked_sub(1)?, to.1.checked_sub(1)?);
+        let part = (from.1 == to.1 && from.2 == to.2)
+            .then_some(from.2)
+            .flatten();
         Some(
             self.passages
                 .iter()
                 .enumerate()
-                .filter(|(_, p)| (lo..=hi).contains(&p.message) && part.is_none_or(|k| p.part == k))
+                .filter(|(_, p)| {
+                    p.source == source
+                        && (lo..=hi).contains(&p.message)
+                        && part.is_none_or(|k| p.part == k)
+                })
                 .map(|(i, _)| i)
                 .collect(),
         )
@@ -290,6 +391,9 @@ impl Corpus {
         let mut out = String::from("[abridge_recall: the exact text of condensed messages");
         if !problems.is_empty() {
             let _ = write!(out, "; {}", problems.join("; "));
+        }
+        if let Some(note) = &self.note {
+            let _ = write!(out, "; {note}");
         }
         out.push_str("]\n");
         let used = tokens(&out);
@@ -374,6 +478,11 @@ impl Searcher<'_> {
 
 /// A message as a labelled block: `[m12 user]`, its text, its tool calls.
 fn render(i: usize, m: &Item<'_>) -> String {
+    format!("[m{} {}]\n{}", i + 1, label(m), readable_redacted(m))
+}
+
+/// A message's role as recall labels it: `user`, `assistant`, `tool result call_1`.
+pub(crate) fn label(m: &Item<'_>) -> String {
     let role = match m.role {
         Role::System => "system",
         Role::Developer => "developer",
@@ -382,12 +491,16 @@ fn render(i: usize, m: &Item<'_>) -> String {
         Role::Assistant => "assistant",
         Role::Tool | Role::Function => "tool result",
     };
-    let mut out = format!("[m{} {role}", i + 1);
-    if let Some(id) = m.results.first() {
-        let _ = write!(out, " {id}");
+    match m.results.first() {
+        Some(id) => format!("{role} {id}"),
+        None => role.to_owned(),
     }
-    out.push_str("]\n");
-    out.push_str(&redact(&content_text(m)));
+}
+
+/// A message's text and tool calls as recall returns them, secrets redacted by the
+/// summariser's rules.
+pub(crate) fn readable_redacted(m: &Item<'_>) -> String {
+    let mut out = redact(&content_text(m)).into_owned();
     for call in &m.calls {
         let _ = write!(
             out,
@@ -417,6 +530,19 @@ pub fn readable(m: &Item<'_>) -> String {
         let _ = write!(out, "\n{} {}", call.name, call.arguments);
     }
     out
+}
+
+/// Message `message` of `source`, rendered as `text`, onto `passages` in parts.
+fn push(passages: &mut Vec<Passage>, (source, message): (Source, usize), text: &str) {
+    let pieces = split(text);
+    let parts = pieces.len();
+    passages.extend(pieces.into_iter().enumerate().map(|(k, text)| Passage {
+        source,
+        message,
+        part: k + 1,
+        parts,
+        text,
+    }));
 }
 
 /// `text` in passages of at most [`PART_CHARS`] characters, cut at a line end where one

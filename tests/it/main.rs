@@ -39,6 +39,7 @@ mod messages_compaction;
 mod outage;
 mod passthrough;
 mod provider_apis;
+mod provider_recall;
 mod provider_summary;
 mod recall;
 mod recall_bounds;

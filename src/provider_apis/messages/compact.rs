@@ -17,6 +17,7 @@ use crate::formats::Format;
 use crate::identity::IdentityKey;
 use crate::provider_apis::compacted::{expansion, summary_of};
 use crate::provider_apis::sealed::{self, Summary};
+use crate::recall::Archive;
 use crate::strategies::SummaryRole;
 
 /// Characters of another's compaction block's summary forwarded.
@@ -68,6 +69,7 @@ pub(super) fn expand(
                 summary: plain,
                 items: 0,
                 created_at: 0,
+                archive: None,
             };
             (Some(text), Some(prior), Some(PLAIN))
         }
@@ -97,14 +99,17 @@ fn message(text: &str, role: SummaryRole) -> Option<Entry<'static>> {
 /// newest turn (the last user message that asks, and what follows it; when that ask
 /// opens the conversation — one task and its long tool loop — the last assistant
 /// message and what follows it, so a tool call keeps its result) and that turn; the
-/// `compaction` block for the answer, its summary the whole conversation's. `None` (and
-/// `entries` untouched) when there is nothing before the newest turn to summarise.
+/// `compaction` block for the answer, its summary the whole conversation's and its
+/// archive what the block replaces (after the archive of the block it carries on from:
+/// `entries` no longer hold what that one replaced), which is also what this request
+/// recalls from. `None` (and `entries` untouched) when there is nothing before the
+/// newest turn to summarise.
 pub(super) fn make(
     key: Option<&IdentityKey>,
     items: &[Item<'_>],
     (entries, prior): (&mut Vec<Entry<'_>>, Option<&Summary>),
     (instructions, role): (Option<&str>, SummaryRole),
-) -> Option<Value> {
+) -> Option<(Value, Option<Archive>)> {
     let read = |e: &Entry<'_>| e.from.is_some();
     let after_some = |n: &usize| entries[..*n].iter().any(read);
     let newest = entries
@@ -129,12 +134,17 @@ pub(super) fn make(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let now = summary_of(&before, prior, instructions, created_at);
-    let whole = summary_of(&of(entries), prior, instructions, created_at);
+    let replaced = of(entries);
+    let mut whole = summary_of(&replaced, prior, instructions, created_at);
+    let archive = Archive::of(prior.and_then(Summary::archive).as_ref(), &replaced);
+    whole.archive = archive.as_ref().map(|a| a.encoded().to_owned());
     let summary = message(&expansion(&now), role)?;
     let kept: Vec<Entry<'_>> = entries.drain(newest..).collect();
     entries.clear();
     entries.push(summary);
     entries.extend(kept);
     let sealed = key.map(|key| sealed::seal(key, &whole));
-    Some(json!({"type": "compaction", "content": whole.summary, "encrypted_content": sealed}))
+    let block =
+        json!({"type": "compaction", "content": whole.summary, "encrypted_content": sealed});
+    Some((block, archive))
 }

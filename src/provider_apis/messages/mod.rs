@@ -35,6 +35,8 @@ use crate::formats::messages::{self as wire, Parsed};
 use crate::formats::{self, splice};
 use crate::identity::IdentityKey;
 use crate::json::Raw;
+use crate::provider_apis::sealed;
+use crate::recall::Archive;
 use crate::state::AppState;
 use crate::strategies::SummaryRole;
 use crate::tokens::approx_text;
@@ -112,7 +114,9 @@ pub(super) async fn before(state: &AppState, request: Arc<formats::Request>) -> 
         .run_with(&permit, || decide(key.as_deref(), (body, parsed), role));
     match outcome {
         Some(Outcome::Answer(response)) => Before::Answer(response),
-        Some(Outcome::Edited(body, after)) => Before::Edited(body, after.note(), after),
+        Some(Outcome::Edited(body, after, archive)) => {
+            Before::Edited(body, after.note(), after, archive)
+        }
         Some(Outcome::Withheld(after)) => withheld(request, after),
         None => Before::Go(request, None),
     }
@@ -120,8 +124,9 @@ pub(super) async fn before(state: &AppState, request: Arc<formats::Request>) -> 
 
 enum Outcome {
     Answer(axum::response::Response),
-    /// Messages edited: this body goes on.
-    Edited(Bytes, After),
+    /// Messages edited: this body goes on, with what a compaction block expanded or
+    /// made replaced (for recall).
+    Edited(Bytes, After, Option<Archive>),
     /// No message changed: the request goes on as parsed, `context_management` withheld.
     Withheld(After),
 }
@@ -148,7 +153,7 @@ fn withheld(mut request: Arc<formats::Request>, after: After) -> Before {
         .and_then(|field| splice::remove_member(body, field.get()))
         .and_then(|edit| splice::apply(body, vec![edit]));
     match cut {
-        Some(body) => Before::Edited(body, note, after),
+        Some(body) => Before::Edited(body, note, after, None),
         None => Before::Go(request, None),
     }
 }
@@ -190,6 +195,7 @@ fn decide(
         return None;
     }
     let mut after = After::new(edits.is_some(), opened.note);
+    let mut archive = opened.prior.as_ref().and_then(sealed::Summary::archive);
     let edits = edits.unwrap_or_default();
     if let Some(edit) = &edits.thinking {
         after.add(clear::thinking(&mut entries, edit));
@@ -208,7 +214,8 @@ fn decide(
             (&mut entries, opened.prior.as_ref()),
             (instructions, role),
         );
-        if let Some(block) = made {
+        if let Some((block, made)) = made {
+            archive = made;
             after.compacted(block);
             if edit.pause {
                 let model = parsed.fields.model.as_deref().unwrap_or_default();
@@ -218,7 +225,7 @@ fn decide(
         }
     }
     let body = forwarded(body, parsed, &entries)?;
-    Some(Outcome::Edited(body, after))
+    Some(Outcome::Edited(body, after, archive))
 }
 
 /// Whether `edits` leave every message as it is, so that only `context_management`

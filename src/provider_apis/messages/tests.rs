@@ -111,7 +111,9 @@ fn passed_on(text: &str, key: Option<&IdentityKey>) -> (Bytes, Option<After>, bo
     };
     let before = match decide(key, (messages.body(), messages.parsed()), SummaryRole::User) {
         Some(Outcome::Withheld(after)) => withheld(request, after),
-        Some(Outcome::Edited(body, after)) => Before::Edited(body, after.note(), after),
+        Some(Outcome::Edited(body, after, archive)) => {
+            Before::Edited(body, after.note(), after, archive)
+        }
         Some(Outcome::Answer(_)) => panic!("answered"),
         None => Before::Go(request, None),
     };
@@ -123,7 +125,7 @@ fn passed_on(text: &str, key: Option<&IdentityKey>) -> (Bytes, Option<After>, bo
     match before {
         Before::Withheld(request, _, after) => as_parsed(request, Some(after)),
         Before::Go(request, _) => as_parsed(request, None),
-        Before::Edited(body, _, after) => (body, Some(after), false),
+        Before::Edited(body, _, after, _) => (body, Some(after), false),
         _ => panic!("not a Messages outcome"),
     }
 }
@@ -214,6 +216,7 @@ fn a_compaction_block_spelled_with_an_escape_is_still_expanded() {
         summary: "The user is fixing the parser.".into(),
         items: 2,
         created_at: 1,
+        archive: None,
     };
     let block = json!({"type": "compaction", "encrypted_content": sealed::seal(&key, &summary)});
     let text = json!({"model": "m", "max_tokens": 10,
@@ -318,6 +321,7 @@ fn a_sealed_block_sent_back_replaces_everything_before_it() {
         summary: "The user is fixing the parser.".into(),
         items: 7,
         created_at: 1,
+        archive: None,
     };
     let block = json!({"type": "compaction", "content": "shown", "encrypted_content": sealed::seal(&key, &summary)});
     let messages = json!([ask("old ask"), {"role": "assistant", "content": [block, {"type": "text", "text": "Fixed."}]}, ask("now test it")]);
