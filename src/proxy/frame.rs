@@ -136,7 +136,8 @@ pub async fn stage(state: &AppState, context: &Context, body: Bytes) -> Staged {
         state,
         Reason::Request,
         (context.controls.clone(), credentials),
-        request,
+        // Native only: no compaction item of abridge's to open, so no archive.
+        (request, None),
         (context.deployment.clone(), context.provider),
     )
     .await;
