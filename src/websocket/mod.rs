@@ -11,7 +11,8 @@
 //!   refusal (a 401) is the provider's answer, passed on; a provider that turns out to
 //!   have no WebSocket there (a 404) gets the client the 426 below. Then [`session`]
 //!   relays the frames both ways, each `response.create` through the conversation stages
-//!   of a POST ([`crate::proxy::frame`]).
+//!   of a POST ([`crate::proxy::frame`]); a client with [`MAX_IN_FLIGHT`] of them
+//!   unanswered is closed (`1008`).
 //! - **Serve** (any other upstream): answered at once with `426 Upgrade Required`. Codex
 //!   reads exactly that status as "no WebSocket here" and goes on over HTTPS for the rest
 //!   of the session (its `FallbackToHttp`); any other answer (a plain GET forwarded, a
@@ -24,6 +25,8 @@
 mod frames;
 mod handshake;
 mod session;
+
+pub use session::MAX_IN_FLIGHT;
 
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};

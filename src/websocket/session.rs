@@ -25,6 +25,11 @@ use crate::proxy::frame::{Context, Pending, stage};
 use crate::relay::End;
 use crate::state::AppState;
 
+/// The most `response.create` frames a session holds unanswered: the provider answers one
+/// at a time, so a client past this is not waiting for answers; the session is closed
+/// (`1008`) rather than keep an account per frame without end.
+pub const MAX_IN_FLIGHT: usize = 64;
+
 /// How long the closing handshakes may take once the session is over.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
@@ -35,6 +40,8 @@ enum Step {
     Go,
     /// Over: how the answers still in flight ended.
     Over(End),
+    /// The client broke a bound: the session is closed with a policy close, and why.
+    Refused(&'static str),
 }
 
 /// Relays the session until either side ends it (see the module docs).
@@ -66,18 +73,23 @@ pub async fn run(
                 Step::Over(End::IdleTimeout)
             }
         };
-        if let Step::Over(end) = step {
-            break end;
+        match step {
+            Step::Go => {}
+            Step::Over(end) => break (end, None),
+            Step::Refused(why) => break (End::ClientGone, Some(why)),
         }
     };
+    let (over, refused) = over;
     for answer in pending.drain(..) {
         answer.done(&state, None, over);
     }
     // Each side is sent a close unless it was already (then this one is refused, and
     // nothing is lost): the client learns of a provider gone without one.
-    let _ = client
-        .send(close(CloseCode::Error, "the provider's connection ended"))
-        .await;
+    let to_client = match refused {
+        Some(why) => close(CloseCode::Policy, why),
+        None => close(CloseCode::Error, "the provider's connection ended"),
+    };
+    let _ = client.send(to_client).await;
     let _ = provider.send(close(CloseCode::Away, "client gone")).await;
     let drained = tokio::time::timeout(CLOSE_GRACE, async {
         tokio::join!(drain(&mut client), drain(&mut provider))
@@ -114,6 +126,10 @@ async fn from_client(
     };
     let message = match message {
         Message::Text(text) => match frames::request(&text) {
+            Some(_) if pending.len() >= MAX_IN_FLIGHT => {
+                let _ = provider.send(close(CloseCode::Away, "client gone")).await;
+                return Step::Refused("too many response.create frames unanswered");
+            }
             Some(body) => {
                 let staged = stage(state, context, body).await;
                 pending.push_back(staged.pending);

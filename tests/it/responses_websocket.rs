@@ -382,3 +382,36 @@ async fn a_session_outlives_the_connection_deadlines_and_holds_its_place_under_t
     );
     ws.close(None).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_client_that_never_waits_for_answers_is_closed_at_the_bound() {
+    let mut behavior = Behavior {
+        responses_websocket: true,
+        ..Behavior::default()
+    };
+    // The provider answers slowly: the frames pile up unanswered.
+    behavior.latency = Duration::from_secs(20);
+    let provider = FakeProvider::start(behavior).await.unwrap();
+    let proxy = Proxy::start_with(native(config_for(&provider.url()))).await;
+    let (mut ws, _) = open(&proxy, "sk-codex", &[]).await.unwrap();
+    let mut frame = request(&[user("hello")]);
+    frame["type"] = json!("response.create");
+    for _ in 0..=abridge::websocket::MAX_IN_FLIGHT {
+        if ws.send(Message::text(frame.to_string())).await.is_err() {
+            break;
+        }
+    }
+    let closed = loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("closed well before the provider answers");
+        match next {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("a close frame, not {other:?}"),
+        }
+    };
+    let frame = closed.expect("a close frame with a code");
+    assert_eq!(u16::from(frame.code), 1008, "{frame:?}");
+    assert!(frame.reason.contains("unanswered"));
+}
