@@ -283,15 +283,22 @@ fn other_part(raw: &str) -> u64 {
         .ok()
         .and_then(|k| k.kind);
     match kind.as_deref() {
-        Some("image_url" | "input_image") => {
-            if raw.contains(r#""detail":"low""#) || raw.contains(r#""detail": "low""#) {
-                IMAGE_LOW
-            } else {
-                IMAGE_HIGH
-            }
+        Some(kind) => {
+            let low = raw.contains(r#""detail":"low""#) || raw.contains(r#""detail": "low""#);
+            image(kind, low).unwrap_or_else(|| approx_text(raw))
         }
-        Some("image") => IMAGE_ANTHROPIC,
-        _ => approx_text(raw),
+        None => approx_text(raw),
+    }
+}
+
+/// The tokens an image part of `kind` counts (`None`: not an image): OpenAI's
+/// `image_url` / `input_image` at high detail or `low`, Anthropic's `image` block.
+pub fn image(kind: &str, low: bool) -> Option<u64> {
+    match kind {
+        "image_url" | "input_image" if low => Some(IMAGE_LOW),
+        "image_url" | "input_image" => Some(IMAGE_HIGH),
+        "image" => Some(IMAGE_ANTHROPIC),
+        _ => None,
     }
 }
 

@@ -124,7 +124,8 @@ impl Drop for Simulated {
 
 /// The tokens of a prompt's item (or head) as the simulation counts them: 4, and the
 /// model's tokens of every text in it (its strings, but for the ids, types, roles and
-/// signatures that name it rather than say anything). A reasoning item is billed for
+/// signatures that name it rather than say anything), an image part as the estimate
+/// counts one ([`crate::tokens::image`]). A reasoning item is billed for
 /// the reasoning it carries, not the length of its `encrypted_content` — about
 /// [`REASONING_CHARS_PER_TOKEN`] characters of ciphertext per reasoning token past
 /// [`REASONING_OVERHEAD_CHARS`] — and only within the turn that made it (the provider
@@ -168,13 +169,21 @@ fn strings(estimator: &Estimator, value: &Value) -> u64 {
     match value {
         Value::String(s) => estimator.text(s),
         Value::Array(items) => items.iter().map(|v| strings(estimator, v)).sum(),
-        Value::Object(map) => map
-            .iter()
-            .filter(|(k, _)| !NAMES.contains(&k.as_str()) && *k != "cache_control")
-            .map(|(_, v)| strings(estimator, v))
-            .sum(),
+        // An image is billed as an image, not its base64 data as text.
+        Value::Object(map) => image_of(value).unwrap_or_else(|| {
+            map.iter()
+                .filter(|(k, _)| !NAMES.contains(&k.as_str()) && *k != "cache_control")
+                .map(|(_, v)| strings(estimator, v))
+                .sum()
+        }),
         _ => 0,
     }
+}
+
+/// The tokens of an image part (see [`crate::tokens::image`]); `None`: not one.
+fn image_of(part: &Value) -> Option<u64> {
+    let low = part["detail"] == "low" || part["image_url"]["detail"] == "low";
+    crate::tokens::image(part["type"].as_str()?, low)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -360,6 +369,25 @@ fn reply(format: Format, model: &str, content: &str, usage: Tokens) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_is_billed_as_an_image_not_as_its_base64() {
+        // A real Codex rollout's screenshot (197 KB of base64, keys as serde_json sorts
+        // them) was billed as ~100,000 tokens of text: replay counted 108 % over the bill.
+        let data = "iVBORw0KGgoAAAANSUhEUgAABU8AAALoCAIAAA".repeat(5_000);
+        let estimator = Estimator::approx();
+        let count = count(&estimator, 1.0);
+        let item = serde_json::json!({"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "look"},
+            {"type": "input_image", "image_url": format!("data:image/png;base64,{data}")},
+        ]});
+        let tokens = count(&item);
+        assert!((765..1_000).contains(&tokens), "{tokens}");
+        let anthropic = serde_json::json!({"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+        ]});
+        assert!((1_600..2_000).contains(&count(&anthropic)));
+    }
 
     #[test]
     fn a_summary_request_is_told_by_the_summarisers_own_prompt() {
