@@ -146,6 +146,11 @@ pub fn decide<'c>(
     if let Some(e) = economics {
         let weighed = weigh(config, e, turn, &decided, margin);
         (decided.why, decided.expects, decided.figures) = weighed;
+        // The provider said the request did not fit: compacted for the window, whatever
+        // the model weighed from abridge's estimate.
+        if matches!(reason, Reason::Overflow { .. }) {
+            decided.why = Some(Why::Window);
+        }
         if !forced && !decided.why.is_some_and(Why::compacts) {
             return decided;
         }

@@ -329,3 +329,31 @@ async fn a_long_agent_session_costs_less_through_abridge_than_sent_as_it_is() {
         "through abridge {through:.0} µ$, sent as it is {direct:.0} µ$"
     );
 }
+
+#[tokio::test]
+async fn a_request_the_provider_says_is_too_long_is_compacted_for_the_window_and_says_so() {
+    // The provider's window (4,500) is smaller than the one abridge was told (8,000):
+    // a request under abridge's threshold overflows at the provider, and the retry is
+    // compacted for the window, whatever the cost model weighed from the estimate.
+    let provider = FakeProvider::start(Behavior {
+        context_window: Some(4500),
+        ..Behavior::default()
+    })
+    .await
+    .unwrap();
+    let proxy = Proxy::start_with(config(&provider)).await;
+    let mut messages = opening(150);
+    let (compacted, _) = turn(&proxy, &mut messages, 1).await;
+    assert!(!compacted);
+    messages.push(json!({"role": "user", "content": format!(
+        "More of it: {}", "Each retry waits twice as long as the one before it. ".repeat(180)
+    )}));
+    let (compacted, reason, _) = send(&proxy, &messages).await;
+    assert_eq!(
+        proxy.stats().context_overflows,
+        1,
+        "the provider refused it once"
+    );
+    assert!(compacted);
+    assert_eq!(reason.as_deref(), Some("window"));
+}
