@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 
 /// (model name prefix, context window in tokens). Longest matching prefix wins.
 const KNOWN: &[(&str, u64)] = &[
-    ("gpt-5", 400_000),
+    // Of its 400,000 tokens up to 128,000 are output: 272,000 of input, the window
+    // Codex works with (its rollouts record `model_context_window: 272000`).
+    ("gpt-5", 272_000),
     ("gpt-4.1", 1_047_576),
     ("gpt-4.5", 128_000),
     ("gpt-4o", 128_000),
@@ -86,6 +88,7 @@ mod tests {
             context_window("anthropic/claude-sonnet-4", &none, 1),
             200_000
         );
+        assert_eq!(context_window("gpt-5.1-codex-max", &none, 1), 272_000);
         assert_eq!(context_window("o1-mini", &none, 1), 128_000);
         assert_eq!(context_window("o1-preview", &none, 1), 200_000);
         assert_eq!(context_window("my-local-model", &none, 4096), 4096);
