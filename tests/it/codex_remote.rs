@@ -212,7 +212,11 @@ async fn session(turns: usize) -> (FakeProvider, Proxy, Run, tempfile::TempDir) 
         let next = ask(n);
         codex(home.path(), work.path(), &["resume", "--last", &next]).await;
     }
-    let question = "Which port does the quokkabase replica listen on?";
+    // Every word of it is in the fact the compaction kept in context: a word found
+    // nowhere else ("listen" against "listens") makes the fake model call
+    // `abridge_recall`, which a served compaction now offers, and recall reads only
+    // what the compaction replaced.
+    let question = "Which port is the quokkabase replica on?";
     let answer = codex(home.path(), work.path(), &["resume", "--last", question]).await;
     (provider, proxy, answer, home)
 }
