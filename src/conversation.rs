@@ -115,6 +115,18 @@ pub enum Part<'a> {
     Other(Raw<'a>),
 }
 
+/// The `type` of a raw content part (an [`Part::Other`]), read wherever the key stands
+/// (serializers that sort keys write an image's data first) in one pass that skips the
+/// rest; `None` when it has none or is not a JSON object.
+pub fn part_type(raw: &str) -> Option<Cow<'_, str>> {
+    #[derive(Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<Cow<'a, str>>,
+    }
+    serde_json::from_str::<Kind<'_>>(raw).ok()?.kind
+}
+
 /// One tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall<'a> {

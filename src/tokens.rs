@@ -271,32 +271,19 @@ fn piece_end(text: &str) -> usize {
 }
 
 /// A non-text content part: images at a fixed size, anything else by its bytes.
-/// Its `type` is read wherever it stands (serializers that sort keys write an image's
-/// base64 data first), skipping the rest in one pass.
 fn other_part(raw: &str) -> u64 {
-    #[derive(serde::Deserialize)]
-    struct Kind<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: Option<std::borrow::Cow<'a, str>>,
-    }
-    let kind = serde_json::from_str::<Kind<'_>>(raw)
-        .ok()
-        .and_then(|k| k.kind);
-    match kind.as_deref() {
-        Some(kind) => {
-            let low = raw.contains(r#""detail":"low""#) || raw.contains(r#""detail": "low""#);
-            image(kind, low).unwrap_or_else(|| approx_text(raw))
-        }
-        None => approx_text(raw),
-    }
+    let low = || raw.contains(r#""detail":"low""#) || raw.contains(r#""detail": "low""#);
+    crate::conversation::part_type(raw)
+        .and_then(|kind| image(&kind, low))
+        .unwrap_or_else(|| approx_text(raw))
 }
 
 /// The tokens an image part of `kind` counts (`None`: not an image): OpenAI's
-/// `image_url` / `input_image` at high detail or `low`, Anthropic's `image` block.
-pub fn image(kind: &str, low: bool) -> Option<u64> {
+/// `image_url` / `input_image` at high detail or, when `low` says so (asked only of
+/// those), `"detail":"low"`; Anthropic's `image` block.
+pub fn image(kind: &str, low: impl FnOnce() -> bool) -> Option<u64> {
     match kind {
-        "image_url" | "input_image" if low => Some(IMAGE_LOW),
-        "image_url" | "input_image" => Some(IMAGE_HIGH),
+        "image_url" | "input_image" => Some(if low() { IMAGE_LOW } else { IMAGE_HIGH }),
         "image" => Some(IMAGE_ANTHROPIC),
         _ => None,
     }

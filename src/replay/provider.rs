@@ -182,7 +182,7 @@ fn strings(estimator: &Estimator, value: &Value) -> u64 {
 
 /// The tokens of an image part (see [`crate::tokens::image`]); `None`: not one.
 fn image_of(part: &Value) -> Option<u64> {
-    let low = part["detail"] == "low" || part["image_url"]["detail"] == "low";
+    let low = || part["detail"] == "low" || part["image_url"]["detail"] == "low";
     crate::tokens::image(part["type"].as_str()?, low)
 }
 

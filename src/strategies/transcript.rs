@@ -241,15 +241,10 @@ fn content_text(content: &Content<'_>) -> String {
 }
 
 fn part_placeholder(raw: &str) -> String {
-    #[derive(serde::Deserialize)]
-    struct Kind<'a> {
-        #[serde(borrow, rename = "type")]
-        kind: Cow<'a, str>,
-    }
-    match serde_json::from_str::<Kind<'_>>(raw) {
-        Ok(k) if k.kind == "image_url" || k.kind == "input_image" => "[image]".to_owned(),
-        Ok(k) => format!("[{} part]", truncate_chars(&k.kind, 40)),
-        Err(_) => "[non-text part]".to_owned(),
+    match crate::conversation::part_type(raw) {
+        Some(k) if k == "image_url" || k == "input_image" => "[image]".to_owned(),
+        Some(k) => format!("[{} part]", truncate_chars(&k, 40)),
+        None => "[non-text part]".to_owned(),
     }
 }
 
