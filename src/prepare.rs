@@ -67,6 +67,7 @@ impl Prepared {
             request: Some(&self.request),
             format: self.request.format(),
             recall_tool: self.recall_tool.is_some(),
+            beside: Default::default(),
         }
     }
 }

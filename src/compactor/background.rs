@@ -80,6 +80,7 @@ impl Compactor {
                 reported,
             ),
             client_tokens: entry.tally.client_tokens,
+            beside: followup.beside,
             at_ms: now_ms(),
         };
         let touch_index = now_ms().saturating_sub(followup.last_seen_ms) >= INDEX_REFRESH_MS;
@@ -185,6 +186,7 @@ impl Compactor {
             provider: job.provider,
             payer: Some(job.payer),
             recall_tool: job.recall_tool,
+            beside: Default::default(),
         };
         let Some(attempt) = self.job_attempt(&turn, &job).await else {
             return false;

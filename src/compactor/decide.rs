@@ -31,7 +31,8 @@ use crate::tokens::Estimator;
 
 use super::cost::{self, Why};
 pub use super::estimate::{
-    added, beside, calibration, essential, estimate, forwarded_estimate, scaled, unscaled,
+    added, beside, calibration, essential, estimate, forwarded_estimate, scaled, to_record,
+    unscaled,
 };
 use super::turn::{Decision, Reason, Record, Turn};
 
@@ -284,29 +285,61 @@ fn weigh(
             decided.ratio,
         );
     let target = deep(config, threshold, decided.growth).max(floor);
-    let summary = |prompt: u64| match e.summarises {
+    let now = summary(e, target, outlook.prompt);
+    let why = cost::judge(&outlook, &bounds, &e.rates, target, now);
+    let mut figures = cost::figures(&outlook, &e.rates, (threshold, target), now);
+    figures.since_ms = decided.usage.map(|u| e.now_ms.saturating_sub(u.at_ms));
+    let expects = expects(e, (&outlook, &bounds), made, target);
+    (why, expects, Some(figures))
+}
+
+/// What a summary of a `prompt`-token request compacted to `target` costs, in tokens
+/// (nothing when the strategy does not summarise).
+fn summary(e: &Economics, target: u64, prompt: u64) -> cost::Summary {
+    match e.summarises {
         true => cost::Summary {
             input: prompt.saturating_sub(target),
             output: (target / 10).clamp(500, 4000),
         },
         false => cost::Summary::default(),
-    };
-    let now = summary(outlook.prompt);
-    let why = cost::judge(&outlook, &bounds, &e.rates, target, now);
-    let mut figures = cost::figures(&outlook, &e.rates, (threshold, target), now);
-    figures.since_ms = decided.usage.map(|u| e.now_ms.saturating_sub(u.at_ms));
-    // At the threshold, with as many requests still to come as now, warm.
-    let ahead = threshold.saturating_add(1);
+    }
+}
+
+/// Whether a checkpoint built ahead for `outlook` (a conversation that has made `made`
+/// requests) will be used. Only if the history gets to the threshold: at its pace,
+/// within the requests it is expected to make and no more than [`AHEAD_REQUESTS`] from
+/// now (a Codex session 60,000 tokens short at 300 a request had a summary built that
+/// was never used, 44 % of its bill); and if, there, with as many requests still to come
+/// as now and a warm cache, the model compacts.
+fn expects(
+    e: &Economics,
+    (outlook, b): (&cost::Outlook, &cost::Bounds),
+    made: u64,
+    target: u64,
+) -> bool {
+    let within = outlook.remaining.min(AHEAD_REQUESTS);
+    let reaches = outlook
+        .prompt
+        .saturating_add(outlook.growth.saturating_mul(within))
+        > b.threshold;
+    let ahead = b.threshold.saturating_add(1);
     let at = cost::Outlook {
         prompt: ahead,
         cold: false,
-        remaining: cost::remaining(made, ahead, decided.growth, horizon(e, ahead, &bounds)),
-        ..outlook
+        remaining: cost::remaining(made, ahead, outlook.growth, horizon(e, ahead, b)),
+        ..*outlook
     };
-    let expects =
-        cost::judge(&at, &bounds, &e.rates, target, summary(at.prompt)).is_some_and(Why::compacts);
-    (why, expects, Some(figures))
+    reaches
+        && cost::judge(&at, b, &e.rates, target, summary(e, target, ahead))
+            .is_some_and(Why::compacts)
 }
+
+/// Under the cost policy, a checkpoint is built ahead (in the background, so the
+/// request that crosses the threshold does not wait for a summary) only when the
+/// threshold is at most this many requests away at the history's pace: further ahead,
+/// the conversation often ends first and the summary is paid for nothing. A burst that
+/// crosses it sooner is compacted on its request.
+pub const AHEAD_REQUESTS: u64 = 8;
 
 /// Where a conversation of `prompt` tokens is expected to be compacted anyway: where
 /// the tenant's other conversations that grew as far ended
@@ -519,8 +552,9 @@ pub fn applicable(c: &Checkpoint, messages: &[Item<'_>]) -> bool {
 impl Decision {
     /// What the record stage needs of a request's prediction: its figures and the usage
     /// record it came from.
-    pub(super) fn carry(&mut self, decided: &Decided<'_>) {
+    pub(super) fn carry(&mut self, decided: &Decided<'_>, turn: &Turn<'_, '_>) {
         self.estimate = decided.predicted;
+        self.beside = to_record(turn, decided.usage.as_ref());
         self.head_tokens = decided.head_tokens;
         self.appended = decided.appended;
         self.growth = decided.growth;

@@ -26,6 +26,7 @@ fn growth_counts_a_burst_at_once_and_a_lull_slowly() {
         growth,
         ratio_permille: 1000,
         client_tokens: 0,
+        beside: 0,
         at_ms: 0,
     };
     assert_eq!(growth(None, 5_000, 1), 0);
@@ -264,6 +265,81 @@ fn the_tools_and_system_prompt_stay_beside_the_items_budget() {
     assert!(predict(&turn, usage, active, 100_000).tokens > beside);
 }
 
+/// The estimate reads tool schemas lighter than a provider counts them: what the
+/// provider's count leaves beside the items, at the rate the history's turns are
+/// counted, is what the request carries beside them, and a compaction's floor and the
+/// calibration stand on it.
+#[test]
+fn what_the_tools_come_to_is_learned_from_the_reports() {
+    let tools: Vec<serde_json::Value> = (0..40)
+        .map(|n| {
+            serde_json::json!({"type": "function", "function": {"name": format!("tool_{n}"),
+            "description": "Reads the named file and returns its lines. ".repeat(8)}})
+        })
+        .collect();
+    let messages: Vec<serde_json::Value> = (0..6)
+        .map(|n| match n % 2 {
+            0 => serde_json::json!({"role": "user", "content": format!("Step {n}: fix the build. ").repeat(30)}),
+            _ => serde_json::json!({"role": "assistant", "content": "Done; the tests pass. ".repeat(30)}),
+        })
+        .collect();
+    let body = serde_json::json!({"model": "m", "messages": messages, "tools": tools}).to_string();
+    let parsed = crate::formats::chat::parse(body.as_bytes()).unwrap();
+    let (controls, credentials) = (Default::default(), Default::default());
+    let key = crate::identity::IdentityKey::new(crate::secret::Secret::new("k"));
+    let prefixes: Vec<_> = (0..6u8).map(|n| key.namespace(&[n], None)).collect();
+    let estimated = beside(&chat_turn(
+        &parsed.messages,
+        &body,
+        (&controls, &credentials),
+        false,
+    ));
+    let exact = crate::tokens::Estimator::for_model_ready("m");
+    let items = forwarded_estimate(&exact, Format::Chat, &parsed.messages, None);
+    // The provider counts the tools at 1.5 times the estimate, the turns at 1.2.
+    let record = |growth, beside| Usage {
+        prefix: prefixes[5],
+        messages: 6,
+        tokens: estimated * 3 / 2 + scaled(items, 1.2),
+        applied: None,
+        head_tokens: 0,
+        growth,
+        ratio_permille: 1_200,
+        client_tokens: 0,
+        beside,
+        at_ms: 0,
+    };
+    let beside_with = |usage: Usage| {
+        let loaded = crate::store::Loaded {
+            checkpoints: Vec::new(),
+            usage: vec![usage],
+            state: None,
+        };
+        let turn = Turn {
+            prefixes: &prefixes,
+            loaded: Some(&loaded),
+            ..chat_turn(&parsed.messages, &body, (&controls, &credentials), false)
+        };
+        (beside(&turn), to_record(&turn, Some(&usage)))
+    };
+    let (learned, kept) = beside_with(record(500, 0));
+    assert!(
+        learned.abs_diff(estimated * 3 / 2) <= 2,
+        "{learned} against {estimated}"
+    );
+    assert_eq!(kept, learned, "what the next record keeps");
+    // Averaged with what the history learned before, three to one.
+    let (averaged, _) = beside_with(record(500, estimated));
+    assert!(
+        averaged.abs_diff(estimated * 9 / 8) <= 2,
+        "{averaged} against {estimated}"
+    );
+    // Before the history's rate is measured (its first report), no more than estimated,
+    // and nothing learned to keep.
+    let (first, kept) = beside_with(record(0, 0));
+    assert_eq!((first, kept), (estimated, 0));
+}
+
 /// A chat request's turn with nothing known of its conversation (model `m`).
 fn chat_turn<'t, 'a>(
     messages: &'t [Item<'a>],
@@ -290,5 +366,6 @@ fn chat_turn<'t, 'a>(
         request: None,
         format: Format::Chat,
         recall_tool,
+        beside: Default::default(),
     }
 }

@@ -40,16 +40,48 @@ pub fn added(turn: &Turn<'_, '_>) -> u64 {
     }
 }
 
-/// abridge's estimate of what `turn`'s request carries besides its items — tools, a
-/// `system` or `instructions` field (an agent's are ~20 K tokens) — which no compaction
-/// changes: the body's estimate less its items' (and less what it withholds: not
-/// forwarded). Linear in the body; worked out only where a compaction is weighed or
-/// planned; never more than the provider's count of the history's last request leaves
-/// beside its items. Taken as the provider counts it (text and schemas, which the
-/// estimate is calibrated on) and kept apart from the items: the provider's count over
+/// What `turn`'s request carries besides its items — tools, a `system` or
+/// `instructions` field (an agent's are 15–50 K tokens) — which no compaction changes,
+/// as the provider counts it: kept apart from the items, so the provider's count over
 /// abridge's estimate of the items (the calibration) is not inflated by it, and a
-/// compaction's budget for the items is what the target leaves beside it.
+/// compaction's budget for the items is what the target leaves beside it. Worked out
+/// once a request ([`Beside`]).
 pub fn beside(turn: &Turn<'_, '_>) -> u64 {
+    turn.beside.get_or_init(|| work_out(turn)).tokens
+}
+
+/// What a request carries beside its items ([`beside`]), and whether it was learned
+/// from the history's reports (what the next record keeps).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Beside {
+    pub tokens: u64,
+    pub learned: bool,
+}
+
+/// What the next usage record keeps of [`beside`]: the learned value where this
+/// request's decision worked it out, else the record's own (0: none). Never works it
+/// out itself (a request far from every bound asks for none).
+pub fn to_record(turn: &Turn<'_, '_>, usage: Option<&Usage>) -> u64 {
+    match turn.beside.get() {
+        Some(b) if b.learned => b.tokens,
+        _ => usage.map_or(0, |u| u.beside),
+    }
+}
+
+/// [`beside`], worked out. abridge's estimate is the body's less its items' (and less
+/// what it withholds: not forwarded); linear in the body, asked only where a compaction
+/// is weighed or planned. The estimate reads tool schemas and code as much as a half
+/// lighter than Claude's tokenizer counts them (15 K tokens of a 50 K head), and what
+/// it misses would be taken for items: every item would seem dearer (a calibration of
+/// 2.7 where the turns count 1.0) and every compaction's floor too low. So once the
+/// history's rate is learned (a record after an earlier one: what the provider counted
+/// of appended turns per token abridge estimated), it is what the provider's count of
+/// the history's last request leaves beside its items at that rate — at most twice the
+/// estimate (the record's tools may differ from this request's) — averaged with what
+/// the history's records learned before: one turn's rate, off by a tenth, would move it
+/// by a tenth of the whole history. Before, never more than the count leaves beside
+/// the items as estimated (a server that does not count tools).
+fn work_out(turn: &Turn<'_, '_>) -> Beside {
     let withheld = turn.request.and_then(|r| r.withheld());
     let body = std::str::from_utf8(turn.body)
         .map_or(0, crate::tokens::approx_text)
@@ -60,13 +92,15 @@ pub fn beside(turn: &Turn<'_, '_>) -> u64 {
         .map(|m| crate::tokens::approx_text(m.raw.get()))
         .sum();
     let estimated = body.saturating_sub(items);
-    // Never more than the provider's own count of this history's last request leaves
-    // beside its items (a server that does not count tools, say).
+    let as_estimated = Beside {
+        tokens: estimated,
+        learned: false,
+    };
     let Some((loaded, u)) = turn
         .loaded
         .and_then(|l| Some((l, l.usage_for(turn.prefixes)?)))
     else {
-        return estimated;
+        return as_estimated;
     };
     let applied = u.applied.map(|through| {
         loaded
@@ -74,18 +108,44 @@ pub fn beside(turn: &Turn<'_, '_>) -> u64 {
             .find(|c| c.through == through)
     });
     let applied = match applied {
-        Some(None) => return estimated,
+        Some(None) => return as_estimated,
         Some(Some(c)) => Some(c),
         None => None,
     };
     let n = (u.messages as usize).min(turn.messages.len());
-    let forwarded = forwarded_estimate(
-        &Estimator::approx(),
-        turn.format,
-        &turn.messages[..n],
-        applied,
-    ) + applied.map_or(0, |_| added(turn));
-    estimated.min(u.tokens.saturating_sub(forwarded))
+    let rate = learned(u);
+    // At the learned rate, with the estimator it was learned with; else as estimated.
+    let estimator = match rate {
+        Some(_) => Estimator::for_model_ready(turn.model),
+        None => Estimator::approx(),
+    };
+    let forwarded = forwarded_estimate(&estimator, turn.format, &turn.messages[..n], applied)
+        + applied.map_or(0, |_| added(turn));
+    let Some(rate) = rate else {
+        return Beside {
+            tokens: estimated.min(u.tokens.saturating_sub(forwarded)),
+            learned: false,
+        };
+    };
+    let counted = u
+        .tokens
+        .saturating_sub(scaled(forwarded, rate))
+        .min(estimated.saturating_mul(2));
+    let tokens = match u.beside {
+        0 => counted,
+        before => (before.saturating_mul(3) + counted) / 4,
+    };
+    Beside {
+        tokens,
+        learned: true,
+    }
+}
+
+/// The rate the provider counts this history's appended turns at, per token abridge
+/// estimates (see [`super::decide::next_ratio`]), once a record followed an earlier one
+/// (`None`: not measured yet).
+fn learned(u: &Usage) -> Option<f64> {
+    (u.growth > 0).then(|| f64::from(u.ratio_permille.max(1)) / 1000.0)
 }
 
 /// Estimated prompt tokens of the forwarded view with `applied` applied. Cheap

@@ -244,7 +244,7 @@ impl Compactor {
             };
             self.horizons.see((tenant, turn.model), conversation, size);
         }
-        decision.carry(&decided);
+        decision.carry(&decided, turn);
         if let Some(why) = decided.why {
             self.stats.decided(why);
             decision.report.reason = Some(why.as_str());
@@ -337,6 +337,11 @@ impl Compactor {
             growth: 0,
             head_tokens: 0,
             appended: 0,
+            // What the history learned stays learned (see `decide::beside`).
+            beside: turn
+                .loaded
+                .and_then(|l| l.usage_for(turn.prefixes))
+                .map_or(0, |u| u.beside),
             previous: None,
             previous_at_ms: None,
             previous_client_tokens: 0,

@@ -2,7 +2,7 @@
 //! for it ([`Decision`]), and what the record stage hands back after the response
 //! ([`Followup`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::azure::Deployment;
 use crate::controls::{Controls, Report};
@@ -14,6 +14,8 @@ use crate::ingress::Held;
 use crate::outcome::Verdict;
 use crate::store::{Checkpoint, Loaded};
 use crate::strategies::Strategy;
+
+pub use super::estimate::Beside;
 
 /// Everything the plan stage needs to know about one request.
 pub struct Turn<'t, 'a> {
@@ -49,6 +51,9 @@ pub struct Turn<'t, 'a> {
     /// A compacted request gets the recall tool, which the provider counts: compactions
     /// aim lower by its tokens (see `decide::added`).
     pub recall_tool: bool,
+    /// What the request carries beside its items, once worked out (`decide::beside`,
+    /// asked several times a decision): start with `Default::default()`.
+    pub beside: OnceLock<Beside>,
 }
 
 /// Why the plan stage is asked.
@@ -88,6 +93,9 @@ pub struct Decision {
     pub head_tokens: u64,
     /// abridge's estimate of what was appended since the usage record (0: no record).
     pub appended: u64,
+    /// What the request carries beside its items as the provider counts it, learned
+    /// (0: not yet), for the next record.
+    pub beside: u64,
     /// The usage record the prediction came from, to measure the next ratio.
     pub previous: Option<Record>,
     /// When the record was reported (ms since the epoch): how long ago the client's
@@ -135,6 +143,7 @@ pub struct Followup {
     pub growth: u64,
     pub head_tokens: u64,
     pub appended: u64,
+    pub beside: u64,
     pub previous: Option<Record>,
     /// When the conversation was last seen, per the store (0: new).
     pub last_seen_ms: u64,

@@ -533,6 +533,7 @@ pub(super) fn followup(prepared: &Prepared, decision: &Decision) -> Option<Follo
         growth: decision.growth,
         head_tokens: decision.head_tokens,
         appended: decision.appended,
+        beside: decision.beside,
         previous: decision.previous,
         last_seen_ms: decision.last_seen_ms,
         expects: decision.expects,

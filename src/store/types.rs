@@ -197,6 +197,10 @@ pub struct Usage {
     /// The request as the client sent it, counted as the provider counts (its own count
     /// when forwarded as sent; 0: not known, a record written before it was kept).
     pub client_tokens: u64,
+    /// What the request carried besides its items (tools, system), as the provider
+    /// counts it, learned over this history's reports (0: not learned yet; see
+    /// `compactor::estimate::beside`).
+    pub beside: u64,
     /// When it was reported (ms since the epoch).
     pub at_ms: u64,
 }
@@ -206,27 +210,29 @@ impl Usage {
     pub fn encode(&self) -> String {
         let applied = self.applied.map_or(-1, i64::from);
         format!(
-            "{}:{}:{applied}:{}:{}:{}:{}:{}",
+            "{}:{}:{applied}:{}:{}:{}:{}:{}:{}",
             self.tokens,
             self.messages,
             self.head_tokens,
             self.growth,
             self.ratio_permille,
             self.client_tokens,
+            self.beside,
             self.at_ms
         )
     }
 
-    /// A stored value: eight numbers, or the seven of a record written before
-    /// `client_tokens` was kept.
+    /// A stored value: nine numbers, or the eight of a record written before `beside`
+    /// was kept, or the seven of one written before `client_tokens` was.
     pub fn decode(prefix: Fingerprint, value: &str) -> Option<Self> {
         let numbers: Vec<i64> = value
             .split(':')
             .map(|n| n.parse().ok())
             .collect::<Option<_>>()?;
-        let (client_tokens, at_ms) = match *numbers.as_slice() {
-            [_, _, _, _, _, _, at_ms] => (0, at_ms),
-            [_, _, _, _, _, _, client, at_ms] => (client, at_ms),
+        let (client_tokens, beside, at_ms) = match *numbers.as_slice() {
+            [_, _, _, _, _, _, at_ms] => (0, 0, at_ms),
+            [_, _, _, _, _, _, client, at_ms] => (client, 0, at_ms),
+            [_, _, _, _, _, _, client, beside, at_ms] => (client, beside, at_ms),
             _ => return None,
         };
         let n = |i: usize| numbers[i];
@@ -239,6 +245,7 @@ impl Usage {
             growth: u64::try_from(n(4)).ok()?,
             ratio_permille: u32::try_from(n(5)).ok()?,
             client_tokens: u64::try_from(client_tokens).ok()?,
+            beside: u64::try_from(beside).ok()?,
             at_ms: u64::try_from(at_ms).ok()?,
         })
     }
@@ -355,4 +362,39 @@ pub struct Recent {
 /// The field name of a checkpoint: depth first, zero-padded, so names sort by depth.
 pub(crate) fn checkpoint_field(checkpoint: &Checkpoint) -> String {
     format!("{:010}:{}", checkpoint.through, checkpoint.prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written by an older replica still loads: `beside` (and before it
+    /// `client_tokens`) read as not known, and the time stays the last number.
+    #[test]
+    fn a_usage_record_loads_whichever_release_wrote_it() {
+        let prefix = crate::identity::IdentityKey::new(crate::secret::Secret::new("k"))
+            .namespace(b"t", None);
+        let usage = Usage {
+            prefix,
+            messages: 12,
+            tokens: 90_000,
+            applied: Some(7),
+            head_tokens: 40,
+            growth: 1_500,
+            ratio_permille: 1_200,
+            client_tokens: 120_000,
+            beside: 42_000,
+            at_ms: 1_700_000_000_000,
+        };
+        assert_eq!(Usage::decode(prefix, &usage.encode()), Some(usage));
+        let eight = Usage::decode(prefix, "90000:12:7:40:1500:1200:120000:1700000000000").unwrap();
+        assert_eq!((eight.client_tokens, eight.beside), (120_000, 0));
+        assert_eq!(eight.at_ms, 1_700_000_000_000);
+        let seven = Usage::decode(prefix, "90000:12:-1:40:1500:1200:1700000000000").unwrap();
+        assert_eq!(
+            (seven.applied, seven.client_tokens, seven.beside),
+            (None, 0, 0)
+        );
+        assert_eq!(Usage::decode(prefix, "90000:12"), None);
+    }
 }

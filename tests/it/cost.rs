@@ -253,6 +253,37 @@ async fn the_size_policy_compacts_as_before_and_says_nothing_of_cost() {
     assert_eq!(reason, None);
 }
 
+/// A summary built ahead (the soft threshold, `structured`) is paid for whether it is
+/// used or not. A long-lived conversation over the soft threshold, where a compaction at
+/// the threshold would pay (many requests made, so many expected), but at a pace that
+/// will not take it there in the requests it is expected to make: none is built.
+#[tokio::test]
+async fn a_summary_is_built_ahead_only_for_a_conversation_expected_to_reach_the_threshold() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config_for(&provider.url());
+    // Threshold 60,000, soft threshold 42,000.
+    cfg.compaction
+        .context_windows
+        .insert("gpt-5".to_owned(), 80_000);
+    cfg.compaction.strategy = abridge::strategies::Strategy::Structured;
+    let proxy = Proxy::start_with(cfg).await;
+    // ~47,000 tokens, then short questions: a few dozen tokens a request.
+    let mut messages = opening(2_500);
+    for n in 1..=24 {
+        let (compacted, _) = turn(&proxy, &mut messages, n).await;
+        assert!(!compacted, "question {n}");
+    }
+    let prompt = provider.reports().last().unwrap().usage["prompt_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(prompt > 42_000 && prompt < 52_000, "{prompt}");
+    assert_eq!(
+        crate::common::agent::summary_requests(&provider),
+        0,
+        "built ahead for a threshold never reached"
+    );
+}
+
 /// What a provider's `usage` (chat) costs at gpt-5's list price (abridge's built-in:
 /// $1.25 input, $0.125 cached, $10 output a million tokens), in millionths of a dollar.
 fn gpt5_priced(usage: &Value) -> f64 {

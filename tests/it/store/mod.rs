@@ -140,6 +140,7 @@ fn usage(prefix: Fingerprint, messages: u32, tokens: u64, applied: Option<u32>) 
         growth: 300,
         ratio_permille: 1300,
         client_tokens: tokens * 2,
+        beside: tokens / 3,
         at_ms: abridge::store::now_ms(),
     }
 }
