@@ -21,7 +21,10 @@
 //!   [`crate::request_log`]), and every response an `x-request-id` (see
 //!   [`crate::request_id`]).
 //! - **Drain.** When `stop` fires, accepting stops and every connection is told to
-//!   finish its current request and close; [`serve`] returns once all have.
+//!   finish its current request and close; [`serve`] returns once all have. A
+//!   connection that switched protocols is no longer hyper's: its handler takes the
+//!   request's [`Drain`] with the upgrade, which tells it of the stop and keeps it among
+//!   the connections [`serve`] waits for until it is dropped.
 
 use std::convert::Infallible;
 use std::io;
@@ -160,10 +163,31 @@ pub async fn serve(
     Ok(())
 }
 
+/// What an upgraded connection keeps of its listener's drain: found in the extensions
+/// of a request that asks to switch protocols (it has an `Upgrade` header), for the
+/// handler that takes the upgrade (a WebSocket, see [`crate::websocket`]). While it is
+/// held, [`serve`] counts the connection as open; [`Drain::stopped`] says when the
+/// drain began.
+#[derive(Clone)]
+pub struct Drain {
+    stop: watch::Receiver<()>,
+    _open: tokio::sync::mpsc::Sender<()>,
+}
+
+impl Drain {
+    /// Resolves once the listener has stopped accepting and drains (at once if it
+    /// already has).
+    pub async fn stopped(&mut self) {
+        // Only ever dropped, never sent: `changed` resolves with the sender's drop.
+        let _ = self.stop.changed().await;
+    }
+}
+
 /// Serves one accepted connection in its own task, HTTP/1.1 with upgrades, until it
 /// ends or `stop` changes (then it finishes the request at hand and closes). The
 /// connection's place under the cap lives as long as its socket: past an upgrade (a
-/// WebSocket, see [`crate::websocket`]) too. `open` is dropped when the task ends.
+/// WebSocket, see [`crate::websocket`]) too. `open` is dropped when the task ends, and
+/// a [`Drain`] taken with an upgrade holds a copy of it.
 fn spawn_connection(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -180,6 +204,10 @@ fn spawn_connection(
         peer,
         state,
         inflight: pool.inflight.clone(),
+        drain: Drain {
+            stop: stop.clone(),
+            _open: open.clone(),
+        },
     };
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(pool.keep_alive)
@@ -221,14 +249,16 @@ struct ConnState {
     permit: Option<OwnedSemaphorePermit>,
 }
 
-/// The per-connection service: the router, with the peer's address for the handlers,
-/// the in-flight cap, and the bookkeeping the deadlines need.
+/// The per-connection service: the router, with the peer's address for the handlers
+/// (and the [`Drain`] for one that asks to switch protocols), the in-flight cap, and
+/// the bookkeeping the deadlines need.
 #[derive(Clone)]
 struct ConnService {
     router: Router,
     peer: SocketAddr,
     state: Arc<ConnState>,
     inflight: Arc<Semaphore>,
+    drain: Drain,
 }
 
 impl hyper::service::Service<http::Request<Incoming>> for ConnService {
@@ -250,6 +280,9 @@ impl hyper::service::Service<http::Request<Incoming>> for ConnService {
         };
         id.propagate(request.headers_mut());
         request.extensions_mut().insert(ConnectInfo(self.peer));
+        if request.headers().contains_key(http::header::UPGRADE) {
+            request.extensions_mut().insert(self.drain.clone());
+        }
         let mut router = self.router.clone();
         let conn = self.state.clone();
         Box::pin(async move {

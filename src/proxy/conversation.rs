@@ -98,7 +98,7 @@ async fn stages(
 ) -> Result<Response, Error> {
     let (mut parts, body) = request.into_parts();
     let controls = Controls::from_headers(&parts.headers, state.config().compaction.allowed())?;
-    prepare_headers(&mut parts);
+    prepare_headers(state, &mut parts, format);
     // Where it goes, by whose API it speaks, as the provider will see its headers.
     let (target, provider) = state
         .upstream()
@@ -410,11 +410,15 @@ async fn forward(
     Ok((upstream, watch, recalling.then_some(sent)))
 }
 
-/// The chat request's headers for the upstream: hop-by-hop and `x-abridge-*` removed,
-/// an uncompressed response asked for (so usage can be read, see `relay`), and no
-/// `Expect` (the body is already here, whole).
-fn prepare_headers(parts: &mut Parts) {
+/// The request's headers for the upstream: hop-by-hop and `x-abridge-*` removed, an
+/// uncompressed response asked for (so usage can be read, see `relay`), no `Expect` (the
+/// body is already here, whole), and on the Messages route no beta value of what abridge
+/// serves there ([`provider_apis::messages::upstream_betas`]).
+fn prepare_headers(state: &AppState, parts: &mut Parts, format: Format) {
     headers::strip_request(&mut parts.headers);
+    if format == Format::Messages {
+        provider_apis::messages::upstream_betas(state.config(), &mut parts.headers);
+    }
     parts.headers.insert(
         header::ACCEPT_ENCODING,
         HeaderValue::from_static("identity"),

@@ -18,6 +18,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use crate::error::{Error, Shape};
 use crate::headers;
 use crate::proxy::frame::Context;
+use crate::serve::Drain;
 use crate::state::AppState;
 
 use super::session;
@@ -46,6 +47,8 @@ async fn open(state: &AppState, request: Request) -> Result<Response, Error> {
         .extensions
         .remove::<OnUpgrade>()
         .ok_or_else(|| Error::Internal("the connection cannot be upgraded".to_owned()))?;
+    // The listener's drain, which the session answers (absent: not served by `serve`).
+    let drain = parts.extensions.remove::<Drain>();
     let (context, target) = Context::of(state, &mut parts.headers, &parts.uri)?;
     let ours = generate_key();
     let upstream_request = to_upstream(parts.headers, target, &ours);
@@ -77,7 +80,7 @@ async fn open(state: &AppState, request: Request) -> Result<Response, Error> {
         match tokio::join!(client, provider) {
             (Ok(client), Ok(provider)) => {
                 let sides = (TokioIo::new(client), TokioIo::new(provider));
-                session::run(state, context, sides).await;
+                session::run(state, context, sides, drain).await;
             }
             (client, provider) => tracing::debug!(
                 client = client.is_ok(),

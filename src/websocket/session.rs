@@ -8,6 +8,13 @@
 //! frame either way for `timeouts.stream_idle_ms` closes the session. When either side
 //! closes or fails, the other is sent a close frame, and both closing handshakes get
 //! [`CLOSE_GRACE`] to finish.
+//!
+//! Shutdown: when the listener drains ([`Drain`]), a session with no answer in flight is
+//! closed at once, both sides sent `1001` (going away); one with an answer in flight is
+//! closed so once the answer's terminal event has been relayed, or when the shutdown
+//! grace is all but over ([`in_flight_grace`]), whichever comes first. Frames go both
+//! ways as usual meanwhile. The server waits for the session (it holds its [`Drain`])
+//! no longer than the grace.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -15,6 +22,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
+use tokio::time::Instant;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
@@ -23,6 +31,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use super::frames;
 use crate::proxy::frame::{Context, Pending, stage};
 use crate::relay::End;
+use crate::serve::Drain;
 use crate::state::AppState;
 
 /// The most `response.create` frames a session holds unanswered: the provider answers one
@@ -35,20 +44,26 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 type Side = WebSocketStream<TokioIo<Upgraded>>;
 
+/// The reason of the close frames a shutdown sends.
+const SHUTTING_DOWN: &str = "abridge is shutting down";
+
 /// What one frame did to the session.
 enum Step {
     Go,
     /// Over: how the answers still in flight ended.
     Over(End),
-    /// The client broke a bound: the session is closed with a policy close, and why.
-    Refused(&'static str),
+    /// abridge ends the session: how the answers still in flight ended, and the client's
+    /// close (a policy close when it broke a bound, going away at shutdown).
+    Closed(End, CloseCode, &'static str),
 }
 
-/// Relays the session until either side ends it (see the module docs).
+/// Relays the session until either side ends it, or the `listener` drains (see
+/// the module docs).
 pub async fn run(
     state: AppState,
     context: Context,
     (client, provider): (TokioIo<Upgraded>, TokioIo<Upgraded>),
+    mut listener: Option<Drain>,
 ) {
     let max = state.config().limits.max_body_bytes;
     let config = WebSocketConfig::default()
@@ -58,7 +73,9 @@ pub async fn run(
     let mut provider = WebSocketStream::from_raw_socket(provider, Role::Client, Some(config)).await;
     let mut pending = VecDeque::new();
     let idle = state.config().timeouts.stream_idle();
-    let over = loop {
+    // Set once the drain began: when an answer still in flight is cut.
+    let mut cut: Option<Instant> = None;
+    let (over, to_client) = loop {
         let step = tokio::select! {
             message = client.next() => {
                 from_client(&state, &context, message, &mut provider, &mut pending).await
@@ -72,27 +89,39 @@ pub async fn run(
                 let _ = provider.send(frame()).await;
                 Step::Over(End::IdleTimeout)
             }
+            () = stopped(&mut listener), if cut.is_none() => {
+                let grace = in_flight_grace(state.config().timeouts.shutdown_grace());
+                cut = Some(Instant::now() + grace);
+                Step::Go
+            }
+            () = tokio::time::sleep_until(cut.unwrap_or_else(Instant::now)), if cut.is_some() => {
+                Step::Closed(End::ClientGone, CloseCode::Away, SHUTTING_DOWN)
+            }
         };
         match step {
+            // Draining, and nothing in flight (any more): the session ends here.
+            Step::Go if cut.is_some() && pending.is_empty() => {
+                break (End::Complete, close(CloseCode::Away, SHUTTING_DOWN));
+            }
             Step::Go => {}
-            Step::Over(end) => break (end, None),
-            Step::Refused(why) => break (End::ClientGone, Some(why)),
+            Step::Over(end) => break (end, close(CloseCode::Error, PROVIDER_GONE)),
+            Step::Closed(end, code, why) => break (end, close(code, why)),
         }
     };
-    let (over, refused) = over;
     for answer in pending.drain(..) {
         answer.done(&state, None, over);
     }
     // Each side is sent a close unless it was already (then this one is refused, and
     // nothing is lost): the client learns of a provider gone without one.
-    let to_client = match refused {
-        Some(why) => close(CloseCode::Policy, why),
-        None => close(CloseCode::Error, "the provider's connection ended"),
-    };
     let _ = client.send(to_client).await;
-    let _ = provider.send(close(CloseCode::Away, "client gone")).await;
+    let why = if cut.is_some() {
+        SHUTTING_DOWN
+    } else {
+        "client gone"
+    };
+    let _ = provider.send(close(CloseCode::Away, why)).await;
     let drained = tokio::time::timeout(CLOSE_GRACE, async {
-        tokio::join!(drain(&mut client), drain(&mut provider))
+        tokio::join!(drain(client), drain(provider))
     })
     .await;
     if drained.is_err() {
@@ -128,7 +157,8 @@ async fn from_client(
         Message::Text(text) => match frames::request(&text) {
             Some(_) if pending.len() >= MAX_IN_FLIGHT => {
                 let _ = provider.send(close(CloseCode::Away, "client gone")).await;
-                return Step::Refused("too many response.create frames unanswered");
+                let why = "too many response.create frames unanswered";
+                return Step::Closed(End::ClientGone, CloseCode::Policy, why);
             }
             Some(body) => {
                 let staged = stage(state, context, body).await;
@@ -167,9 +197,7 @@ async fn from_provider(
         }
         Some(Ok(message)) => message,
         Some(Err(_)) | None => {
-            let _ = client
-                .send(close(CloseCode::Error, "the provider's connection ended"))
-                .await;
+            let _ = client.send(close(CloseCode::Error, PROVIDER_GONE)).await;
             return Step::Over(End::UpstreamError);
         }
     };
@@ -188,6 +216,23 @@ async fn from_provider(
     Step::Go
 }
 
+/// The reason of the close a client is sent when the provider's side ended.
+const PROVIDER_GONE: &str = "the provider's connection ended";
+
+/// Resolves once `drain` began (never without one).
+async fn stopped(drain: &mut Option<Drain>) {
+    match drain {
+        Some(drain) => drain.stopped().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Of the shutdown grace, what an answer in flight gets: all but a tenth of it (at most
+/// a second), left for the close frames to go out before the server stops waiting.
+fn in_flight_grace(grace: Duration) -> Duration {
+    grace.saturating_sub((grace / 10).min(Duration::from_secs(1)))
+}
+
 fn close(code: CloseCode, reason: &'static str) -> Message {
     Message::Close(Some(CloseFrame {
         code,
@@ -196,7 +241,8 @@ fn close(code: CloseCode, reason: &'static str) -> Message {
 }
 
 /// Reads a side until its close completes (or it fails): what lets the closing
-/// handshake that tungstenite answers on its own go out.
-async fn drain(side: &mut Side) {
+/// handshake that tungstenite answers on its own go out. The side's connection ends
+/// then, whatever the other's does.
+async fn drain(mut side: Side) {
     while let Some(Ok(_)) = side.next().await {}
 }

@@ -500,3 +500,67 @@ async fn native_forwards_context_management_untouched() {
             .contains("Input tag 'compaction'")
     );
 }
+
+/// A Claude Code-like `anthropic-beta` over two lines, with both served values.
+const BETAS: [&str; 2] = [
+    "claude-code-20250219, compact-2026-01-12 ,oauth-2025-04-20",
+    "context-management-2025-06-27,interleaved-thinking-2025-05-14",
+];
+
+/// `body` posted with `betas` as its `anthropic-beta` lines; the lines the upstream saw.
+async fn betas_seen(
+    proxy: &Proxy,
+    provider: &FakeProvider,
+    betas: &[&str],
+    body: &Value,
+) -> Vec<String> {
+    let mut request = client()
+        .post(proxy.url("/v1/messages"))
+        .header("x-api-key", "sk-ant-test")
+        .header("anthropic-version", "2023-06-01");
+    for line in betas {
+        request = request.header("anthropic-beta", *line);
+    }
+    let answer = request.json(body).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let seen = forwarded(provider).pop().unwrap();
+    assert_eq!(seen.headers["anthropic-version"], "2023-06-01");
+    let lines = seen.headers.get_all("anthropic-beta").iter();
+    lines.map(|v| v.to_str().unwrap().to_owned()).collect()
+}
+
+#[tokio::test]
+async fn serving_them_the_upstream_never_sees_their_betas() {
+    let (provider, proxy) = setup(ProviderCompaction::Serve).await;
+    let kept = [
+        "claude-code-20250219,oauth-2025-04-20",
+        "interleaved-thinking-2025-05-14",
+    ];
+    // With edits abridge serves, and without any (Claude Code sends the betas always).
+    let edits = json!([{"type": "clear_thinking_20251015", "keep": "all"}]);
+    let plain = json!({"model": "local-model", "max_tokens": 64, "messages": [ask("hi")]});
+    for body in [request(&[ask("hi")], edits, false), plain.clone()] {
+        assert_eq!(betas_seen(&proxy, &provider, &BETAS, &body).await, kept);
+    }
+    // Nothing left: no header at all.
+    let only = ["compact-2026-01-12,context-management-2025-06-27"];
+    assert!(
+        betas_seen(&proxy, &provider, &only, &plain)
+            .await
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn native_forwards_the_betas_untouched() {
+    let (provider, proxy) = setup(ProviderCompaction::Native).await;
+    let edits = json!([{"type": "compact_20260112"}]);
+    let seen = betas_seen(
+        &proxy,
+        &provider,
+        &BETAS,
+        &request(&[ask("hi")], edits, false),
+    )
+    .await;
+    assert_eq!(seen, BETAS);
+}

@@ -1,9 +1,10 @@
 //! The Responses WebSocket Codex CLI opens first on its built-in `openai` provider.
 //! Where the upstream has it (`native`), abridge relays it: the handshake goes to the
 //! provider first, frames pass both ways, each `response.create` is compacted as a POST
-//! body would be and its usage recorded. Elsewhere (`serve`) the handshake is answered at
-//! once with the 426 Codex falls back to HTTPS from without retrying, and nothing
-//! reaches the provider.
+//! body would be and its usage recorded; at shutdown a session is closed going away
+//! (`1001`) once its answer in flight, if any, has ended or the grace is over. Elsewhere
+//! (`serve`) the handshake is answered at once with the 426 Codex falls back to HTTPS
+//! from without retrying, and nothing reaches the provider.
 
 use std::time::{Duration, Instant};
 
@@ -414,4 +415,117 @@ async fn a_client_that_never_waits_for_answers_is_closed_at_the_bound() {
     let frame = closed.expect("a close frame with a code");
     assert_eq!(u16::from(frame.code), 1008, "{frame:?}");
     assert!(frame.reason.contains("unanswered"));
+}
+
+/// A relayed session in front of `behavior`'s provider, with `grace_ms` of shutdown grace.
+async fn session_behind(behavior: Behavior, grace_ms: u64) -> (FakeProvider, Proxy, Ws) {
+    let provider = FakeProvider::start(Behavior {
+        responses_websocket: true,
+        ..behavior
+    })
+    .await
+    .unwrap();
+    let mut config = native(config_for(&provider.url()));
+    config.timeouts.shutdown_grace_ms = grace_ms;
+    let proxy = Proxy::start_with(config).await;
+    let (ws, _) = open(&proxy, "sk-codex", &[]).await.unwrap();
+    (provider, proxy, ws)
+}
+
+/// The close frame that comes next (within 10 s), its code and reason; no other frame
+/// may come first. Then read to the end, as a client does (which sends the reply that
+/// completes the closing handshake).
+async fn next_close(ws: &mut Ws) -> (u16, String) {
+    let next = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("closed in time");
+    let closed = match next {
+        Some(Ok(Message::Close(Some(frame)))) => (u16::from(frame.code), frame.reason.to_string()),
+        other => panic!("a close frame with a code, not {other:?}"),
+    };
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    });
+    end.await.expect("the connection ends after the close");
+    closed
+}
+
+/// Shuts `proxy` down; its `run` must return within `within`.
+fn shut_down(proxy: Proxy, within: Duration) -> tokio::task::JoinHandle<Duration> {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        tokio::time::timeout(within, proxy.shutdown())
+            .await
+            .expect("shutdown waits no longer than the grace")
+            .unwrap();
+        started.elapsed()
+    })
+}
+
+#[tokio::test]
+async fn at_shutdown_a_session_with_nothing_in_flight_is_closed_going_away_at_once() {
+    let (_provider, proxy, mut ws) = session_behind(Behavior::default(), 30_000).await;
+    completed(&create(&mut ws, &request(&[user("hello")])).await);
+    let shutdown = shut_down(proxy, Duration::from_secs(10));
+    let (code, reason) = next_close(&mut ws).await;
+    assert_eq!(code, 1001, "{reason}");
+    assert!(reason.contains("shutting down"), "{reason}");
+    // Not the 30 s grace: nothing was in flight.
+    assert!(shutdown.await.unwrap() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn at_shutdown_the_answer_in_flight_is_relayed_whole_then_the_session_closed() {
+    let behavior = Behavior {
+        chunk_delay: Duration::from_millis(100),
+        ..Behavior::default()
+    };
+    let (_provider, proxy, mut ws) = session_behind(behavior, 30_000).await;
+    let mut frame = request(&[user("hello")]);
+    frame["type"] = json!("response.create");
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+    // The answer has begun: shutdown comes in the middle of it.
+    let first = tokio::time::timeout(Duration::from_secs(10), ws.next()).await;
+    let Ok(Some(Ok(Message::Text(first)))) = first else {
+        panic!("the answer's first event: {first:?}");
+    };
+    let mut events = vec![serde_json::from_str::<Value>(&first).unwrap()];
+    let shutdown = shut_down(proxy, Duration::from_secs(20));
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), ws.next()).await;
+        let Ok(Some(Ok(Message::Text(text)))) = next else {
+            panic!("the answer's events up to its terminal one, not {next:?} after {events:?}");
+        };
+        events.push(serde_json::from_str(&text).unwrap());
+        if events.last().unwrap()["type"] == "response.completed" {
+            break;
+        }
+    }
+    completed(&events);
+    assert!(events.len() > 3, "shutdown came mid-answer: {events:?}");
+    let (code, _) = next_close(&mut ws).await;
+    assert_eq!(code, 1001);
+    assert!(shutdown.await.unwrap() < Duration::from_secs(20));
+}
+
+#[tokio::test]
+async fn at_shutdown_an_answer_that_outlasts_the_grace_is_cut_at_its_end() {
+    // The provider answers long after the grace (1 s) is over.
+    let behavior = Behavior {
+        latency: Duration::from_secs(30),
+        ..Behavior::default()
+    };
+    let (provider, proxy, mut ws) = session_behind(behavior, 1_000).await;
+    let mut frame = request(&[user("hello")]);
+    frame["type"] = json!("response.create");
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+    assert!(eventually(Duration::from_secs(10), || frames(&provider).len() == 1).await);
+    let started = Instant::now();
+    let shutdown = shut_down(proxy, Duration::from_secs(5));
+    let (code, _) = next_close(&mut ws).await;
+    let waited = started.elapsed();
+    assert_eq!(code, 1001);
+    // Not at once (an answer was in flight), and not past the grace.
+    assert!(waited >= Duration::from_millis(800), "{waited:?}");
+    assert!(shutdown.await.unwrap() < Duration::from_secs(5));
 }

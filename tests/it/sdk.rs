@@ -209,13 +209,20 @@ async fn anthropic_python_sdk_compaction_betas_are_served() {
     )
     .await;
     every_compaction_scenario_passed(&out);
-    // Nothing of the betas reached the server that lacks them.
+    // Nothing of the betas reached the server that lacks them, nor their values.
     for request in provider.requests() {
         let body = String::from_utf8_lossy(&request.body);
         assert!(
             !body.contains("\"compaction\"") && !body.contains("context_management"),
             "{body}"
         );
+        for beta in request.headers.get_all("anthropic-beta") {
+            let beta = beta.to_str().unwrap();
+            assert!(
+                !beta.contains("compact-2026") && !beta.contains("context-management"),
+                "{beta}"
+            );
+        }
     }
 }
 

@@ -10,12 +10,14 @@
 //! `usage.iterations` ([`reply`]). `context_management` itself is not forwarded; when
 //! no edit changes a message (Claude Code's `clear_thinking` keeping all, on every
 //! request), the request goes on as it was parsed with the field withheld, not parsed
-//! again.
+//! again. The client's `anthropic-beta` header loses the beta values of what abridge
+//! serves ([`betas`], through [`upstream_betas`]).
 //!
 //! Behind Anthropic's own host the request passes untouched ([`serves`]). The
 //! conversation handler calls [`before`] (through the wing's `before`) on a parsed
 //! Messages request, and wraps the relayed answer with the [`After`] it returns.
 
+mod betas;
 mod clear;
 mod compact;
 mod edits;
@@ -65,6 +67,26 @@ pub fn serves(config: &Config) -> bool {
                     .is_some_and(|rest| rest.is_empty() || rest.ends_with('.'))
             })
         }
+    }
+}
+
+/// The `anthropic-beta` header of a Messages request as its route's upstream is to see
+/// it: when abridge serves these APIs for that route, without their beta values
+/// ([`betas::SERVED`]); else untouched. Called on the headers before anything reads
+/// them, so the summary calls asked with the client's protocol headers go without them
+/// too.
+///
+/// Always both values in serve mode, not only those the body used: serving is decided
+/// per route, and there abridge never forwards what they enable (`context_management`
+/// is withheld, a `compaction` block expanded), while the upstream lacks them by the
+/// configuration's word — so the value can only make a server that validates betas
+/// refuse the request. Clients send them whether or not the body uses them (Claude Code
+/// sends `context-management-2025-06-27` on every request): leaving them when unused
+/// would fail exactly those requests. A body abridge does not understand goes on
+/// untouched, and without them too: the upstream lacks the features either way.
+pub fn upstream_betas(config: &Config, headers: &mut http::HeaderMap) {
+    if serves(config) {
+        betas::withhold(headers);
     }
 }
 
