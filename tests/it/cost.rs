@@ -19,10 +19,15 @@ use crate::common::{Proxy, client, config_for};
 /// the default threshold (three quarters of it) is 6,000 tokens and the window compacts
 /// whatever it costs over 7,200.
 fn config(provider: &FakeProvider) -> Config {
+    windowed(provider, 8000)
+}
+
+/// gpt-5 served with a window of `tokens`.
+fn windowed(provider: &FakeProvider, tokens: u64) -> Config {
     let mut cfg = config_for(&provider.url());
     cfg.compaction
         .context_windows
-        .insert("gpt-5".to_owned(), 8000);
+        .insert("gpt-5".to_owned(), tokens);
     cfg
 }
 
@@ -260,11 +265,8 @@ async fn the_size_policy_compacts_as_before_and_says_nothing_of_cost() {
 #[tokio::test]
 async fn a_summary_is_built_ahead_only_for_a_conversation_expected_to_reach_the_threshold() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
-    let mut cfg = config_for(&provider.url());
     // Threshold 60,000, soft threshold 42,000.
-    cfg.compaction
-        .context_windows
-        .insert("gpt-5".to_owned(), 80_000);
+    let mut cfg = windowed(&provider, 80_000);
     cfg.compaction.strategy = abridge::strategies::Strategy::Structured;
     let proxy = Proxy::start_with(cfg).await;
     // ~47,000 tokens, then short questions: a few dozen tokens a request.
@@ -301,10 +303,7 @@ fn gpt5_priced(usage: &Value) -> f64 {
 #[tokio::test]
 async fn a_long_agent_session_costs_less_through_abridge_than_sent_as_it_is() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
-    let mut cfg = config_for(&provider.url());
-    cfg.compaction
-        .context_windows
-        .insert("gpt-5".to_owned(), 16_000);
+    let cfg = windowed(&provider, 16_000);
     let proxy = Proxy::start_with(cfg).await;
     let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
     let mut sent = Vec::new();
@@ -374,11 +373,7 @@ async fn a_request_the_provider_says_is_too_long_is_compacted_for_the_window_and
     .unwrap();
     // Far from abridge's bounds whatever it predicts before the first usage is on
     // record (a busy machine): only the provider can say it is too long.
-    let mut cfg = config(&provider);
-    cfg.compaction
-        .context_windows
-        .insert("gpt-5".to_owned(), 100_000);
-    let proxy = Proxy::start_with(cfg).await;
+    let proxy = Proxy::start_with(windowed(&provider, 100_000)).await;
     let mut messages = opening(150);
     let (compacted, _) = turn(&proxy, &mut messages, 1).await;
     assert!(!compacted);

@@ -101,10 +101,19 @@ async fn open(
 
 /// Sends `body` as a `response.create` frame; the events answered, up to the terminal one.
 async fn create(ws: &mut Ws, body: &Value) -> Vec<Value> {
+    send_create(ws, body).await;
+    answer(ws, Vec::new()).await
+}
+
+/// Sends `body` as a `response.create` frame.
+async fn send_create(ws: &mut Ws, body: &Value) {
     let mut frame = body.clone();
     frame["type"] = json!("response.create");
     ws.send(Message::text(frame.to_string())).await.unwrap();
-    let mut events = Vec::new();
+}
+
+/// `events` of an answer, and those that follow, up to the terminal one.
+async fn answer(ws: &mut Ws, mut events: Vec<Value>) -> Vec<Value> {
     loop {
         let message = tokio::time::timeout(Duration::from_secs(10), ws.next())
             .await
@@ -481,26 +490,15 @@ async fn at_shutdown_the_answer_in_flight_is_relayed_whole_then_the_session_clos
         ..Behavior::default()
     };
     let (_provider, proxy, mut ws) = session_behind(behavior, 30_000).await;
-    let mut frame = request(&[user("hello")]);
-    frame["type"] = json!("response.create");
-    ws.send(Message::text(frame.to_string())).await.unwrap();
+    send_create(&mut ws, &request(&[user("hello")])).await;
     // The answer has begun: shutdown comes in the middle of it.
     let first = tokio::time::timeout(Duration::from_secs(10), ws.next()).await;
     let Ok(Some(Ok(Message::Text(first)))) = first else {
         panic!("the answer's first event: {first:?}");
     };
-    let mut events = vec![serde_json::from_str::<Value>(&first).unwrap()];
+    let first = serde_json::from_str::<Value>(&first).unwrap();
     let shutdown = shut_down(proxy, Duration::from_secs(20));
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(10), ws.next()).await;
-        let Ok(Some(Ok(Message::Text(text)))) = next else {
-            panic!("the answer's events up to its terminal one, not {next:?} after {events:?}");
-        };
-        events.push(serde_json::from_str(&text).unwrap());
-        if events.last().unwrap()["type"] == "response.completed" {
-            break;
-        }
-    }
+    let events = answer(&mut ws, vec![first]).await;
     completed(&events);
     assert!(events.len() > 3, "shutdown came mid-answer: {events:?}");
     let (code, _) = next_close(&mut ws).await;
@@ -516,9 +514,7 @@ async fn at_shutdown_an_answer_that_outlasts_the_grace_is_cut_at_its_end() {
         ..Behavior::default()
     };
     let (provider, proxy, mut ws) = session_behind(behavior, 1_000).await;
-    let mut frame = request(&[user("hello")]);
-    frame["type"] = json!("response.create");
-    ws.send(Message::text(frame.to_string())).await.unwrap();
+    send_create(&mut ws, &request(&[user("hello")])).await;
     assert!(eventually(Duration::from_secs(10), || frames(&provider).len() == 1).await);
     let started = Instant::now();
     let shutdown = shut_down(proxy, Duration::from_secs(5));
