@@ -554,7 +554,9 @@ impl Decision {
     /// record it came from.
     pub(super) fn carry(&mut self, decided: &Decided<'_>, turn: &Turn<'_, '_>) {
         self.estimate = decided.predicted;
-        self.beside = to_record(turn, decided.usage.as_ref());
+        if let Some(beside) = to_record(turn) {
+            self.beside = beside;
+        }
         self.head_tokens = decided.head_tokens;
         self.appended = decided.appended;
         self.growth = decided.growth;

@@ -320,14 +320,14 @@ fn what_the_tools_come_to_is_learned_from_the_reports() {
             loaded: Some(&loaded),
             ..chat_turn(&parsed.messages, &body, (&controls, &credentials), false)
         };
-        (beside(&turn), to_record(&turn, Some(&usage)))
+        (beside(&turn), to_record(&turn))
     };
     let (learned, kept) = beside_with(record(500, 0));
     assert!(
         learned.abs_diff(estimated * 3 / 2) <= 2,
         "{learned} against {estimated}"
     );
-    assert_eq!(kept, learned, "what the next record keeps");
+    assert_eq!(kept, Some(learned), "what the next record keeps");
     // Averaged with what the history learned before, three to one.
     let (averaged, _) = beside_with(record(500, estimated));
     assert!(
@@ -337,7 +337,7 @@ fn what_the_tools_come_to_is_learned_from_the_reports() {
     // Before the history's rate is measured (its first report), no more than estimated,
     // and nothing learned to keep.
     let (first, kept) = beside_with(record(0, 0));
-    assert_eq!((first, kept), (estimated, 0));
+    assert_eq!((first, kept), (estimated, None));
 }
 
 /// A chat request's turn with nothing known of its conversation (model `m`).

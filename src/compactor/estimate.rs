@@ -58,14 +58,11 @@ pub struct Beside {
     pub learned: bool,
 }
 
-/// What the next usage record keeps of [`beside`]: the learned value where this
-/// request's decision worked it out, else the record's own (0: none). Never works it
-/// out itself (a request far from every bound asks for none).
-pub fn to_record(turn: &Turn<'_, '_>, usage: Option<&Usage>) -> u64 {
-    match turn.beside.get() {
-        Some(b) if b.learned => b.tokens,
-        _ => usage.map_or(0, |u| u.beside),
-    }
+/// What the next usage record is to keep of [`beside`] when this request's decision
+/// learned it (`None`: it did not; the record's own stands). Never works it out itself
+/// (a request far from every bound asks for none).
+pub fn to_record(turn: &Turn<'_, '_>) -> Option<u64> {
+    turn.beside.get().filter(|b| b.learned).map(|b| b.tokens)
 }
 
 /// [`beside`], worked out. abridge's estimate is the body's less its items' (and less
