@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use http::{HeaderMap, Uri};
 use sha2::{Digest, Sha256};
 
-use super::compacted::Kind;
+use super::compacted::{self, Kind};
 use super::sealed::Summary;
 use crate::azure::Deployment;
 use crate::conversation::{Item, Role};
@@ -77,8 +77,7 @@ pub(super) async fn for_compaction(
     let max_tokens = config.strategies.summary_max_tokens;
     let permit = state.cpu().permit_for(size).await;
     let request = state.cpu().run_with(&permit, || {
-        let prior = opened.iter().rev().flatten().next();
-        request(&parsed.items, kinds, prior, max_tokens)
+        request(&parsed.items, (kinds, opened), max_tokens)
     });
     drop(permit);
     let model = parsed.fields.model.as_deref().unwrap_or_default();
@@ -88,21 +87,17 @@ pub(super) async fn for_compaction(
     }
 }
 
-/// The request for a summary of `items` (their conversation items), after `prior`.
+/// The request for a summary of `items` (their conversation items since the latest
+/// earlier compaction, [`compacted::summarised`]), after that compaction's summary.
 pub(super) fn request(
     items: &[Item<'_>],
-    kinds: &[Kind<'_>],
-    prior: Option<&Summary>,
+    (kinds, opened): (&[Kind<'_>], &[Option<Summary>]),
     max_tokens: u32,
 ) -> SummaryRequest {
+    let prior = opened.iter().rev().flatten().next();
     let mut blocks: Vec<String> = Vec::new();
     let mut chars = 0;
-    for (item, _) in items
-        .iter()
-        .zip(kinds)
-        .rev()
-        .filter(|(_, k)| **k == Kind::Plain)
-    {
+    for item in compacted::summarised(items, kinds, opened).rev() {
         let block = block(item);
         chars += block.len();
         if chars > TRANSCRIPT_CHARS && !blocks.is_empty() {

@@ -116,34 +116,57 @@ pub(super) fn archive(
     Archive::of(prior.as_ref(), &replaced).map(|a| a.encoded().to_owned())
 }
 
+/// Where the items a compaction made now summarises start: after the latest earlier
+/// compaction item abridge made (what precedes it — the user messages a client keeps
+/// beside the item, or the whole history it still sends — that item's summary covers,
+/// and is not counted or summarised twice), else at the first item.
+pub(super) fn since_prior(opened: &[Option<Summary>]) -> usize {
+    opened
+        .iter()
+        .rposition(Option::is_some)
+        .map_or(0, |l| l + 1)
+}
+
+/// The conversation items a compaction made now summarises anew (compaction items, the
+/// trigger and request-scoped items left out; see [`since_prior`]), with their kinds'
+/// order kept.
+pub(super) fn summarised<'i, 'a>(
+    items: &'i [Item<'a>],
+    kinds: &'i [Kind<'_>],
+    opened: &[Option<Summary>],
+) -> impl DoubleEndedIterator<Item = &'i Item<'a>> {
+    items
+        .iter()
+        .zip(kinds)
+        .skip(since_prior(opened))
+        .filter(|(_, k)| **k == Kind::Plain)
+        .map(|(i, _)| i)
+}
+
 /// The summary of `items`: the latest earlier compaction's, then a digest of the
-/// conversation items (compaction items, the trigger and request-scoped items left out).
+/// conversation items since ([`summarised`]).
 pub(super) fn summarise(
     items: &[Item<'_>],
     kinds: &[Kind<'_>],
     opened: &[Option<Summary>],
     created_at: u64,
 ) -> Summary {
-    let summarised: Vec<Item<'_>> = items
-        .iter()
-        .zip(kinds)
-        .filter(|(_, k)| **k == Kind::Plain)
-        .map(|(i, _)| i.clone())
-        .collect();
+    let summarised: Vec<Item<'_>> = summarised(items, kinds, opened).cloned().collect();
     let prior = opened.iter().rev().flatten().next();
     summary_of(&summarised, prior, None, created_at)
 }
 
 /// A summary a model wrote for `kinds`' compaction, as the item carries it: redacted,
-/// covering what [`summarise`]'s digest would (the plain items, and what the latest
-/// earlier compaction covered).
+/// covering what [`summarise`]'s digest would (the plain items since the latest earlier
+/// compaction, and what that one covered).
 pub(super) fn said(
     text: &str,
     kinds: &[Kind<'_>],
     opened: &[Option<Summary>],
     created_at: u64,
 ) -> Summary {
-    let plain = kinds.iter().filter(|k| **k == Kind::Plain).count() as u64;
+    let since = kinds.iter().skip(since_prior(opened));
+    let plain = since.filter(|k| **k == Kind::Plain).count() as u64;
     let prior = opened.iter().rev().flatten().next();
     Summary {
         summary: crate::strategies::redact::redact(text).into_owned(),

@@ -133,15 +133,24 @@ pub(super) fn weigh(
 
 /// A request [`Weighed::Over`] its threshold, compacted with `made`: `None` when the
 /// body could not be rewritten.
+///
+/// What this request recalls from is what the item replaces but for the current turn,
+/// which goes on as sent (a recall does not read it back twice); the item itself carries
+/// all of it, for the requests after.
 pub(super) fn compacted(
     (body_in, parsed): (&Bytes, &Parsed<'_>),
-    kinds: &[Kind<'_>],
+    (kinds, opened): (&[Kind<'_>], &[Option<Summary>]),
     (made, role): (Made, SummaryRole),
     note: Option<&'static str>,
 ) -> Option<Outcome> {
-    let forwarded = compacted_input(&parsed.items, kinds, &made, role);
+    let turn = current_turn(&parsed.items, kinds);
+    let forwarded = compacted_input(&parsed.items, (kinds, turn), &made, role);
     let compacted = body(body_in, parsed, &forwarded.forwarded())?;
-    let archive = made.summary.archive();
+    let archive = match opened.iter().rposition(Option::is_some) {
+        Some(latest) if latest >= turn => made.summary.archive(),
+        _ => compacted::archive(&parsed.items[..turn], &kinds[..turn], &opened[..turn])
+            .map(|encoded| Archive::new(&encoded)),
+    };
     let first = First::new(made.item);
     Some(Outcome::Compacted(
         compacted,
@@ -151,19 +160,24 @@ pub(super) fn compacted(
     ))
 }
 
+/// Where the current turn starts: its last user message that asks (the input's end when
+/// there is none).
+fn current_turn(items: &[Item<'_>], kinds: &[Kind<'_>]) -> usize {
+    items
+        .iter()
+        .zip(kinds)
+        .rposition(|(i, k)| *k == Kind::Plain && i.is_ask() && i.extra.is_none())
+        .unwrap_or(items.len())
+}
+
 /// The compacted input: the instructions and the newest user messages before the current
 /// turn, the summary, then the current turn (its last user message on) as sent.
 fn compacted_input<'a>(
     items: &[Item<'a>],
-    kinds: &[Kind<'_>],
+    (kinds, turn): (&[Kind<'_>], usize),
     made: &Made,
     role: SummaryRole,
 ) -> compacted::Expanded<'a> {
-    let turn = items
-        .iter()
-        .zip(kinds)
-        .rposition(|(i, k)| *k == Kind::Plain && i.is_ask() && i.extra.is_none())
-        .unwrap_or(items.len());
     let (before, kinds_before) = (&items[..turn], &kinds[..turn]);
     let users = compacted::kept_users(before, kinds_before, compacted::KEPT_USER_TOKENS);
     let mut kept: Vec<Raw<'a>> = before

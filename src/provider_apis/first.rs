@@ -48,6 +48,11 @@ impl First {
         Self { item }
     }
 
+    /// The item the answer carries first.
+    pub fn item(&self) -> &Value {
+        &self.item
+    }
+
     /// `response` with the item first (see the module docs).
     pub async fn onto(self, response: Response) -> Response {
         if !response.status().is_success() {

@@ -284,9 +284,7 @@ impl Plan<'_, '_> {
                 let name = parsed.fields.model.as_deref().unwrap_or_default();
                 Some(Outcome::Answer(triggered(&made, name, stream, note)))
             }
-            Why::OverThreshold => {
-                context::compacted((body, parsed), &self.kinds, (made, role), note)
-            }
+            Why::OverThreshold => context::compacted((body, parsed), summaries, (made, role), note),
         }
     }
 }

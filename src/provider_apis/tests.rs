@@ -166,9 +166,38 @@ fn a_second_compaction_starts_from_the_first() {
         "{}",
         opened.summary
     );
-    // The first item's 5, and the 4 conversation items around it (not the item, the
-    // request-scoped tools or the trigger).
-    assert_eq!(opened.items, 5 + 4);
+    // The first item's 5, and the 2 conversation items after it (not the item, the
+    // request-scoped tools or the trigger; not the two kept before it, which the first
+    // item's summary covers): each said once.
+    assert_eq!(opened.items, 5 + 2);
+    let (_, since) = opened.summary.split_once("Since then:").unwrap();
+    assert!(!since.contains("Fix the parser"), "{}", opened.summary);
+}
+
+/// The model asked for a later compaction's summary reads what came after the item it
+/// carries on from, the item's summary standing for what came before, and the item
+/// records as many items as the digest would.
+#[test]
+fn a_later_summary_asks_the_model_only_about_what_followed_the_item() {
+    let mut input = history();
+    input.push(json!({"type": "compaction_trigger"}));
+    let first = item_of(run(&json!({"model": "m", "input": input})));
+    let mut input = history();
+    input.push(first);
+    input.push(user("Now the lexer"));
+    let body = Bytes::from(json!({"model": "m", "input": input}).to_string());
+    let parsed = responses::parse(&body).unwrap();
+    let kinds = compacted::kinds(&parsed.items);
+    let opened = compacted::opened(&key(), &kinds);
+    let asked = super::asked::request(&parsed.items, (&kinds, &opened), 500);
+    let prompt = &asked.prompt;
+    assert!(prompt.contains("(1 items)"), "{prompt}");
+    let (earlier, transcript) = prompt.split_once("<transcript-").unwrap();
+    assert!(earlier.contains("PREVIOUS SUMMARY"), "{prompt}");
+    assert!(transcript.contains("Now the lexer"), "{prompt}");
+    assert!(!transcript.contains("Fix the parser"), "{prompt}");
+    let said = compacted::said("The lexer next.", &kinds, &opened, 0);
+    assert_eq!(said.items, 5 + 1);
 }
 
 #[test]
@@ -299,4 +328,34 @@ fn a_later_compaction_archives_only_what_follows_the_item_it_carries_on_from() {
     assert_eq!(second.messages[..5], once.messages[..]);
     assert_eq!(second.messages[5].n, 6);
     assert!(second.messages[5].text.contains("Now the lexer"));
+}
+
+/// A request compacted over its `compact_threshold` recalls what the item replaces but
+/// the current turn, which goes on as sent; the item carries all of it.
+#[test]
+fn the_compacting_request_recalls_all_but_the_turn_it_forwards() {
+    let mut input = history();
+    input.push(user("Now the lexer in src/lex.rs"));
+    input.push(
+        json!({"type": "function_call", "call_id": "c2", "name": "shell", "arguments": "{}"}),
+    );
+    input.push(json!({"type": "function_call_output", "call_id": "c2", "output": "lexed"}));
+    let management = json!([{"type": "compaction", "compact_threshold": 10}]);
+    let body = json!({"model": "m", "input": input, "context_management": management});
+    let Some(Outcome::Compacted(sent, _, first, Some(now))) = run(&body) else {
+        panic!("compacted, with what this request recalls from");
+    };
+    let sent: Value = serde_json::from_slice(&sent).unwrap();
+    let sent = sent["input"].as_array().unwrap();
+    assert_eq!(sent[sent.len() - 3..], input[input.len() - 3..]);
+    let now = now.open().unwrap();
+    assert_eq!(now.total as usize, history().len());
+    assert!(now.messages.iter().all(|m| !m.text.contains("src/lex.rs")));
+    let token = first.item()["encrypted_content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let whole = sealed::open(&key(), &token).unwrap().archive().unwrap();
+    let whole = whole.open().unwrap();
+    assert_eq!(whole.total as usize, input.len());
 }

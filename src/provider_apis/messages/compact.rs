@@ -101,9 +101,10 @@ fn message(text: &str, role: SummaryRole) -> Option<Entry<'static>> {
 /// message and what follows it, so a tool call keeps its result) and that turn; the
 /// `compaction` block for the answer, its summary the whole conversation's and its
 /// archive what the block replaces (after the archive of the block it carries on from:
-/// `entries` no longer hold what that one replaced), which is also what this request
-/// recalls from. `None` (and `entries` untouched) when there is nothing before the
-/// newest turn to summarise.
+/// `entries` no longer hold what that one replaced); and what this request recalls
+/// from, the same but for the newest turn, which it still forwards (a recall does not
+/// read it back twice). `None` (and `entries` untouched) when there is nothing before
+/// the newest turn to summarise.
 pub(super) fn make(
     key: Option<&IdentityKey>,
     items: &[Item<'_>],
@@ -136,8 +137,9 @@ pub(super) fn make(
     let now = summary_of(&before, prior, instructions, created_at);
     let replaced = of(entries);
     let mut whole = summary_of(&replaced, prior, instructions, created_at);
-    let archive = Archive::of(prior.and_then(Summary::archive).as_ref(), &replaced);
-    whole.archive = archive.as_ref().map(|a| a.encoded().to_owned());
+    let earlier = prior.and_then(Summary::archive);
+    whole.archive = Archive::of(earlier.as_ref(), &replaced).map(|a| a.encoded().to_owned());
+    let archive = Archive::of(earlier.as_ref(), &before);
     let summary = message(&expansion(&now), role)?;
     let kept: Vec<Entry<'_>> = entries.drain(newest..).collect();
     entries.clear();

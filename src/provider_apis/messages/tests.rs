@@ -396,3 +396,43 @@ fn one_task_and_its_long_tool_loop_compact_to_the_last_call_and_its_result() {
             .starts_with("abridge.v1.")
     );
 }
+
+/// On the request that compacts, recall reads what the block replaced but the newest
+/// turn, which goes on as sent (not read back twice); the block carries all of it for
+/// the requests after.
+#[test]
+fn the_compacting_request_recalls_all_but_the_turn_it_forwards() {
+    let mut messages = vec![ask("port the parser")];
+    for n in 1..=24 {
+        messages.extend(tool_round(
+            n,
+            &format!("fn parse_{n}() {{ next(); }} ").repeat(500),
+        ));
+    }
+    messages.push(ask("now the lexer in src/lex.rs"));
+    let edit =
+        json!({"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50000}});
+    let body = json!({"model": "m", "max_tokens": 10, "messages": messages,
+        "context_management": {"edits": [edit]}});
+    let request =
+        formats::Request::parse(formats::Format::Messages, Bytes::from(body.to_string())).unwrap();
+    let formats::Request::Messages(parsed) = &request else {
+        unreachable!("parsed as Messages")
+    };
+    let decided = decide(
+        Some(&key()),
+        (parsed.body(), parsed.parsed()),
+        SummaryRole::User,
+    );
+    let Some(Outcome::Edited(_, after, Some(now))) = decided else {
+        panic!("compacted, with what this request recalls from");
+    };
+    let now = now.open().unwrap();
+    let block = after.block.unwrap();
+    let sealed = sealed::open(&key(), block["encrypted_content"].as_str().unwrap()).unwrap();
+    let whole = sealed.archive().unwrap().open().unwrap();
+    assert_eq!(whole.total as usize, messages.len());
+    assert!(whole.messages.last().unwrap().text.contains("src/lex.rs"));
+    assert_eq!(now.total as usize, messages.len() - 1);
+    assert!(now.messages.iter().all(|m| !m.text.contains("src/lex.rs")));
+}
