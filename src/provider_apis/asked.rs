@@ -1,7 +1,8 @@
-//! The summary a compaction item carries, asked of a model when `compaction.strategy`
-//! summarises (`structured`, `llm_replace`): the summary model (`summary.model`, else
-//! the request's own), through the summariser every strategy uses, with the client's
-//! own credentials (so the client pays for its own summary, as for the request). The
+//! The summary a compaction item (Responses) or block (Messages) carries, asked of a
+//! model when `compaction.strategy` summarises (`structured`, `llm_replace`): the
+//! summary model (`summary.model`, else the request's own), through the summariser
+//! every strategy uses, in the API of the route's upstream, with the client's own
+//! credentials (so the client pays for its own summary, as for the request). The
 //! transcript (labelled `[USER]` / `[ASSISTANT]` / `[TOOL CALL]` / `[TOOL RESULT]`,
 //! long bodies cut to their start and end, the newest kept within a bound, secrets
 //! redacted) goes in a fence it cannot close, after the previous compaction's summary
@@ -21,6 +22,7 @@ use crate::conversation::{Item, Role};
 use crate::formats::Format;
 use crate::formats::responses::Parsed;
 use crate::headers::{Credentials, Provider};
+use crate::prices::Tokens;
 use crate::state::AppState;
 use crate::strategies::redact::redact;
 use crate::strategies::{SummaryRequest, structured};
@@ -31,6 +33,8 @@ const ITEM_CHARS: usize = 4000;
 const TRANSCRIPT_CHARS: usize = 120_000;
 /// Characters of the model's summary kept (and of a previous one quoted).
 pub(super) const SUMMARY_CHARS: usize = 16_000;
+/// Characters of a client's summary instructions asked of the model.
+const INSTRUCTIONS_CHARS: usize = 16_000;
 
 /// The note when the digest stood in for the model's summary.
 pub(super) const DIGEST: &str = "compaction: the summary model could not be used (it failed, timed out, or summaries go to a separate provider); abridge's deterministic digest summarises instead";
@@ -81,8 +85,9 @@ pub(super) async fn for_compaction(
     });
     drop(permit);
     let model = parsed.fields.model.as_deref().unwrap_or_default();
-    match ask(state, at, model, &request).await {
-        Some(text) => Model::Said(text),
+    let on = (Provider::Main, Format::Responses);
+    match ask(state, at, on, model, &request).await {
+        Some(said) => Model::Said(said.text),
         None => Model::Failed,
     }
 }
@@ -95,9 +100,22 @@ pub(super) fn request(
     max_tokens: u32,
 ) -> SummaryRequest {
     let prior = opened.iter().rev().flatten().next();
+    let items = compacted::summarised(items, kinds, opened);
+    transcript_request(items, (prior, None), max_tokens)
+}
+
+/// The request for a summary of `items` (oldest first; the newest kept within a bound),
+/// after `prior`'s summary. The client's `instructions` (bounded), when it gave them,
+/// are what is asked of the transcript in place of abridge's own handoff sections — as
+/// Anthropic's compaction `instructions` replace its default prompt.
+pub(super) fn transcript_request<'i, 'a: 'i>(
+    items: impl DoubleEndedIterator<Item = &'i Item<'a>>,
+    (prior, instructions): (Option<&Summary>, Option<&str>),
+    max_tokens: u32,
+) -> SummaryRequest {
     let mut blocks: Vec<String> = Vec::new();
     let mut chars = 0;
-    for item in compacted::summarised(items, kinds, opened).rev() {
+    for item in items.rev() {
         let block = block(item);
         chars += block.len();
         if chars > TRANSCRIPT_CHARS && !blocks.is_empty() {
@@ -124,14 +142,25 @@ pub(super) fn request(
         "Summarise the transcript below: a conversation between a user and an AI agent \
          ({} items). Your summary replaces them in the agent's context; the agent carries \
          on from it. The transcript is everything between the two tags marked {fence}.\n\n\
-         <transcript-{fence}>\n{transcript}</transcript-{fence}>\n\nWrite one handoff \
-         summary with these sections as Markdown headings: Goal; Constraints & \
-         Preferences; Progress; Key Decisions; Relevant Files; Next Steps; Critical \
-         Context. Keep file paths, commands, IDs, URLs, numbers and error messages exactly \
-         as written, and make the user's latest request and its status clear. Write at \
-         most about {words} words.",
+         <transcript-{fence}>\n{transcript}</transcript-{fence}>\n\n",
         blocks.len()
     );
+    match instructions.filter(|i| !i.trim().is_empty()) {
+        Some(asked) => {
+            let asked: String = asked.chars().take(INSTRUCTIONS_CHARS).collect();
+            let _ = write!(prompt, "{asked}\n\nWrite at most about {words} words.");
+        }
+        None => {
+            let _ = write!(
+                prompt,
+                "Write one handoff summary with these sections as Markdown headings: Goal; \
+                 Constraints & Preferences; Progress; Key Decisions; Relevant Files; Next \
+                 Steps; Critical Context. Keep file paths, commands, IDs, URLs, numbers and \
+                 error messages exactly as written, and make the user's latest request and \
+                 its status clear. Write at most about {words} words."
+            );
+        }
+    }
     SummaryRequest {
         system: structured::SYSTEM.to_owned(),
         prompt,
@@ -171,13 +200,41 @@ fn cut(text: &str) -> String {
     )
 }
 
-/// The model's summary of what `request` quotes, or `None` (the digest then stands in).
+/// A model's summary, and what its call spent as its provider reported it.
+pub(super) struct Summarised {
+    pub text: String,
+    pub spent: Option<Tokens>,
+}
+
+/// The model's summary for a compaction made now on the Messages route (`request`, of
+/// [`transcript_request`]), in the Messages API on that route's upstream with the
+/// client's credentials; `None` when it could not be had (the digest then stands in,
+/// with [`DIGEST`]).
+pub(super) async fn for_messages(
+    state: &AppState,
+    at: (&HeaderMap, &Uri),
+    model: &str,
+    request: &SummaryRequest,
+) -> Option<Summarised> {
+    ask(
+        state,
+        at,
+        (Provider::Anthropic, Format::Messages),
+        model,
+        request,
+    )
+    .await
+}
+
+/// The model's summary of what `request` quotes, asked of `provider` in `format`'s API,
+/// or `None` (the digest then stands in).
 async fn ask(
     state: &AppState,
     (headers, uri): (&HeaderMap, &Uri),
+    (provider, format): (Provider, Format),
     model: &str,
     request: &SummaryRequest,
-) -> Option<String> {
+) -> Option<Summarised> {
     let summariser = state.compactor().summariser();
     if !summariser.uses_client_credentials() {
         return None;
@@ -185,16 +242,12 @@ async fn ask(
     let tenants = state.config().identity.tenant_headers.iter().map(|h| &h.0);
     let credentials = Credentials::from_headers(headers, tenants);
     let deployment = Deployment::of(uri.path(), uri.query());
-    let to = (
-        &credentials,
-        Provider::Main,
-        Format::Responses,
-        deployment.as_ref(),
-    );
+    let to = (&credentials, provider, format, deployment.as_ref());
     match summariser.summarise(to, model, request).await {
-        Ok(answer) if !answer.text.trim().is_empty() => {
-            Some(answer.text.trim().chars().take(SUMMARY_CHARS).collect())
-        }
+        Ok(answer) if !answer.text.trim().is_empty() => Some(Summarised {
+            text: answer.text.trim().chars().take(SUMMARY_CHARS).collect(),
+            spent: answer.spent,
+        }),
         Ok(_) => None,
         Err(failure) => {
             tracing::warn!(error = %failure, "compaction item's summary failed; the digest is used");

@@ -121,7 +121,7 @@ pub async fn before(
     at: (&http::HeaderMap, &http::Uri),
 ) -> Before {
     let formats::Request::Responses(responses) = &*request else {
-        return messages::before(state, request).await;
+        return messages::before(state, request, at).await;
     };
     let body = responses.body();
     let carries = |needle: &[u8]| memchr::memmem::find(body, needle).is_some();

@@ -36,6 +36,7 @@ mod llama;
 mod llama_agents;
 mod messages;
 mod messages_compaction;
+mod messages_compaction_summary;
 mod outage;
 mod passthrough;
 mod provider_apis;

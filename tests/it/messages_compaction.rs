@@ -16,7 +16,7 @@ use crate::common::redis::RedisServer;
 use crate::common::{Proxy, client, config_for};
 use crate::provider_apis::events;
 
-fn config(url: &str, mode: ProviderCompaction) -> Config {
+pub(crate) fn config(url: &str, mode: ProviderCompaction) -> Config {
     let mut config = config_for(url);
     config.provider_apis.messages_compaction = mode;
     // Only the provider API is under test: abridge's own compaction stays out.
@@ -30,7 +30,7 @@ async fn setup(mode: ProviderCompaction) -> (FakeProvider, Proxy) {
     (provider, proxy)
 }
 
-async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
+pub(crate) async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
     client()
         .post(proxy.url("/v1/messages"))
         .header("x-api-key", "sk-ant-test")
@@ -45,7 +45,7 @@ async fn post(proxy: &Proxy, body: &Value) -> reqwest::Response {
         .unwrap()
 }
 
-fn request(messages: &[Value], edits: Value, stream: bool) -> Value {
+pub(crate) fn request(messages: &[Value], edits: Value, stream: bool) -> Value {
     json!({"model": "local-model", "max_tokens": 64, "stream": stream, "messages": messages,
         "context_management": {"edits": edits}})
 }
@@ -164,7 +164,7 @@ async fn old_tool_results_are_cleared_with_pairs_intact_and_reported_when_stream
 }
 
 /// A history over 50,000 input tokens: an early ask, many long tool rounds, a newest ask.
-fn long_history() -> Vec<Value> {
+pub(crate) fn long_history() -> Vec<Value> {
     let mut messages = vec![ask("Port the parser in src/parser.rs to the new lexer")];
     for n in 1..=24 {
         messages.extend(tool_round(
@@ -177,7 +177,7 @@ fn long_history() -> Vec<Value> {
     messages
 }
 
-fn compact_edit(pause: bool) -> Value {
+pub(crate) fn compact_edit(pause: bool) -> Value {
     json!([{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50000},
         "pause_after_compaction": pause, "instructions": "Keep the file names."}])
 }

@@ -4,7 +4,8 @@
 //! sealed `encrypted_content`; another's read from its plain `content`), and the one
 //! `compact_20260112` makes over its trigger — a summary of the whole conversation in
 //! the block (what the block replaces when it is sent back), and a summary of all but
-//! the newest turn forwarded now, followed by that turn.
+//! the newest turn forwarded now, followed by that turn (the model's summary, when the
+//! strategy summarises, is the whole conversation's in both places).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -95,52 +96,82 @@ fn message(text: &str, role: SummaryRole) -> Option<Entry<'static>> {
     Entry::authored(&crate::strategies::authored(Format::Messages, role, text))
 }
 
-/// `compact_20260112` over its trigger: `entries` become the summary of all but the
-/// newest turn (the last user message that asks, and what follows it; when that ask
-/// opens the conversation — one task and its long tool loop — the last assistant
-/// message and what follows it, so a tool call keeps its result) and that turn; the
-/// `compaction` block for the answer, its summary the whole conversation's and its
-/// archive what the block replaces (after the archive of the block it carries on from:
-/// `entries` no longer hold what that one replaced); and what this request recalls
-/// from, the same but for the newest turn, which it still forwards (a recall does not
-/// read it back twice). `None` (and `entries` untouched) when there is nothing before
-/// the newest turn to summarise.
-pub(super) fn make(
-    key: Option<&IdentityKey>,
-    items: &[Item<'_>],
-    (entries, prior): (&mut Vec<Entry<'_>>, Option<&Summary>),
-    (instructions, role): (Option<&str>, SummaryRole),
-) -> Option<(Value, Option<Archive>)> {
+/// Where the newest turn starts in `entries` (the last user message that asks, and what
+/// follows it; when that ask opens the conversation — one task and its long tool loop —
+/// the last assistant message and what follows it, so a tool call keeps its result):
+/// `None` when nothing the request sent comes before it, so there is nothing to
+/// summarise.
+pub(super) fn newest(entries: &[Entry<'_>]) -> Option<usize> {
     let read = |e: &Entry<'_>| e.from.is_some();
     let after_some = |n: &usize| entries[..*n].iter().any(read);
-    let newest = entries
+    entries
         .iter()
         .rposition(|e| read(e) && asks(&e.value))
         .filter(after_some)
         .or_else(|| {
             let answer = |e: &Entry<'_>| read(e) && e.value["role"] == "assistant";
             entries.iter().rposition(answer).filter(after_some)
-        })?;
-    let of = |range: &[Entry<'_>]| -> Vec<Item<'_>> {
-        range
-            .iter()
-            .filter_map(|e| e.from.and_then(|k| items.get(k)).cloned())
-            .collect()
-    };
-    let before = of(&entries[..newest]);
+        })
+}
+
+/// The request's messages (as it sent them) behind `entries`.
+pub(super) fn sent<'a>(items: &[Item<'a>], entries: &[Entry<'_>]) -> Vec<Item<'a>> {
+    entries
+        .iter()
+        .filter_map(|e| e.from.and_then(|k| items.get(k)).cloned())
+        .collect()
+}
+
+/// What a compaction is made of: its summary written by a model (`said`, bounded by the
+/// caller; redacted here), else the digest headed by the client's `instructions`.
+pub(super) struct Made<'s> {
+    pub instructions: Option<&'s str>,
+    pub said: Option<&'s str>,
+    pub role: SummaryRole,
+}
+
+/// `compact_20260112` over its trigger, the newest turn starting at `newest`
+/// ([`newest`]): `entries` become a summary of what precedes that turn (the model's
+/// summary of the whole conversation when it said one) and that turn; the `compaction`
+/// block for the answer, its summary the whole conversation's and its archive what the
+/// block replaces (after the archive of the block it carries on from: `entries` no
+/// longer hold what that one replaced); and what this request recalls from, the same
+/// but for the newest turn, which it still forwards (a recall does not read it back
+/// twice). `None` (and `entries` untouched) when there is nothing before the newest
+/// turn to summarise.
+pub(super) fn make(
+    key: Option<&IdentityKey>,
+    items: &[Item<'_>],
+    (entries, prior, newest): (&mut Vec<Entry<'_>>, Option<&Summary>, usize),
+    made: &Made<'_>,
+) -> Option<(Value, Option<Archive>)> {
+    let before = sent(items, &entries[..newest]);
     if before.is_empty() {
         return None;
     }
     let created_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let now = summary_of(&before, prior, instructions, created_at);
-    let replaced = of(entries);
-    let mut whole = summary_of(&replaced, prior, instructions, created_at);
+    let replaced = sent(items, entries);
+    let (now, mut whole) = match made.said {
+        Some(said) => {
+            let whole = Summary {
+                summary: crate::strategies::redact::redact(said).into_owned(),
+                items: replaced.len() as u64 + prior.map_or(0, |p| p.items),
+                created_at,
+                archive: None,
+            };
+            (whole.clone(), whole)
+        }
+        None => (
+            summary_of(&before, prior, made.instructions, created_at),
+            summary_of(&replaced, prior, made.instructions, created_at),
+        ),
+    };
     let earlier = prior.and_then(Summary::archive);
     whole.archive = Archive::of(earlier.as_ref(), &replaced).map(|a| a.encoded().to_owned());
     let archive = Archive::of(earlier.as_ref(), &before);
-    let summary = message(&expansion(&now), role)?;
+    let summary = message(&expansion(&now), made.role)?;
     let kept: Vec<Entry<'_>> = entries.drain(newest..).collect();
     entries.clear();
     entries.push(summary);

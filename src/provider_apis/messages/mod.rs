@@ -37,7 +37,7 @@ use crate::formats::messages::{self as wire, Parsed};
 use crate::formats::{self, splice};
 use crate::identity::IdentityKey;
 use crate::json::Raw;
-use crate::provider_apis::sealed;
+use crate::provider_apis::{asked, sealed};
 use crate::recall::Archive;
 use crate::state::AppState;
 use crate::strategies::SummaryRole;
@@ -114,7 +114,11 @@ impl Entry<'_> {
 
 /// A parsed Messages request, before it is identified: as it is unless abridge serves
 /// these APIs and it asks for one (`context_management`, or a `compaction` block).
-pub(super) async fn before(state: &AppState, request: Arc<formats::Request>) -> Before {
+pub(super) async fn before(
+    state: &AppState,
+    request: Arc<formats::Request>,
+    at: (&http::HeaderMap, &http::Uri),
+) -> Before {
     let formats::Request::Messages(messages) = &*request else {
         return Before::Go(request, None);
     };
@@ -130,10 +134,25 @@ pub(super) async fn before(state: &AppState, request: Arc<formats::Request>) -> 
     }
     let key = state.identity_key().await;
     let role = state.config().strategies.summary_role;
+    let asks = state.config().compaction.strategy.summarises();
     let permit = state.cpu().permit_for(body.len()).await;
-    let outcome = state
-        .cpu()
-        .run_with(&permit, || decide(key.as_deref(), (body, parsed), role));
+    let planned = state.cpu().run_with(&permit, || {
+        decide(key.as_deref(), (body, parsed), role, asks)
+    });
+    drop(permit);
+    let outcome = match planned {
+        Planned::Done(outcome) => outcome,
+        Planned::Ask(pending) => {
+            // A summary is asked only here, for a compaction that is made with it.
+            let request = pending.request(parsed, state.config().strategies.summary_max_tokens);
+            let model = parsed.fields.model.as_deref().unwrap_or_default();
+            let said = asked::for_messages(state, at, model, &request).await;
+            let permit = state.cpu().permit_for(body.len()).await;
+            state.cpu().run_with(&permit, || {
+                pending.finish(key.as_deref(), (body, parsed), role, (true, said))
+            })
+        }
+    };
     match outcome {
         Some(Outcome::Answer(response)) => Before::Answer(response),
         Some(Outcome::Edited(body, after, archive)) => {
@@ -141,6 +160,66 @@ pub(super) async fn before(state: &AppState, request: Arc<formats::Request>) -> 
         }
         Some(Outcome::Withheld(after)) => withheld(request, after),
         None => Before::Go(request, None),
+    }
+}
+
+/// What [`decide`] came to: done, or a compaction to make once its model has been asked.
+enum Planned<'a> {
+    Done(Option<Outcome>),
+    Ask(Pending<'a>),
+}
+
+/// A compaction over its trigger whose summary a model is to write: the request's
+/// messages as edited so far, and what it is to make.
+struct Pending<'a> {
+    entries: Vec<Entry<'a>>,
+    after: After,
+    archive: Option<Archive>,
+    prior: Option<sealed::Summary>,
+    edit: edits::Compact,
+    newest: usize,
+}
+
+impl Pending<'_> {
+    /// The summary request: the messages the compaction replaces, after the summary of
+    /// the block they carry on from, with the edit's `instructions`.
+    fn request(&self, parsed: &Parsed<'_>, max_tokens: u32) -> crate::strategies::SummaryRequest {
+        let replaced = compact::sent(&parsed.items, &self.entries);
+        let asked = (self.prior.as_ref(), self.edit.instructions.as_deref());
+        asked::transcript_request(replaced.iter(), asked, max_tokens)
+    }
+
+    /// The compaction made (the model's summary when it said one; else the digest, and
+    /// the client told so when the model was `asked`) and what the request comes to
+    /// with it.
+    fn finish(
+        mut self,
+        key: Option<&IdentityKey>,
+        (body, parsed): (&Bytes, &Parsed<'_>),
+        role: SummaryRole,
+        (asked, said): (bool, Option<asked::Summarised>),
+    ) -> Option<Outcome> {
+        let made = compact::Made {
+            instructions: self.edit.instructions.as_deref(),
+            said: said.as_ref().map(|s| s.text.as_str()),
+            role,
+        };
+        let at = (&mut self.entries, self.prior.as_ref(), self.newest);
+        if let Some((block, archive)) = compact::make(key, &parsed.items, at, &made) {
+            self.archive = archive;
+            self.after
+                .compacted(block, said.as_ref().and_then(|s| s.spent));
+            if asked && said.is_none() {
+                self.after.noted(asked::DIGEST);
+            }
+            if self.edit.pause {
+                let model = parsed.fields.model.as_deref().unwrap_or_default();
+                let stream = parsed.fields.stream == Some(true);
+                return Some(Outcome::Answer(self.after.paused(model, stream)));
+            }
+        }
+        let body = forwarded(body, parsed, &self.entries)?;
+        Some(Outcome::Edited(body, self.after, self.archive))
     }
 }
 
@@ -180,15 +259,19 @@ fn withheld(mut request: Arc<formats::Request>, after: After) -> Before {
     }
 }
 
-fn decide(
+/// What a request's `context_management` and `compaction` blocks come to: `asks`, when
+/// the strategy summarises, leaves a compaction over its trigger [`Pending`] for its
+/// model; else it is made with the digest here.
+fn decide<'a>(
     key: Option<&IdentityKey>,
-    (body, parsed): (&Bytes, &Parsed<'_>),
+    (body, parsed): (&Bytes, &'a Parsed<'a>),
     role: SummaryRole,
-) -> Option<Outcome> {
+    asks: bool,
+) -> Planned<'a> {
     let edits = match parsed.fields.context_management {
         Some(raw) if raw.get() != "null" => match edits::read(raw.get()) {
             Ok(edits) => Some(edits),
-            Err(message) => return Some(Outcome::Answer(reply::invalid(&message))),
+            Err(message) => return Planned::Done(Some(Outcome::Answer(reply::invalid(&message)))),
         },
         _ => None,
     };
@@ -196,9 +279,52 @@ fn decide(
         .as_ref()
         .is_some_and(|edits| changes_nothing(body, parsed, edits))
     {
-        return Some(Outcome::Withheld(After::new(true, None)));
+        return Planned::Done(Some(Outcome::Withheld(After::new(true, None))));
     }
-    let mut entries = parsed
+    let Some(mut entries) = entries(parsed) else {
+        return Planned::Done(None);
+    };
+    let opened = compact::expand(key, &mut entries, role);
+    if edits.is_none() && entries.iter().all(|e| e.raw.is_some() && !e.changed) {
+        // Only the word: no block, nothing asked.
+        return Planned::Done(None);
+    }
+    let mut after = After::new(edits.is_some(), opened.note);
+    let archive = opened.prior.as_ref().and_then(sealed::Summary::archive);
+    let edits = edits.unwrap_or_default();
+    if let Some(edit) = &edits.thinking {
+        after.add(clear::thinking(&mut entries, edit));
+    }
+    if let Some(edit) = &edits.tool_uses {
+        let prompt = estimate(body, parsed, &entries);
+        after.add(clear::tool_uses(&mut entries, edit, prompt));
+    }
+    let compacts = edits
+        .compact
+        .filter(|edit| estimate(body, parsed, &entries) > edit.trigger)
+        .and_then(|edit| Some((edit, compact::newest(&entries)?)));
+    let Some((edit, newest)) = compacts else {
+        let body = forwarded(body, parsed, &entries);
+        return Planned::Done(body.map(|body| Outcome::Edited(body, after, archive)));
+    };
+    let prior = opened.prior;
+    let pending = Pending {
+        entries,
+        after,
+        archive,
+        prior,
+        edit,
+        newest,
+    };
+    match asks {
+        true => Planned::Ask(pending),
+        false => Planned::Done(pending.finish(key, (body, parsed), role, (false, None))),
+    }
+}
+
+/// The request's messages as entries to edit (`None`: one is not JSON).
+fn entries<'a>(parsed: &'a Parsed<'a>) -> Option<Vec<Entry<'a>>> {
+    parsed
         .items
         .iter()
         .enumerate()
@@ -210,44 +336,7 @@ fn decide(
                 from: Some(k),
             })
         })
-        .collect::<Option<Vec<_>>>()?;
-    let opened = compact::expand(key, &mut entries, role);
-    if edits.is_none() && entries.iter().all(|e| e.raw.is_some() && !e.changed) {
-        // Only the word: no block, nothing asked.
-        return None;
-    }
-    let mut after = After::new(edits.is_some(), opened.note);
-    let mut archive = opened.prior.as_ref().and_then(sealed::Summary::archive);
-    let edits = edits.unwrap_or_default();
-    if let Some(edit) = &edits.thinking {
-        after.add(clear::thinking(&mut entries, edit));
-    }
-    if let Some(edit) = &edits.tool_uses {
-        let prompt = estimate(body, parsed, &entries);
-        after.add(clear::tool_uses(&mut entries, edit, prompt));
-    }
-    if let Some(edit) = &edits.compact
-        && estimate(body, parsed, &entries) > edit.trigger
-    {
-        let instructions = edit.instructions.as_deref();
-        let made = compact::make(
-            key,
-            &parsed.items,
-            (&mut entries, opened.prior.as_ref()),
-            (instructions, role),
-        );
-        if let Some((block, made)) = made {
-            archive = made;
-            after.compacted(block);
-            if edit.pause {
-                let model = parsed.fields.model.as_deref().unwrap_or_default();
-                let stream = parsed.fields.stream == Some(true);
-                return Some(Outcome::Answer(after.paused(model, stream)));
-            }
-        }
-    }
-    let body = forwarded(body, parsed, &entries)?;
-    Some(Outcome::Edited(body, after, archive))
+        .collect()
 }
 
 /// Whether `edits` leave every message as it is, so that only `context_management`

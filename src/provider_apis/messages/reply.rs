@@ -4,8 +4,8 @@
 //! `content_block_stop`, the upstream's blocks shifted one index on),
 //! `context_management.applied_edits` (top level of the message; of the `message_delta`
 //! event when streamed) and `usage.iterations` (the compaction, then the message; the
-//! top-level usage stays the message's, as Anthropic reports it). No model was asked for
-//! the compaction, so its iteration counts no tokens. Also the answer when paused after
+//! top-level usage stays the message's, as Anthropic reports it; the compaction's are
+//! its summary call's, none when the digest made it). Also the answer when paused after
 //! the compaction (`stop_reason: "compaction"`, the block only), and Anthropic's 400 for
 //! an invalid edit. The rewriting of the upstream's answer is [`rewrite`]'s.
 
@@ -16,6 +16,8 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 
+use crate::prices::Tokens;
+
 /// What the answer to a served request must carry.
 #[derive(Debug, Clone)]
 pub struct After {
@@ -23,6 +25,9 @@ pub struct After {
     pub(super) applied: Option<Vec<Value>>,
     /// The `compaction` block that comes first.
     pub(super) block: Option<Value>,
+    /// What the compaction's summary call spent (`None`: no model was asked, or its
+    /// provider did not say).
+    spent: Option<Tokens>,
     note: Option<&'static str>,
 }
 
@@ -31,6 +36,7 @@ impl After {
         After {
             applied: managed.then(Vec::new),
             block: None,
+            spent: None,
             note,
         }
     }
@@ -42,8 +48,15 @@ impl After {
         }
     }
 
-    pub(super) fn compacted(&mut self, block: Value) {
+    /// The compaction made: its block, and what its summary call spent.
+    pub(super) fn compacted(&mut self, block: Value, spent: Option<Tokens>) {
         self.block = Some(block);
+        self.spent = spent;
+    }
+
+    /// `note` for the client, unless one is there already.
+    pub(super) fn noted(&mut self, note: &'static str) {
+        self.note = self.note.or(Some(note));
     }
 
     /// What the client is told beside the answer.
@@ -112,7 +125,8 @@ impl After {
         {
             content.insert(0, block.clone());
             let usage = &mut message["usage"];
-            let iterations = iterations(usage, usage["input_tokens"].as_u64().unwrap_or(0));
+            let input = usage["input_tokens"].as_u64().unwrap_or(0);
+            let iterations = iterations(self.spent.as_ref(), usage, input);
             usage["iterations"] = iterations;
         }
         if let Some(applied) = &self.applied {
@@ -130,7 +144,7 @@ impl After {
                     usage[k] = v.clone();
                 }
             }
-            delta["usage"]["iterations"] = iterations(&usage, input);
+            delta["usage"]["iterations"] = iterations(self.spent.as_ref(), &usage, input);
         }
         if let Some(applied) = &self.applied {
             delta["context_management"] = json!({"applied_edits": applied});
@@ -159,13 +173,16 @@ impl After {
     }
 }
 
-/// `usage.iterations`: the compaction (no model asked: no tokens), then the message
-/// with `usage`'s counts (`input`: its input tokens).
-fn iterations(usage: &Value, input: u64) -> Value {
+/// `usage.iterations`: the compaction (its summary call's counts, `spent`; none when no
+/// model was asked), then the message with `usage`'s counts (`input`: its input tokens).
+fn iterations(spent: Option<&Tokens>, usage: &Value, input: u64) -> Value {
     let count = |k: &str| usage[k].as_u64().unwrap_or(0);
+    let spent = spent.copied().unwrap_or_default();
+    let uncached = spent.input.saturating_sub(spent.cached + spent.cache_write);
     json!([
-        {"type": "compaction", "input_tokens": 0, "output_tokens": 0,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+        {"type": "compaction", "input_tokens": uncached, "output_tokens": spent.output,
+            "cache_creation_input_tokens": spent.cache_write,
+            "cache_read_input_tokens": spent.cached},
         {"type": "message", "input_tokens": input, "output_tokens": count("output_tokens"),
             "cache_creation_input_tokens": count("cache_creation_input_tokens"),
             "cache_read_input_tokens": count("cache_read_input_tokens")},

@@ -109,7 +109,16 @@ fn passed_on(text: &str, key: Option<&IdentityKey>) -> (Bytes, Option<After>, bo
     let formats::Request::Messages(messages) = &*request else {
         unreachable!("parsed as Messages")
     };
-    let before = match decide(key, (messages.body(), messages.parsed()), SummaryRole::User) {
+    let decided = decide(
+        key,
+        (messages.body(), messages.parsed()),
+        SummaryRole::User,
+        false,
+    );
+    let Planned::Done(decided) = decided else {
+        panic!("no model asked");
+    };
+    let before = match decided {
         Some(Outcome::Withheld(after)) => withheld(request, after),
         Some(Outcome::Edited(body, after, archive)) => {
             Before::Edited(body, after.note(), after, archive)
@@ -423,8 +432,9 @@ fn the_compacting_request_recalls_all_but_the_turn_it_forwards() {
         Some(&key()),
         (parsed.body(), parsed.parsed()),
         SummaryRole::User,
+        false,
     );
-    let Some(Outcome::Edited(_, after, Some(now))) = decided else {
+    let Planned::Done(Some(Outcome::Edited(_, after, Some(now)))) = decided else {
         panic!("compacted, with what this request recalls from");
     };
     let now = now.open().unwrap();
