@@ -13,7 +13,7 @@
 //! closed at once, both sides sent `1001` (going away); one with an answer in flight is
 //! closed so once the answer's terminal event has been relayed, or when the shutdown
 //! grace is all but over ([`in_flight_grace`]), whichever comes first. Frames go both
-//! ways as usual meanwhile. The server waits for the session (it holds its [`Drain`])
+//! ways as usual meanwhile, but for a new `response.create`, which is not sent on. The server waits for the session (it holds its [`Drain`])
 //! no longer than the grace.
 
 use std::collections::VecDeque;
@@ -78,7 +78,8 @@ pub async fn run(
     let (over, to_client) = loop {
         let step = tokio::select! {
             message = client.next() => {
-                from_client(&state, &context, message, &mut provider, &mut pending).await
+                let session = (&mut provider, &mut pending, cut.is_some());
+                from_client(&state, &context, message, session).await
             }
             message = provider.next() => {
                 from_provider(&state, message, &mut client, &mut pending).await
@@ -129,13 +130,15 @@ pub async fn run(
     }
 }
 
-/// A client frame: a `response.create` staged and sent on, anything else sent as is.
+/// A client frame: a `response.create` staged and sent on — not once the listener
+/// drains (`draining`): no new answer is begun then, as no new request is accepted; the
+/// session closes going away when the answer in flight has ended, and the client asks
+/// again elsewhere — anything else sent as is.
 async fn from_client(
     state: &AppState,
     context: &Context,
     message: Option<Result<Message, WsError>>,
-    provider: &mut Side,
-    pending: &mut VecDeque<Pending>,
+    (provider, pending, draining): (&mut Side, &mut VecDeque<Pending>, bool),
 ) -> Step {
     let message = match message {
         Some(Ok(Message::Close(frame))) => {
@@ -155,6 +158,10 @@ async fn from_client(
     };
     let message = match message {
         Message::Text(text) => match frames::request(&text) {
+            Some(_) if draining => {
+                tracing::debug!("a response.create after the drain began: not sent on");
+                return Step::Go;
+            }
             Some(_) if pending.len() >= MAX_IN_FLIGHT => {
                 let _ = provider.send(close(CloseCode::Away, "client gone")).await;
                 let why = "too many response.create frames unanswered";

@@ -507,6 +507,35 @@ async fn at_shutdown_the_answer_in_flight_is_relayed_whole_then_the_session_clos
 }
 
 #[tokio::test]
+async fn at_shutdown_a_new_response_create_is_not_sent_on() {
+    let behavior = Behavior {
+        chunk_delay: Duration::from_millis(200),
+        ..Behavior::default()
+    };
+    let (provider, proxy, mut ws) = session_behind(behavior, 30_000).await;
+    send_create(&mut ws, &request(&[user("hello")])).await;
+    let first = tokio::time::timeout(Duration::from_secs(10), ws.next()).await;
+    let Ok(Some(Ok(Message::Text(first)))) = first else {
+        panic!("the answer's first event: {first:?}");
+    };
+    let first = serde_json::from_str::<Value>(&first).unwrap();
+    let shutdown = shut_down(proxy, Duration::from_secs(30));
+    // The drain has reached the session (it is in the same process) well before this.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    send_create(&mut ws, &request(&[user("hello"), user("and then?")])).await;
+    let events = answer(&mut ws, vec![first]).await;
+    completed(&events);
+    let (code, _) = next_close(&mut ws).await;
+    assert_eq!(code, 1001);
+    assert_eq!(
+        frames(&provider).len(),
+        1,
+        "the second create never reached the provider"
+    );
+    assert!(shutdown.await.unwrap() < Duration::from_secs(30));
+}
+
+#[tokio::test]
 async fn at_shutdown_an_answer_that_outlasts_the_grace_is_cut_at_its_end() {
     // The provider answers long after the grace (1 s) is over.
     let behavior = Behavior {
