@@ -141,18 +141,23 @@ async fn passthrough_stages(
         .inspect_err(|_| state.stats().upstream_error());
     exchange.upstream_wait += waiting.elapsed();
     let response = response?;
-    let recorder = state.clone();
-    let inflight = exchange.inflight.take();
-    let on_done: OnDone = Box::new(move |outcome: Outcome| {
-        recorder.stats().outcome(&outcome, false);
-        drop(inflight);
-    });
     Ok(relay::respond(
         response,
         Watch::Nothing,
         relay_bounds(state),
-        on_done,
+        passed(state, exchange),
     ))
+}
+
+/// What a relayed answer abridge does not read records when it ends: its outcome, the
+/// request no longer in flight.
+fn passed(state: &AppState, exchange: &mut Exchange) -> OnDone {
+    let recorder = state.clone();
+    let inflight = exchange.inflight.take();
+    Box::new(move |outcome: Outcome| {
+        recorder.stats().outcome(&outcome, false);
+        drop(inflight);
+    })
 }
 
 fn relay_bounds(state: &AppState) -> relay::Bounds {

@@ -119,13 +119,7 @@ pub(super) async fn before(state: &AppState, request: Arc<formats::Request>) -> 
         return Before::Go(request, None);
     };
     let (body, parsed) = (messages.body(), messages.parsed());
-    let managed = parsed
-        .fields
-        .context_management
-        .is_some_and(|m| m.get() != "null");
-    if !serves(state.config())
-        || (!managed && memchr::memmem::find(body, b"\"compaction\"").is_none())
-    {
+    if !serves(state.config()) || !asks(body, parsed) {
         return Before::Go(request, None);
     }
     let key = state.identity_key().await;
@@ -142,6 +136,16 @@ pub(super) async fn before(state: &AppState, request: Arc<formats::Request>) -> 
         Some(Outcome::Withheld(after)) => withheld(request, after),
         None => Before::Go(request, None),
     }
+}
+
+/// Whether a request asks for what abridge serves: `context_management`, or a
+/// `compaction` block (a byte search tells cheaply).
+fn asks(body: &[u8], parsed: &Parsed<'_>) -> bool {
+    let managed = parsed
+        .fields
+        .context_management
+        .is_some_and(|m| m.get() != "null");
+    managed || memchr::memmem::find(body, b"\"compaction\"").is_some()
 }
 
 enum Outcome {
@@ -168,16 +172,20 @@ fn withheld(mut request: Arc<formats::Request>, after: After) -> Before {
     let formats::Request::Messages(messages) = &*request else {
         return Before::Go(request, None);
     };
-    let (body, parsed) = (messages.body(), messages.parsed());
-    let cut = parsed
-        .fields
-        .context_management
-        .and_then(|field| splice::remove_member(body, field.get()))
-        .and_then(|edit| splice::apply(body, vec![edit]));
-    match cut {
+    match without_management(messages.body(), messages.parsed()) {
         Some(body) => Before::Edited(body, note, after, None),
         None => Before::Go(request, None),
     }
+}
+
+/// The body without its `context_management` (`None`: it has none, or it could not be
+/// cut).
+fn without_management(body: &[u8], parsed: &Parsed<'_>) -> Option<Bytes> {
+    parsed
+        .fields
+        .context_management
+        .and_then(|field| splice::remove_member(body, field.get()))
+        .and_then(|edit| splice::apply(body, vec![edit]))
 }
 
 fn decide(
@@ -185,12 +193,9 @@ fn decide(
     (body, parsed): (&Bytes, &Parsed<'_>),
     role: SummaryRole,
 ) -> Option<Outcome> {
-    let edits = match parsed.fields.context_management {
-        Some(raw) if raw.get() != "null" => match edits::read(raw.get()) {
-            Ok(edits) => Some(edits),
-            Err(message) => return Some(Outcome::Answer(reply::invalid(&message))),
-        },
-        _ => None,
+    let edits = match requested(parsed) {
+        Ok(edits) => edits,
+        Err(refusal) => return Some(Outcome::Answer(*refusal)),
     };
     if edits
         .as_ref()
@@ -198,34 +203,15 @@ fn decide(
     {
         return Some(Outcome::Withheld(After::new(true, None)));
     }
-    let mut entries = parsed
-        .items
-        .iter()
-        .enumerate()
-        .map(|(k, item)| {
-            Some(Entry {
-                raw: Some(item.raw),
-                value: serde_json::from_str(item.raw.get()).ok()?,
-                changed: false,
-                from: Some(k),
-            })
-        })
-        .collect::<Option<Vec<_>>>()?;
-    let opened = compact::expand(key, &mut entries, role);
-    if edits.is_none() && entries.iter().all(|e| e.raw.is_some() && !e.changed) {
+    let (mut entries, opened) = entries(key, parsed, role)?;
+    if edits.is_none() && untouched(&entries) {
         // Only the word: no block, nothing asked.
         return None;
     }
     let mut after = After::new(edits.is_some(), opened.note);
     let mut archive = opened.prior.as_ref().and_then(sealed::Summary::archive);
     let edits = edits.unwrap_or_default();
-    if let Some(edit) = &edits.thinking {
-        after.add(clear::thinking(&mut entries, edit));
-    }
-    if let Some(edit) = &edits.tool_uses {
-        let prompt = estimate(body, parsed, &entries);
-        after.add(clear::tool_uses(&mut entries, edit, prompt));
-    }
+    clear_edits(&edits, (body, parsed), &mut entries, &mut after);
     if let Some(edit) = &edits.compact
         && estimate(body, parsed, &entries) > edit.trigger
     {
@@ -248,6 +234,63 @@ fn decide(
     }
     let body = forwarded(body, parsed, &entries)?;
     Some(Outcome::Edited(body, after, archive))
+}
+
+/// The edits `context_management` asks for (`None`: it is absent or `null`), or
+/// Anthropic's 400 refusing them.
+fn requested(parsed: &Parsed<'_>) -> Result<Option<Edits>, Box<axum::response::Response>> {
+    match parsed.fields.context_management {
+        Some(raw) if raw.get() != "null" => edits::read(raw.get())
+            .map(Some)
+            .map_err(|message| Box::new(reply::invalid(&message))),
+        _ => Ok(None),
+    }
+}
+
+/// The request's messages as entries, the latest `compaction` block sent back expanded
+/// ([`compact::expand`]); `None` when a message cannot be read.
+fn entries<'a>(
+    key: Option<&IdentityKey>,
+    parsed: &Parsed<'a>,
+    role: SummaryRole,
+) -> Option<(Vec<Entry<'a>>, compact::Opened)> {
+    let mut entries = parsed
+        .items
+        .iter()
+        .enumerate()
+        .map(|(k, item)| {
+            Some(Entry {
+                raw: Some(item.raw),
+                value: serde_json::from_str(item.raw.get()).ok()?,
+                changed: false,
+                from: Some(k),
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let opened = compact::expand(key, &mut entries, role);
+    Some((entries, opened))
+}
+
+/// Whether `entries` are the request's messages as read, none changed.
+fn untouched(entries: &[Entry<'_>]) -> bool {
+    entries.iter().all(|e| e.raw.is_some() && !e.changed)
+}
+
+/// `clear_thinking_20251015`, then `clear_tool_uses_20250919` (its trigger read on the
+/// prompt the first left), applied to `entries`; each edit that applied told to `after`.
+fn clear_edits(
+    edits: &Edits,
+    (body, parsed): (&[u8], &Parsed<'_>),
+    entries: &mut [Entry<'_>],
+    after: &mut After,
+) {
+    if let Some(edit) = &edits.thinking {
+        after.add(clear::thinking(entries, edit));
+    }
+    if let Some(edit) = &edits.tool_uses {
+        let prompt = estimate(body, parsed, entries);
+        after.add(clear::tool_uses(entries, edit, prompt));
+    }
 }
 
 /// Whether `edits` leave every message as it is, so that only `context_management`
