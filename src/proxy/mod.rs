@@ -1,6 +1,7 @@
 //! The proxy's request handlers: the conversation routes ([`chat`], [`responses`],
 //! [`messages`]),
-//! which abridge reads, and the transparent pass-through that serves everything else
+//! which abridge reads, Anthropic's token counting where abridge serves its compaction
+//! ([`count_tokens`]), and the transparent pass-through that serves everything else
 //! under `/v1` (and Azure's `/openai/…`); and what they share: the bookkeeping of one exchange, sending to the provider, relaying the
 //! answer, and the record stage.
 //!
@@ -8,12 +9,14 @@
 //! stages live in their own modules and only `forward` touches the network.
 
 mod conversation;
+mod count;
 pub mod frame;
 mod peek;
 mod recall;
 mod recall_stream;
 
 pub use conversation::{chat, compact, messages, responses};
+pub use count::count_tokens;
 
 use axum::body::Body;
 use axum::extract::{Request, State};

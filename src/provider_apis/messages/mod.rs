@@ -13,13 +13,19 @@
 //! again. The client's `anthropic-beta` header loses the beta values of what abridge
 //! serves ([`betas`], through [`upstream_betas`]).
 //!
+//! `POST /v1/messages/count_tokens` counts what `/v1/messages` would forward, with the
+//! same expansion and clearing edits (no compaction: counting makes no summary), and
+//! answers `context_management.original_input_tokens` ([`count`]).
+//!
 //! Behind Anthropic's own host the request passes untouched ([`serves`]). The
 //! conversation handler calls [`before`] (through the wing's `before`) on a parsed
-//! Messages request, and wraps the relayed answer with the [`After`] it returns.
+//! Messages request, and wraps the relayed answer with the [`After`] it returns; the
+//! count handler calls [`count::body`].
 
 mod betas;
 mod clear;
 mod compact;
+pub mod count;
 mod edits;
 mod reply;
 
