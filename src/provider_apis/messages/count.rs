@@ -16,8 +16,10 @@
 //! changed anything. A `compaction` block is expanded in both (the upstream never sees
 //! one on `/v1/messages`), so M is the count before context editing.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
-use serde_json::{Map, Value};
 
 use super::edits::Edits;
 use super::{
@@ -26,8 +28,9 @@ use super::{
 };
 use crate::compactor::Reason;
 use crate::formats::messages::Parsed;
-use crate::formats::{self, Format};
+use crate::formats::{self, Format, splice};
 use crate::identity::IdentityKey;
+use crate::json::Raw;
 use crate::prepare::parse;
 use crate::state::AppState;
 use crate::strategies::SummaryRole;
@@ -142,30 +145,34 @@ fn counted(
 }
 
 /// The upstream's answer to a count (read whole) with
-/// `"context_management": {"original_input_tokens": M}` added after its members, every
-/// byte of it kept; `None` (relay it as it came) unless it is a JSON object with a
-/// whole-number `input_tokens` and no `context_management` of its own.
+/// `"context_management": {"original_input_tokens": M}`, every other byte of it kept:
+/// added after its members, or in place of a `context_management` of the upstream's
+/// own (vLLM's count_tokens reports one for the body it was sent, which abridge
+/// edited). `None` (relay it as it came) unless it is a JSON object with a
+/// whole-number `input_tokens`.
 pub fn amended(answer: &[u8], scale: Scale) -> Option<Bytes> {
     let text = std::str::from_utf8(answer).ok()?;
-    let object: Map<String, Value> = serde_json::from_str(text).ok()?;
-    let n = object.get("input_tokens")?.as_u64()?;
-    if object.contains_key("context_management") {
-        return None;
-    }
-    // A JSON object's text ends with its closing brace (and perhaps whitespace).
-    let close = text.trim_end().len().checked_sub(1)?;
-    let member = format!(
-        r#","context_management":{{"original_input_tokens":{}}}"#,
-        scale.original(n)
-    );
-    Some(Bytes::from(
-        [&text[..close], &member, &text[close..]].concat(),
-    ))
+    let object: BTreeMap<Cow<'_, str>, Raw<'_>> = serde_json::from_str(text).ok()?;
+    let n: u64 = object.get("input_tokens")?.get().parse().ok()?;
+    let original = format!(r#"{{"original_input_tokens":{}}}"#, scale.original(n));
+    let (span, value) = match object.get("context_management") {
+        Some(own) => (splice::span_of(answer, own.get())?, original),
+        // A JSON object's text ends with its closing brace (and perhaps whitespace).
+        None => {
+            let close = text.trim_end().len().checked_sub(1)?;
+            (close..close, format!(r#","context_management":{original}"#))
+        }
+    };
+    let edit = splice::Edit {
+        span,
+        bytes: value.into_bytes(),
+    };
+    splice::apply(answer, vec![edit])
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::provider_apis::sealed;
@@ -239,12 +246,24 @@ mod tests {
             amended("{\"input_tokens\": 10}\n").unwrap(),
             "{\"input_tokens\": 10,\"context_management\":{\"original_input_tokens\":20}}\n"
         );
+        // The upstream's own (vLLM's), of the body abridge edited: replaced.
+        assert_eq!(
+            amended(
+                "{\"context_management\": {\"original_input_tokens\": 10}, \"input_tokens\": 10}"
+            )
+            .unwrap(),
+            "{\"context_management\": {\"original_input_tokens\":20}, \"input_tokens\": 10}"
+        );
+        assert_eq!(
+            amended("{\"input_tokens\":10,\"context_management\":null}").unwrap(),
+            "{\"input_tokens\":10,\"context_management\":{\"original_input_tokens\":20}}"
+        );
         for relayed in [
             "{\"input_tokens\": \"10\"}",
             "{\"input_tokens\": 1.5}",
+            "{\"input_tokens\": -1}",
             "{\"tokens\": 10}",
             "[10]",
-            "{\"input_tokens\": 10, \"context_management\": null}",
             "{\"type\": \"error\"}",
             "not json",
         ] {
