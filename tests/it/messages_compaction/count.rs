@@ -154,6 +154,28 @@ async fn a_count_over_a_clearing_trigger_is_of_the_cleared_history() {
 }
 
 #[tokio::test]
+async fn an_upstream_error_on_a_managed_count_is_relayed_as_it_came() {
+    let (provider, proxy) = setup(ProviderCompaction::Serve).await;
+    let body = json!({"model": "local-model", "messages": [ask("hi")],
+        "context_management": {"edits": []}});
+    let answer = client()
+        .post(proxy.url("/v1/messages/count_tokens"))
+        .header("x-api-key", "sk-ant-test")
+        .header("anthropic-version", "2023-06-01")
+        .header("x-fake-status", "529")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 529);
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!(answer["error"]["type"], "overloaded_error", "{answer}");
+    assert!(answer.get("context_management").is_none());
+    let seen = counted(&provider).pop().unwrap().json();
+    assert!(seen.get("context_management").is_none(), "{seen}");
+}
+
+#[tokio::test]
 async fn an_invalid_edit_on_a_count_is_refused_and_nothing_forwarded() {
     let (provider, proxy) = setup(ProviderCompaction::Serve).await;
     let edits = json!([{"type": "clear_tool_uses_20250919"}, {"type": "clear_thinking_20251015"}]);
