@@ -16,7 +16,9 @@ use crate::{admin, provider_apis, proxy, serve, websocket};
 /// deployment path and the classic preview Responses path; see [`crate::azure`]);
 /// everything else (other methods on those paths included) passes through. Where
 /// abridge serves the provider compaction APIs ([`provider_apis::serves`]),
-/// `/responses/compact` is answered too. A WebSocket handshake on the Responses paths is
+/// `/responses/compact` is answered too; where it serves Anthropic's
+/// ([`provider_apis::messages::serves`]), `/v1/messages/count_tokens` counts what
+/// `/v1/messages` would forward ([`proxy::count_tokens`]). A WebSocket handshake on the Responses paths is
 /// relayed or refused ([`websocket`]).
 pub fn router(state: AppState) -> Router {
     let chat = || post(proxy::chat).fallback(proxy::passthrough);
@@ -31,6 +33,10 @@ pub fn router(state: AppState) -> Router {
         router = router
             .route("/v1/responses/compact", compact())
             .route("/openai/v1/responses/compact", compact());
+    }
+    if provider_apis::messages::serves(state.config()) {
+        let count = post(proxy::count_tokens).fallback(proxy::passthrough);
+        router = router.route("/v1/messages/count_tokens", count);
     }
     router
         .route("/v1/chat/completions", chat())

@@ -1,6 +1,7 @@
 //! The proxy's request handlers: the conversation routes ([`chat`], [`responses`],
 //! [`messages`]),
-//! which abridge reads, and the transparent pass-through that serves everything else
+//! which abridge reads, Anthropic's token counting where abridge serves its compaction
+//! ([`count_tokens`]), and the transparent pass-through that serves everything else
 //! under `/v1` (and Azure's `/openai/…`); and what they share: the bookkeeping of one exchange, sending to the provider, relaying the
 //! answer, and the record stage.
 //!
@@ -8,12 +9,14 @@
 //! stages live in their own modules and only `forward` touches the network.
 
 mod conversation;
+mod count;
 pub mod frame;
 mod peek;
 mod recall;
 mod recall_stream;
 
 pub use conversation::{chat, compact, messages, responses};
+pub use count::count_tokens;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -141,18 +144,23 @@ async fn passthrough_stages(
         .inspect_err(|_| state.stats().upstream_error());
     exchange.upstream_wait += waiting.elapsed();
     let response = response?;
-    let recorder = state.clone();
-    let inflight = exchange.inflight.take();
-    let on_done: OnDone = Box::new(move |outcome: Outcome| {
-        recorder.stats().outcome(&outcome, false);
-        drop(inflight);
-    });
     Ok(relay::respond(
         response,
         Watch::Nothing,
         relay_bounds(state),
-        on_done,
+        passed(state, exchange),
     ))
+}
+
+/// What a relayed answer abridge does not read records when it ends: its outcome, the
+/// request no longer in flight.
+fn passed(state: &AppState, exchange: &mut Exchange) -> OnDone {
+    let recorder = state.clone();
+    let inflight = exchange.inflight.take();
+    Box::new(move |outcome: Outcome| {
+        recorder.stats().outcome(&outcome, false);
+        drop(inflight);
+    })
 }
 
 fn relay_bounds(state: &AppState) -> relay::Bounds {

@@ -564,3 +564,5 @@ async fn native_forwards_the_betas_untouched() {
     .await;
     assert_eq!(seen, BETAS);
 }
+
+mod count;

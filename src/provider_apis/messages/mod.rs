@@ -13,13 +13,19 @@
 //! again. The client's `anthropic-beta` header loses the beta values of what abridge
 //! serves ([`betas`], through [`upstream_betas`]).
 //!
+//! `POST /v1/messages/count_tokens` counts what `/v1/messages` would forward, with the
+//! same expansion and clearing edits (no compaction: counting makes no summary), and
+//! answers `context_management.original_input_tokens` ([`count`]).
+//!
 //! Behind Anthropic's own host the request passes untouched ([`serves`]). The
 //! conversation handler calls [`before`] (through the wing's `before`) on a parsed
-//! Messages request, and wraps the relayed answer with the [`After`] it returns.
+//! Messages request, and wraps the relayed answer with the [`After`] it returns; the
+//! count handler calls [`count::body`].
 
 mod betas;
 mod clear;
 mod compact;
+pub mod count;
 mod edits;
 mod reply;
 
@@ -123,21 +129,15 @@ pub(super) async fn before(
         return Before::Go(request, None);
     };
     let (body, parsed) = (messages.body(), messages.parsed());
-    let managed = parsed
-        .fields
-        .context_management
-        .is_some_and(|m| m.get() != "null");
-    if !serves(state.config())
-        || (!managed && memchr::memmem::find(body, b"\"compaction\"").is_none())
-    {
+    if !serves(state.config()) || !asks(body, parsed) {
         return Before::Go(request, None);
     }
     let key = state.identity_key().await;
     let role = state.config().strategies.summary_role;
-    let asks = state.config().compaction.strategy.summarises();
+    let summarises = state.config().compaction.strategy.summarises();
     let permit = state.cpu().permit_for(body.len()).await;
     let planned = state.cpu().run_with(&permit, || {
-        decide(key.as_deref(), (body, parsed), role, asks)
+        decide(key.as_deref(), (body, parsed), role, summarises)
     });
     drop(permit);
     let outcome = match planned {
@@ -223,6 +223,16 @@ impl Pending<'_> {
     }
 }
 
+/// Whether a request asks for what abridge serves: `context_management`, or a
+/// `compaction` block (a byte search tells cheaply).
+fn asks(body: &[u8], parsed: &Parsed<'_>) -> bool {
+    let managed = parsed
+        .fields
+        .context_management
+        .is_some_and(|m| m.get() != "null");
+    managed || memchr::memmem::find(body, b"\"compaction\"").is_some()
+}
+
 enum Outcome {
     Answer(axum::response::Response),
     /// Messages edited: this body goes on, with what a compaction block expanded or
@@ -247,33 +257,34 @@ fn withheld(mut request: Arc<formats::Request>, after: After) -> Before {
     let formats::Request::Messages(messages) = &*request else {
         return Before::Go(request, None);
     };
-    let (body, parsed) = (messages.body(), messages.parsed());
-    let cut = parsed
-        .fields
-        .context_management
-        .and_then(|field| splice::remove_member(body, field.get()))
-        .and_then(|edit| splice::apply(body, vec![edit]));
-    match cut {
+    match without_management(messages.body(), messages.parsed()) {
         Some(body) => Before::Edited(body, note, after, None),
         None => Before::Go(request, None),
     }
 }
 
-/// What a request's `context_management` and `compaction` blocks come to: `asks`, when
-/// the strategy summarises, leaves a compaction over its trigger [`Pending`] for its
+/// The body without its `context_management` (`None`: it has none, or it could not be
+/// cut).
+fn without_management(body: &[u8], parsed: &Parsed<'_>) -> Option<Bytes> {
+    parsed
+        .fields
+        .context_management
+        .and_then(|field| splice::remove_member(body, field.get()))
+        .and_then(|edit| splice::apply(body, vec![edit]))
+}
+
+/// What a request's `context_management` and `compaction` blocks come to: when the
+/// strategy `summarises`, a compaction over its trigger is left [`Pending`] for its
 /// model; else it is made with the digest here.
 fn decide<'a>(
     key: Option<&IdentityKey>,
     (body, parsed): (&Bytes, &'a Parsed<'a>),
     role: SummaryRole,
-    asks: bool,
+    summarises: bool,
 ) -> Planned<'a> {
-    let edits = match parsed.fields.context_management {
-        Some(raw) if raw.get() != "null" => match edits::read(raw.get()) {
-            Ok(edits) => Some(edits),
-            Err(message) => return Planned::Done(Some(Outcome::Answer(reply::invalid(&message)))),
-        },
-        _ => None,
+    let edits = match requested(parsed) {
+        Ok(edits) => edits,
+        Err(refusal) => return Planned::Done(Some(Outcome::Answer(*refusal))),
     };
     if edits
         .as_ref()
@@ -281,24 +292,17 @@ fn decide<'a>(
     {
         return Planned::Done(Some(Outcome::Withheld(After::new(true, None))));
     }
-    let Some(mut entries) = entries(parsed) else {
+    let Some((mut entries, opened)) = entries(key, parsed, role) else {
         return Planned::Done(None);
     };
-    let opened = compact::expand(key, &mut entries, role);
-    if edits.is_none() && entries.iter().all(|e| e.raw.is_some() && !e.changed) {
+    if edits.is_none() && untouched(&entries) {
         // Only the word: no block, nothing asked.
         return Planned::Done(None);
     }
     let mut after = After::new(edits.is_some(), opened.note);
     let archive = opened.prior.as_ref().and_then(sealed::Summary::archive);
     let edits = edits.unwrap_or_default();
-    if let Some(edit) = &edits.thinking {
-        after.add(clear::thinking(&mut entries, edit));
-    }
-    if let Some(edit) = &edits.tool_uses {
-        let prompt = estimate(body, parsed, &entries);
-        after.add(clear::tool_uses(&mut entries, edit, prompt));
-    }
+    clear_edits(&edits, (body, parsed), &mut entries, &mut after);
     let compacts = edits
         .compact
         .filter(|edit| estimate(body, parsed, &entries) > edit.trigger)
@@ -316,15 +320,31 @@ fn decide<'a>(
         edit,
         newest,
     };
-    match asks {
+    match summarises {
         true => Planned::Ask(pending),
         false => Planned::Done(pending.finish(key, (body, parsed), role, (false, None))),
     }
 }
 
-/// The request's messages as entries to edit (`None`: one is not JSON).
-fn entries<'a>(parsed: &'a Parsed<'a>) -> Option<Vec<Entry<'a>>> {
-    parsed
+/// The edits `context_management` asks for (`None`: it is absent or `null`), or
+/// Anthropic's 400 refusing them.
+fn requested(parsed: &Parsed<'_>) -> Result<Option<Edits>, Box<axum::response::Response>> {
+    match parsed.fields.context_management {
+        Some(raw) if raw.get() != "null" => edits::read(raw.get())
+            .map(Some)
+            .map_err(|message| Box::new(reply::invalid(&message))),
+        _ => Ok(None),
+    }
+}
+
+/// The request's messages as entries, the latest `compaction` block sent back expanded
+/// ([`compact::expand`]); `None` when a message cannot be read.
+fn entries<'a>(
+    key: Option<&IdentityKey>,
+    parsed: &Parsed<'a>,
+    role: SummaryRole,
+) -> Option<(Vec<Entry<'a>>, compact::Opened)> {
+    let mut entries = parsed
         .items
         .iter()
         .enumerate()
@@ -336,7 +356,31 @@ fn entries<'a>(parsed: &'a Parsed<'a>) -> Option<Vec<Entry<'a>>> {
                 from: Some(k),
             })
         })
-        .collect()
+        .collect::<Option<Vec<_>>>()?;
+    let opened = compact::expand(key, &mut entries, role);
+    Some((entries, opened))
+}
+
+/// Whether `entries` are the request's messages as read, none changed.
+fn untouched(entries: &[Entry<'_>]) -> bool {
+    entries.iter().all(|e| e.raw.is_some() && !e.changed)
+}
+
+/// `clear_thinking_20251015`, then `clear_tool_uses_20250919` (its trigger read on the
+/// prompt the first left), applied to `entries`; each edit that applied told to `after`.
+fn clear_edits(
+    edits: &Edits,
+    (body, parsed): (&[u8], &Parsed<'_>),
+    entries: &mut [Entry<'_>],
+    after: &mut After,
+) {
+    if let Some(edit) = &edits.thinking {
+        after.add(clear::thinking(entries, edit));
+    }
+    if let Some(edit) = &edits.tool_uses {
+        let prompt = estimate(body, parsed, entries);
+        after.add(clear::tool_uses(entries, edit, prompt));
+    }
 }
 
 /// Whether `edits` leave every message as it is, so that only `context_management`
