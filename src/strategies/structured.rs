@@ -371,11 +371,13 @@ where
     A: Into<Answer>,
 {
     let retry = request.clone();
-    // What the summary may name without inventing: the transcript and, for an update,
-    // the previous summary — the prompt holds both.
+    // What the summary may name without inventing: what the summariser was shown.
+    let permit = cpu.acquire().await;
+    let shown = cpu.run(&permit, || shown(ctx, &retry));
+    drop(permit);
     let carried = previous.map(identifiers).unwrap_or_default();
     let covered = Covered {
-        text: &retry.prompt,
+        text: &shown,
         said: &transcript.said,
         observed: &transcript.observed,
         carried: &carried,
@@ -428,6 +430,24 @@ where
         judged,
         density: dense,
     })
+}
+
+/// What a summary asked with `request` was shown, that it may name without inventing:
+/// the transcript and, for an update, the previous summary (the prompt holds both);
+/// asked after the conversation itself ([`InContext`]), also the conversation's messages
+/// through the end of the range, as sent (the protected head among them, which the
+/// transcript leaves out and the summariser reads there).
+fn shown(ctx: &Ctx<'_, '_>, request: &SummaryRequest) -> String {
+    let Some(in_context) = &request.in_context else {
+        return request.prompt.clone();
+    };
+    let messages = ctx.input.messages.iter().take(in_context.through + 1);
+    let mut text = request.prompt.clone();
+    for message in messages {
+        text.push('\n');
+        text.push_str(message.raw.get());
+    }
+    text
 }
 
 /// The text of an answer to use: trimmed, and for one cut at the token cap only its

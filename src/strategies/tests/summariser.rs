@@ -550,3 +550,42 @@ fn a_summary_is_fitted_as_the_provider_counts_it() {
         assert_eq!(plan.summary, plain.summary, "{why}");
     }
 }
+
+/// A summary asked after the conversation itself (in context) may name what the
+/// summariser read there beside the transcript — the protected head's paths — without
+/// the gate taking them for invented; paths found nowhere still are.
+#[test]
+fn an_in_context_summary_may_name_the_heads_paths() {
+    let mut messages = agentic(12, 300);
+    messages[0] = json!({"role": "system", "content":
+        "You are a coding agent. Settings: cfg/a.toml, cfg/b.toml, cfg/c.toml, cfg/d.toml."});
+    let b = body(&messages);
+    let m = parse(&b);
+    let e = Estimator::approx();
+    let inp = input(&m, e.messages(&m) / 2, &e);
+    let settings = Settings::default();
+    let asked = RefCell::new(Vec::new());
+    let names = |paths: &'static str| {
+        let asked = &asked;
+        move |r: SummaryRequest| {
+            asked.borrow_mut().push(r.in_context.is_some());
+            let summary = format!("## Goal\nKeep the settings read from {paths}.");
+            async move { Ok::<_, SummaryError>(summary) }
+        }
+    };
+    let heads = "cfg/a.toml, cfg/b.toml, cfg/c.toml and cfg/d.toml";
+    let plan = run(Strategy::Structured, &inp, &settings, names(heads)).unwrap();
+    assert_eq!(plan.strategy, Strategy::Structured, "{:?}", plan.fallback);
+    assert!(asked.borrow().iter().all(|in_context| *in_context));
+    assert!(plan.summary.unwrap().contains("cfg/d.toml"));
+    let nowhere = "etc/w.toml, etc/x.toml, etc/y.toml and etc/z.toml";
+    let plan = run(Strategy::Structured, &inp, &settings, names(nowhere)).unwrap();
+    assert!(
+        matches!(
+            plan.fallback,
+            Some(Fallback::Fidelity(Fidelity::Invented { .. }))
+        ),
+        "{:?}",
+        plan.fallback
+    );
+}
