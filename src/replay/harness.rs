@@ -38,6 +38,8 @@ pub(super) struct Answer {
     pub compacted: bool,
     /// Why the cost policy compacted the request, or did not (`x-abridge-reason`).
     pub reason: Option<String>,
+    /// What abridge told the client beside the answer (`x-abridge-note`).
+    pub note: Option<String>,
     pub body: Value,
 }
 
@@ -111,11 +113,11 @@ impl Harness {
             .headers()
             .get("x-abridge-compacted")
             .is_some_and(|v| v == "true");
-        let reason = response
-            .headers()
-            .get("x-abridge-reason")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let header = |name: &str| {
+            let value = response.headers().get(name)?.to_str().ok();
+            value.map(str::to_owned)
+        };
+        let (reason, note) = (header("x-abridge-reason"), header("x-abridge-note"));
         let body = response
             .into_body()
             .collect()
@@ -126,6 +128,7 @@ impl Harness {
             status,
             compacted,
             reason,
+            note,
             body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         })
     }

@@ -23,6 +23,10 @@ pub struct Turn {
     /// Why the cost policy compacted it, or did not (`x-abridge-reason`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What abridge told the client beside the answer (`x-abridge-note`: a summary that
+    /// fell back, a budget spent, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Prompt tokens of the request as the client sent it (as the simulated provider
     /// counts).
     pub client_tokens: u64,
@@ -56,6 +60,9 @@ pub struct Conversation {
     /// The cost policy's verdicts on its requests, and how many of each (`pays`,
     /// `not-worth-it`, `window`, …: see `x-abridge-reason`).
     pub reasons: std::collections::BTreeMap<String, usize>,
+    /// What abridge told the client beside its answers, and how often (`x-abridge-note`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub notes: std::collections::BTreeMap<String, usize>,
     /// The first request a provider would refuse: the conversation failed, and its
     /// figures are left out of the totals.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -84,6 +91,14 @@ pub struct Conversation {
     pub count_scale: Option<f64>,
 }
 
+/// How many times each of `values` comes.
+fn counted(values: impl Iterator<Item = String>) -> std::collections::BTreeMap<String, usize> {
+    values.fold(std::collections::BTreeMap::new(), |mut counts, value| {
+        *counts.entry(value).or_default() += 1;
+        counts
+    })
+}
+
 impl Conversation {
     fn of(r: &Replayed) -> Self {
         let spend = &r.spend;
@@ -97,13 +112,8 @@ impl Conversation {
             requests: r.turns.len(),
             compactions: r.compactions,
             compacted_requests: r.turns.iter().filter(|t| t.compacted).count(),
-            reasons: r.turns.iter().filter_map(|t| t.reason.clone()).fold(
-                std::collections::BTreeMap::new(),
-                |mut counts, reason| {
-                    *counts.entry(reason).or_default() += 1;
-                    counts
-                },
-            ),
+            reasons: counted(r.turns.iter().filter_map(|t| t.reason.clone())),
+            notes: counted(r.turns.iter().filter_map(|t| t.note.clone())),
             failed: r.refusal(),
             cost_direct_usd: usd(spend.direct_micros),
             cost_through_usd: usd(through),

@@ -150,6 +150,7 @@ impl Run<'_> {
             status: answer.status,
             compacted: answer.compacted,
             reason: answer.reason.clone(),
+            note: answer.note.clone(),
             client_tokens: simulated.input,
             provider_tokens: reported.input,
             recorded_tokens: bill.map(|b| b.input),
