@@ -156,6 +156,10 @@ pub async fn run(options: Options, notify: &dyn Fn(&str)) -> Result<String, Stri
     for &strategy in &options.strategies {
         let mut config = base.clone();
         config.compaction.strategy = strategy;
+        // A session's requests go back to back, hours of it in seconds: a per-minute
+        // summary budget would refuse summaries the session's own pace never would.
+        config.summary.max_tokens_per_tenant_per_minute = u64::MAX;
+        config.summary.max_per_tenant_per_minute = 0;
         if let Some(t) = options.threshold {
             config.compaction.threshold_tokens = t;
         }

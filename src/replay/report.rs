@@ -60,7 +60,8 @@ pub struct Conversation {
     /// The cost policy's verdicts on its requests, and how many of each (`pays`,
     /// `not-worth-it`, `window`, …: see `x-abridge-reason`).
     pub reasons: std::collections::BTreeMap<String, usize>,
-    /// What abridge told the client beside its answers, and how often (`x-abridge-note`).
+    /// What abridge told the client beside its answers, and how often (`x-abridge-note`,
+    /// its numbers written `N`).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub notes: std::collections::BTreeMap<String, usize>,
     /// The first request a provider would refuse: the conversation failed, and its
@@ -91,6 +92,22 @@ pub struct Conversation {
     pub count_scale: Option<f64>,
 }
 
+/// `note` with each number in it written `N`, so that notes that differ only in their
+/// figures (a summary's size, a budget) are counted as one.
+fn numberless(note: &str) -> String {
+    let mut out = String::with_capacity(note.len());
+    let mut in_number = false;
+    for c in note.chars() {
+        match (c.is_ascii_digit(), in_number) {
+            (true, false) => out.push('N'),
+            (true, true) => {}
+            (false, _) => out.push(c),
+        }
+        in_number = c.is_ascii_digit();
+    }
+    out
+}
+
 /// How many times each of `values` comes.
 fn counted(values: impl Iterator<Item = String>) -> std::collections::BTreeMap<String, usize> {
     values.fold(std::collections::BTreeMap::new(), |mut counts, value| {
@@ -113,7 +130,11 @@ impl Conversation {
             compactions: r.compactions,
             compacted_requests: r.turns.iter().filter(|t| t.compacted).count(),
             reasons: counted(r.turns.iter().filter_map(|t| t.reason.clone())),
-            notes: counted(r.turns.iter().filter_map(|t| t.note.clone())),
+            notes: counted(
+                r.turns
+                    .iter()
+                    .filter_map(|t| t.note.as_deref().map(numberless)),
+            ),
             failed: r.refusal(),
             cost_direct_usd: usd(spend.direct_micros),
             cost_through_usd: usd(through),

@@ -264,6 +264,37 @@ fn replay_prices_both_sides_on_one_model_of_the_prompt_cache() {
     assert_eq!(f["all_valid"], true, "{f}");
 }
 
+/// What abridge told the client is in the figures, counted with its numbers written
+/// `N`; the per-minute summary budget, which replay's pace (a session in seconds) would
+/// spend where the session's own never would, is not applied.
+#[test]
+fn notes_are_counted_and_replay_spends_no_per_minute_summary_budget() {
+    let f = figures_of(&[
+        "--json",
+        "--strategy",
+        "structured",
+        "--threshold",
+        "3000",
+        "tests/data/conversations/long-session.json",
+    ]);
+    let notes = f["conversations"][0]["notes"].as_object().unwrap();
+    assert!(!notes.is_empty(), "{f}");
+    assert!(
+        notes
+            .keys()
+            .any(|k| k.contains("fell back to recency") && k.contains("N tokens")),
+        "{notes:?}"
+    );
+    assert!(
+        notes.keys().all(|k| !k.contains("summary budget")),
+        "{notes:?}"
+    );
+    assert!(
+        notes.keys().all(|k| !k.chars().any(|c| c.is_ascii_digit())),
+        "{notes:?}"
+    );
+}
+
 #[test]
 fn a_model_without_a_price_is_counted_in_tokens_and_prices_can_be_given() {
     let text = std::fs::read_to_string(format!("{}/{CHAT}", env!("CARGO_MANIFEST_DIR"))).unwrap();
