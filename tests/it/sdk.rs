@@ -205,10 +205,12 @@ async fn anthropic_python_sdk_compaction_betas_are_served() {
         vec![
             script("anthropic_compaction.py").display().to_string(),
             proxy.url("/v1").trim_end_matches("/v1").to_owned(),
+            "--count".to_owned(),
         ],
     )
     .await;
     every_compaction_scenario_passed(&out);
+    assert!(out.contains("ok count_tokens_served"), "{out}");
     // Nothing of the betas reached the server that lacks them, nor their values.
     for request in provider.requests() {
         let body = String::from_utf8_lossy(&request.body);

@@ -5,9 +5,10 @@ comes first (whole and streamed), a paused compaction stops with `compaction`, t
 sent back on the next turn is taken, an invalid edit is the SDK's BadRequestError, and
 cleared tool uses are reported in `context_management.applied_edits`.
 
-Usage: python anthropic_compaction.py ABRIDGE_BASE_URL [TIMEOUT_SECS]  (no /v1: the SDK
-adds it; the timeout of each call, 60 s unless given: a real model on a small machine
-needs minutes)
+Usage: python anthropic_compaction.py ABRIDGE_BASE_URL [TIMEOUT_SECS] [--count]  (no /v1:
+the SDK adds it; the timeout of each call, 60 s unless given: a real model on a small
+machine needs minutes; --count: also count tokens with a block sent back and an edit,
+for a server that answers /v1/messages/count_tokens)
 Prints one line per scenario; exits 1 on the first failure.
 """
 
@@ -15,8 +16,10 @@ import sys
 
 from anthropic import Anthropic, BadRequestError
 
-VIA = sys.argv[1]
-TIMEOUT = float(sys.argv[2]) if len(sys.argv) > 2 else 60
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+VIA = ARGS[0]
+TIMEOUT = float(ARGS[1]) if len(ARGS) > 1 else 60
+COUNT = "--count" in sys.argv
 MODEL = "claude-sonnet-4-5"
 BETAS = ["compact-2026-01-12", "context-management-2025-06-27"]
 TOOLS = [
@@ -85,6 +88,21 @@ def main():
         context_management={"edits": [COMPACT]},
     )
     check("block_sent_back", nxt.content and nxt.content[0].type != "compaction", nxt.model_dump())
+
+    if COUNT:
+        # Counted as /v1/messages forwards it: the block expanded, the edit applied, and
+        # the count before the edit reported as Anthropic's own type.
+        counted = c.beta.messages.count_tokens(
+            model=MODEL, betas=BETAS, tools=TOOLS, messages=after,
+            context_management={"edits": [{
+                "type": "clear_tool_uses_20250919",
+                "trigger": {"type": "input_tokens", "value": 1000},
+                "keep": {"type": "tool_uses", "value": 1},
+            }]},
+        )
+        management = counted.context_management
+        check("count_tokens_served", counted.input_tokens > 0 and management is not None
+              and management.original_input_tokens >= counted.input_tokens, counted.model_dump())
 
     with c.beta.messages.stream(
         model=MODEL, max_tokens=256, betas=BETAS, tools=TOOLS, messages=long,
