@@ -203,6 +203,25 @@ impl AppState {
         &self.inner.body_budget
     }
 
+    /// A client's request body, read whole within the configured bounds
+    /// (`limits.max_body_bytes`, `timeouts.client_body_ms`, the body budget; see
+    /// [`crate::ingress::read_body`]).
+    pub async fn read_body(
+        &self,
+        body: axum::body::Body,
+        headers: &http::HeaderMap,
+    ) -> Result<(bytes::Bytes, crate::ingress::Held), crate::error::Error> {
+        let config = self.config();
+        crate::ingress::read_body(
+            body,
+            headers,
+            config.limits.max_body_bytes,
+            config.timeouts.client_body(),
+            self.body_budget(),
+        )
+        .await
+    }
+
     pub fn decode_budget(&self) -> &DecodeBudget {
         &self.inner.decode_budget
     }

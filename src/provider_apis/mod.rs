@@ -43,7 +43,6 @@ use crate::error::{Error, Shape};
 use crate::formats;
 use crate::formats::responses::{self, Parsed};
 use crate::identity::IdentityKey;
-use crate::ingress;
 use crate::recall::Archive;
 use crate::state::AppState;
 
@@ -366,15 +365,7 @@ pub(crate) fn respond(body: Bytes, kind: &'static str, note: Option<&str>) -> Re
 /// to shape (OpenAI's).
 pub async fn compact(state: &AppState, request: Request) -> Result<Response, Error> {
     let (parts, body) = request.into_parts();
-    let config = state.config();
-    let (body, _held) = ingress::read_body(
-        body,
-        &parts.headers,
-        config.limits.max_body_bytes,
-        config.timeouts.client_body(),
-        state.body_budget(),
-    )
-    .await?;
+    let (body, _held) = state.read_body(body, &parts.headers).await?;
     let parsed = responses::parse(&body).map_err(|e| Error::ClientBody(e.to_string()))?;
     let key = state.identity_key().await.ok_or_else(|| {
         Error::Internal("the identity secret is not available (store unreachable)".into())

@@ -31,7 +31,6 @@ use crate::controls::{Compact, Controls, Report};
 use crate::error::{Error, Shape};
 use crate::formats::{Format, Request as Conversation};
 use crate::headers::{self, Credentials};
-use crate::ingress;
 use crate::prepare::{Prepared, parse, prepare_parsed};
 use crate::provider_apis::messages::After;
 use crate::provider_apis::{self, Before};
@@ -245,14 +244,7 @@ async fn read(
     format: Format,
     exchange: &mut Exchange,
 ) -> Result<Read, Error> {
-    let (body, held) = ingress::read_body(
-        body,
-        &parts.headers,
-        state.config().limits.max_body_bytes,
-        state.config().timeouts.client_body(),
-        state.body_budget(),
-    )
-    .await?;
+    let (body, held) = state.read_body(body, &parts.headers).await?;
     exchange.held = Some(held);
     let parsed = |body| parse(state, Reason::Request, format, body);
     let request = match parsed(body).await {

@@ -18,7 +18,6 @@ use hyper::body::Incoming;
 
 use crate::error::{Error, Shape};
 use crate::headers;
-use crate::ingress;
 use crate::provider_apis::messages::{self, count};
 use crate::relay::{self, Watch};
 use crate::state::AppState;
@@ -47,15 +46,7 @@ async fn stages(
     let (target, _) = state
         .upstream()
         .route(&parts.method, &parts.uri, &parts.headers)?;
-    let config = state.config();
-    let (body, held) = ingress::read_body(
-        body,
-        &parts.headers,
-        config.limits.max_body_bytes,
-        config.timeouts.client_body(),
-        state.body_budget(),
-    )
-    .await?;
+    let (body, held) = state.read_body(body, &parts.headers).await?;
     exchange.held = Some(held);
     let (body, scale) = match count::body(state, body).await {
         count::Count::Refused(response) => return Ok(response),
