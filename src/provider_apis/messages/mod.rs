@@ -143,8 +143,14 @@ pub(super) async fn before(
     let outcome = match planned {
         Planned::Done(outcome) => outcome,
         Planned::Ask(pending) => {
-            // A summary is asked only here, for a compaction that is made with it.
-            let request = pending.request(parsed, state.config().strategies.summary_max_tokens);
+            // A summary is asked only here, for a compaction that is made with it. Its
+            // transcript is written off the async workers, as the plan was.
+            let max_tokens = state.config().strategies.summary_max_tokens;
+            let permit = state.cpu().permit_for(body.len()).await;
+            let request = state
+                .cpu()
+                .run_with(&permit, || pending.request(parsed, max_tokens));
+            drop(permit);
             let model = parsed.fields.model.as_deref().unwrap_or_default();
             let said = asked::for_messages(state, at, model, &request).await;
             let permit = state.cpu().permit_for(body.len()).await;
