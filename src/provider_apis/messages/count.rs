@@ -175,7 +175,6 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::provider_apis::sealed;
     use crate::secret::Secret;
 
     fn key() -> IdentityKey {
@@ -274,14 +273,7 @@ mod tests {
     #[test]
     fn a_sealed_block_is_counted_expanded() {
         let key = key();
-        let summary = sealed::Summary {
-            summary: "The user is fixing the parser.".into(),
-            items: 2,
-            created_at: 1,
-            archive: None,
-        };
-        let block = json!({"type": "compaction", "content": "shown",
-            "encrypted_content": sealed::seal(&key, &summary)});
+        let block = super::super::tests::sealed_block(&key, 2);
         let body = json!({"model": "m", "messages": [ask("old ask"),
             {"role": "assistant", "content": [block]}, ask("now")]});
         let (sent, scale) = count_of(&body, Some(&key)).unwrap();

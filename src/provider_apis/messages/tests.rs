@@ -87,6 +87,19 @@ fn ask(text: &str) -> Value {
     json!({"role": "user", "content": text})
 }
 
+/// A `compaction` block abridge made with `key`, its summary covering `items` items of a
+/// user fixing the parser (its plain `content` says only "shown").
+pub(super) fn sealed_block(key: &IdentityKey, items: u64) -> Value {
+    let summary = sealed::Summary {
+        summary: "The user is fixing the parser.".into(),
+        items,
+        created_at: 1,
+        archive: None,
+    };
+    json!({"type": "compaction", "content": "shown",
+        "encrypted_content": sealed::seal(key, &summary)})
+}
+
 /// What `decide` forwards for a request (`None`: answered, or untouched).
 fn forwarded_of(body: &Value, key: Option<&IdentityKey>) -> (Option<Value>, Option<After>) {
     let (sent, after, _) = passed_on(&body.to_string(), key);
@@ -221,13 +234,7 @@ fn edits_under_their_triggers_go_on_as_parsed_and_over_them_edit() {
 #[test]
 fn a_compaction_block_spelled_with_an_escape_is_still_expanded() {
     let key = key();
-    let summary = sealed::Summary {
-        summary: "The user is fixing the parser.".into(),
-        items: 2,
-        created_at: 1,
-        archive: None,
-    };
-    let block = json!({"type": "compaction", "encrypted_content": sealed::seal(&key, &summary)});
+    let block = sealed_block(&key, 2);
     let text = json!({"model": "m", "max_tokens": 10,
         "messages": [ask("old ask"), {"role": "assistant", "content": [block]}, ask("now")],
         "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}})
@@ -326,13 +333,7 @@ fn old_tool_results_are_cleared_with_their_pairs_intact() {
 #[test]
 fn a_sealed_block_sent_back_replaces_everything_before_it() {
     let key = key();
-    let summary = sealed::Summary {
-        summary: "The user is fixing the parser.".into(),
-        items: 7,
-        created_at: 1,
-        archive: None,
-    };
-    let block = json!({"type": "compaction", "content": "shown", "encrypted_content": sealed::seal(&key, &summary)});
+    let block = sealed_block(&key, 7);
     let messages = json!([ask("old ask"), {"role": "assistant", "content": [block, {"type": "text", "text": "Fixed."}]}, ask("now test it")]);
     let body = json!({"model": "m", "max_tokens": 10, "messages": messages});
     let (out, after) = forwarded_of(&body, Some(&key));
