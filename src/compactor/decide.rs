@@ -126,7 +126,7 @@ pub fn decide<'c>(
         // Until a compaction needs the exact one: the ratio learned from the reports
         // (what a forwarded request's saving is scaled by to be counted as the
         // provider counts).
-        ratio: usage.map_or(1.0, |u| f64::from(u.ratio_permille.max(1)) / 1000.0),
+        ratio: usage.map_or(1.0, |u| u.ratio()),
         usage,
         active,
         deepest: matching.first().copied(),

@@ -142,7 +142,7 @@ fn work_out(turn: &Turn<'_, '_>) -> Beside {
 /// estimates (see [`super::decide::next_ratio`]), once a record followed an earlier one
 /// (`None`: not measured yet).
 fn learned(u: &Usage) -> Option<f64> {
-    (u.growth > 0).then(|| f64::from(u.ratio_permille.max(1)) / 1000.0)
+    (u.growth > 0).then(|| u.ratio())
 }
 
 /// Estimated prompt tokens of the forwarded view with `applied` applied. Cheap

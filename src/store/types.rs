@@ -206,6 +206,12 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The provider's tokens per token of abridge's estimate for this history
+    /// (`ratio_permille` as a factor, never zero).
+    pub fn ratio(&self) -> f64 {
+        f64::from(self.ratio_permille.max(1)) / 1000.0
+    }
+
     /// The record's value as stored (Redis): numbers separated by `:`, `at_ms` last.
     pub fn encode(&self) -> String {
         let applied = self.applied.map_or(-1, i64::from);
