@@ -9,8 +9,8 @@ use bytes::Bytes;
 
 use crate::azure::{self, Deployment};
 use crate::compactor::{Reason, Turn};
-use crate::config::{Anonymous, CompactionMode};
-use crate::controls::Controls;
+use crate::config::{Anonymous, CompactionMode, RecallOffer};
+use crate::controls::{Compact, Controls};
 use crate::formats::{Format, Request, Unparseable};
 use crate::headers::{Credentials, Provider};
 use crate::identity::{self, Identified, IdentityKey};
@@ -67,12 +67,14 @@ impl Prepared {
             request: Some(&self.request),
             format: self.request.format(),
             recall_tool: self.recall_tool.is_some(),
+            recall_always: self.recall_tool.as_ref().is_some_and(|t| t.always),
             beside: Default::default(),
         }
     }
 }
 
-/// The recall tool `request` gets once compacted, if any: recall is on, compaction acts,
+/// The recall tool `request` gets once compacted (or from the first, see
+/// [`crate::recall::Tool::always`]), if any: recall is on, compaction acts,
 /// the client did not turn recall off, the request lets the model choose its tools and
 /// asks for one answer, the provider has not lately refused the tool for the same
 /// tenant (`payer`; see [`crate::tenants`]), and there is room for one more tool (named
@@ -92,9 +94,16 @@ fn recall_tool(
         && !request.asks_several_answers()
         && !payer.is_some_and(|p| state.tenants().refuses_recall(p));
     let tools = request.tools().map(crate::json::Raw::get);
-    wanted
+    let mut tool = wanted
         .then(|| crate::recall::Tool::for_request(request.format(), tools))
-        .flatten()
+        .flatten()?;
+    // `recall.offer = "always"`: an agent's requests (tools of their own) carry it from
+    // the first, unless this one says compaction is off.
+    let own = tools.and_then(|t| crate::recall::wire::tool_names(request.format(), t));
+    tool.always = config.recall.offer == RecallOffer::Always
+        && controls.compact != Compact::Off
+        && own.is_some_and(|names| !names.is_empty());
+    Some(tool)
 }
 
 /// Parses, identifies and loads. A body abridge does not understand is handed back,

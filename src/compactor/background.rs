@@ -186,6 +186,7 @@ impl Compactor {
             provider: job.provider,
             payer: Some(job.payer),
             recall_tool: job.recall_tool,
+            recall_always: job.recall_always,
             beside: Default::default(),
         };
         let Some(attempt) = self.job_attempt(&turn, &job).await else {

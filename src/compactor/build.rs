@@ -331,7 +331,7 @@ impl Compactor {
             && let Some(forwarded) = turn.request.map(|request| Forwarded {
                 request,
                 checkpoint,
-                recall_tool: turn.recall_tool,
+                recall_tool: turn.recall_tool && (checkpoint.is_some() || turn.recall_always),
             })
             && let Some(result) = self
                 .summariser

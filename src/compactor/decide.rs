@@ -265,8 +265,8 @@ fn weigh(
     let beside = beside(turn);
     let head = beside + decided.head_tokens;
     // The first compaction adds the recall tool, and the tools lead the cached prefix:
-    // nothing of the old prefix stays cached.
-    let cached_head = match decided.active.is_none() && added(turn) > 0 {
+    // nothing of the old prefix stays cached — unless every request carried it already.
+    let cached_head = match decided.active.is_none() && added(turn) > 0 && !turn.recall_always {
         true => 0,
         false => head,
     };

@@ -366,6 +366,7 @@ fn chat_turn<'t, 'a>(
         request: None,
         format: Format::Chat,
         recall_tool,
+        recall_always: false,
         beside: Default::default(),
     }
 }

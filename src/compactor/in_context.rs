@@ -74,9 +74,9 @@ pub(super) fn body(
     };
     let format = request.format();
     let tool = f
-        .checkpoint
-        .filter(|_| f.recall_tool)
-        .and_then(|_| crate::recall::Tool::for_request(format, request.tools().map(Raw::get)))
+        .recall_tool
+        .then(|| crate::recall::Tool::for_request(format, request.tools().map(Raw::get)))
+        .flatten()
         .map(|t| t.definition(format));
     // The client's own breakpoints in what is kept: the body's, less those of the
     // messages it does not keep.

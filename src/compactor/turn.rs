@@ -51,6 +51,9 @@ pub struct Turn<'t, 'a> {
     /// A compacted request gets the recall tool, which the provider counts: compactions
     /// aim lower by its tokens (see `decide::added`).
     pub recall_tool: bool,
+    /// Every request of the conversation carries it, compacted or not
+    /// (`recall.offer = "always"`): a first compaction leaves the cached head as it is.
+    pub recall_always: bool,
     /// What the request carries beside its items, once worked out (`decide::beside`,
     /// asked several times a decision): start with `Default::default()`.
     pub beside: OnceLock<Beside>,
@@ -160,6 +163,8 @@ pub struct Followup {
     pub provider: Provider,
     /// Its compacted requests get the recall tool.
     pub recall_tool: bool,
+    /// …and so do the others (`recall.offer = "always"`).
+    pub recall_always: bool,
     pub payer: Fingerprint,
     /// The body's share of `limits.max_inflight_body_bytes`, kept while a background
     /// job holds the body.

@@ -36,7 +36,7 @@ pub use compaction::{CompactionConfig, CompactionMode, Policy};
 pub use load::ConfigError;
 pub use log::{LogConfig, LogFilter, LogFormat};
 pub use provider_apis::{Compaction as ProviderCompaction, ProviderApisConfig};
-pub use recall::RecallConfig;
+pub use recall::{Offer as RecallOffer, RecallConfig};
 pub use tls::{PemFile, RedisTls, is_tls_url};
 
 /// Prefix of every environment variable abridge reads as configuration.

@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 pub struct RecallConfig {
     /// Add the tool to compacted requests abridge can serve it for.
     pub enabled: bool,
+    /// Which requests get the tool: only compacted ones (`"compacted"`, the default),
+    /// or every request of an agent — one that carries tools of its own — from its
+    /// conversation's first (`"always"`; see [`Offer`]).
+    pub offer: Offer,
     /// Longest answer to one call, in tokens.
     pub max_tokens: u64,
     /// Recall rounds per client request at most; the last follow-up asks for an answer
@@ -30,10 +34,30 @@ pub struct RecallConfig {
     pub max_hold_ms: u64,
 }
 
+/// Which requests get the recall tool (`recall.offer`).
+///
+/// The tools lead the provider's cached prefix (Anthropic caches tools, then system,
+/// then messages; OpenAI matches the prompt from its start), so the compaction that
+/// first adds the tool has the provider write the whole prompt again, the agent's
+/// 15–50 K tokens of tools and system included, at the cache-write price. Offered from
+/// a conversation's first request, the tool is part of the prefix the provider has
+/// cached all along, and the first compaction rewrites only what follows the head; every
+/// request pays for the tool's ~200 tokens instead, read from the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Offer {
+    /// Only to compacted requests (and those carrying a compaction abridge served).
+    #[default]
+    Compacted,
+    /// To every request that carries tools of its own and lets the model choose them.
+    Always,
+}
+
 impl Default for RecallConfig {
     fn default() -> Self {
         Self {
             enabled: true,
+            offer: Offer::Compacted,
             max_tokens: 2000,
             max_rounds: 3,
             max_calls_per_answer: 8,

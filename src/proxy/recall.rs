@@ -7,7 +7,8 @@
 //!
 //! The tool is added only to a request with something condensed — a checkpoint applied,
 //! or a provider-API compaction item or block carrying an archive — that lets the model
-//! choose its tools (see [`wanted`]). A streamed answer goes through the rounds as it streams
+//! choose its tools (see [`wanted`]); with `recall.offer = "always"`, to every request
+//! of an agent, and a call before anything is condensed is answered so. A streamed answer goes through the rounds as it streams
 //! ([`super::recall_stream`]); this module reads whole answers. When a follow-up cannot
 //! be sent or the provider refuses it, the request is sent once more as the client
 //! would have had it answered without recall (the forwarded request without the tool),
@@ -46,7 +47,17 @@ use super::{Exchange, Upstream, first_answer};
 
 /// Whether this request gets the recall tool (see the module docs).
 pub(super) fn wanted(prepared: &Prepared, decision: &Decision) -> bool {
-    prepared.recall_tool.is_some() && decision.active && condensed(prepared, decision).is_some()
+    always(prepared)
+        || prepared.recall_tool.is_some()
+            && decision.active
+            && condensed(prepared, decision).is_some()
+}
+
+/// The tool goes with every request of the conversation (`recall.offer = "always"`):
+/// calls are served even with nothing condensed (answered so), for a call never
+/// reaches a client that does not know the tool.
+fn always(prepared: &Prepared) -> bool {
+    prepared.recall_tool.as_ref().is_some_and(|t| t.always)
 }
 
 /// What the request's recall reads: the messages its applied checkpoint condensed, and
@@ -183,7 +194,8 @@ async fn serve_whole(
     decision.report.recalls = Some(0);
     let choice = client_choice(prepared);
     let condensed = condensed(prepared, decision);
-    let (true, false) = (condensed.is_some(), answer.calls.is_empty()) else {
+    let served = condensed.is_some() || always(prepared);
+    let (true, false) = (served, answer.calls.is_empty()) else {
         // A Responses answer echoes the tools, and the calls of another choice than
         // the first are not served: the client sees only its own.
         first.body = Bytes::from(wire::finish(format, answer.value, None, &choice, name));
@@ -328,7 +340,7 @@ fn streamed(
     (upstream, held): (Upstream, Held),
 ) -> Upstream {
     let condensed = condensed(prepared, decision);
-    if !condensed.is_some() {
+    if !condensed.is_some() && !always(prepared) {
         return upstream;
     }
     let rounds = Streamed {

@@ -58,6 +58,9 @@ pub const MAX_TOOLS: usize = 128;
 pub struct Tool {
     /// Its name in this request (see the module docs).
     pub name: Cow<'static, str>,
+    /// Offered to every request of the conversation, compacted or not
+    /// (`recall.offer = "always"`), rather than only once something is condensed.
+    pub always: bool,
 }
 
 impl Tool {
@@ -76,6 +79,7 @@ impl Tool {
         if free(NAME) {
             return Some(Tool {
                 name: Cow::Borrowed(NAME),
+                always: false,
             });
         }
         (2..)
@@ -83,6 +87,7 @@ impl Tool {
             .find(|n| free(n))
             .map(|name| Tool {
                 name: Cow::Owned(name),
+                always: false,
             })
     }
 
@@ -176,6 +181,9 @@ pub struct Limits {
 pub const TOO_MANY: &str = "[abridge_recall: too many recall calls in one answer; this call was not served. Ask again, with fewer calls at a time.]";
 /// The result of a call once the answer's calls returned `recall.max_round_tokens`.
 pub const ROUND_SPENT: &str = "[abridge_recall: the calls of this answer already returned as much text as one answer may read; this call was not served. Ask again, with a narrower query or an id.]";
+/// The result of a call when nothing is condensed (the tool offered before the
+/// conversation's first compaction: `recall.offer = "always"`).
+pub const NOTHING_CONDENSED: &str = "[abridge_recall: nothing of this conversation has been condensed yet; every message is still in full view above.]";
 /// The least a call is answered with: below it, [`ROUND_SPENT`].
 const LEAST_TOKENS: u64 = 100;
 
@@ -250,6 +258,12 @@ impl Corpus {
         self.passages.is_empty()
     }
 
+    /// Nothing condensed and nothing to say of it: a call is answered
+    /// [`NOTHING_CONDENSED`], and is no recall served.
+    fn nothing(&self) -> bool {
+        self.passages.is_empty() && self.note.is_none()
+    }
+
     /// The ids the condensed messages span, for the marker and error texts: `m3–m40`.
     /// With an archive, its ids first: `c1–c80, m3–m40`.
     pub fn span(&self) -> Option<String> {
@@ -272,6 +286,9 @@ impl Corpus {
     /// The answer to a call whose arguments are `arguments` (the JSON the model wrote),
     /// within `max_tokens` as `tokens` counts them.
     pub fn answer(&self, arguments: &str, max_tokens: u64, tokens: &dyn Fn(&str) -> u64) -> String {
+        if self.nothing() {
+            return NOTHING_CONDENSED.to_owned();
+        }
         let args: Arguments = serde_json::from_str(arguments).unwrap_or_default();
         let span = self.span().unwrap_or_else(|| "none".to_owned());
         let mut chosen: Vec<usize> = Vec::new();
@@ -310,13 +327,20 @@ impl Corpus {
 
     /// The answers to one provider answer's calls (`arguments`: each call's), in order,
     /// within `limits` as `tokens` counts them; each with whether it was served (one
-    /// past the limits is answered [`TOO_MANY`] or [`ROUND_SPENT`], at no cost).
+    /// past the limits is answered [`TOO_MANY`] or [`ROUND_SPENT`], and each call when
+    /// nothing is condensed [`NOTHING_CONDENSED`], at no cost).
     pub fn answer_round(
         &self,
         arguments: &[&str],
         limits: Limits,
         tokens: &dyn Fn(&str) -> u64,
     ) -> Vec<(String, bool)> {
+        if self.nothing() {
+            return arguments
+                .iter()
+                .map(|_| (NOTHING_CONDENSED.to_owned(), false))
+                .collect();
+        }
         let mut left = limits.round_tokens;
         arguments
             .iter()

@@ -23,7 +23,7 @@ fn config(provider: &FakeProvider) -> Config {
 }
 
 /// gpt-5 served with a window of `tokens`.
-fn windowed(provider: &FakeProvider, tokens: u64) -> Config {
+pub(super) fn windowed(provider: &FakeProvider, tokens: u64) -> Config {
     let mut cfg = config_for(&provider.url());
     cfg.compaction
         .context_windows
@@ -43,7 +43,7 @@ async fn opened_and_grown(proxy: &Proxy) -> Vec<Value> {
 
 /// A conversation of a few requests that starts with a long document: over the
 /// threshold early, with little ahead of it.
-fn opening(words: usize) -> Vec<Value> {
+pub(super) fn opening(words: usize) -> Vec<Value> {
     vec![
         json!({"role": "system", "content": "You are a careful reviewer."}),
         json!({"role": "user", "content": format!(
@@ -142,7 +142,7 @@ async fn a_conversation_resumed_after_its_cache_expired_is_compacted() {
 
 /// What the admin API says was decided for the proxy's one conversation, once its latest
 /// request (which `reason` was said of) is recorded.
-async fn decided(proxy: &Proxy, reason: &str) -> Value {
+pub(super) async fn decided(proxy: &Proxy, reason: &str) -> Value {
     let token = Some(crate::admin::TOKEN);
     for _ in 0..100 {
         let (_, list, _) =
@@ -159,7 +159,7 @@ async fn decided(proxy: &Proxy, reason: &str) -> Value {
     panic!("the admin API never said {reason}");
 }
 
-fn with_admin(mut cfg: Config) -> Config {
+pub(super) fn with_admin(mut cfg: Config) -> Config {
     cfg.admin.token = Some(abridge::secret::Secret::new(crate::admin::TOKEN));
     cfg
 }

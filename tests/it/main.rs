@@ -44,6 +44,7 @@ mod provider_recall;
 mod provider_summary;
 mod recall;
 mod recall_bounds;
+mod recall_offer;
 mod recall_stream;
 mod redis_support;
 mod redis_tls;

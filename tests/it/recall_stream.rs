@@ -22,7 +22,7 @@ fn payloads(sse: &str) -> Vec<String> {
 
 /// A chat stream read as a client reads it: its chunks, checked to be well formed (one
 /// `[DONE]`, last), the text, and the tool calls' names by index.
-fn chat_stream(sse: &str) -> (Vec<Value>, String, Vec<String>) {
+pub(super) fn chat_stream(sse: &str) -> (Vec<Value>, String, Vec<String>) {
     let payloads = payloads(sse);
     assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"), "{sse}");
     assert_eq!(
