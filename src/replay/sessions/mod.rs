@@ -3,7 +3,9 @@
 //! Codex CLI rollout Responses requests ([`codex`]), a request per answer the model
 //! gave. What the files do not keep is left out: Claude Code's system prompt and tools,
 //! Codex's tools (its `base_instructions` are kept); replay sizes them from the bill of
-//! the first request (see `super::calibrate`).
+//! the first request (see `super::calibrate`). One stand-in tool of the agent's (Claude
+//! Code's `Bash`, Codex's `shell`) stands for its tools, so abridge sees an agent's
+//! requests, as it would (`recall.offer` counts on it).
 
 mod claude;
 mod codex;
@@ -40,8 +42,26 @@ impl Answers {
         let billed = (0..cuts.len())
             .map(|k| self.bills.get(k).copied().flatten())
             .collect();
-        let input = Input::growing(format, kind, self.base, self.items, cuts);
+        let mut base = self.base;
+        base.entry("tools")
+            .or_insert_with(|| stand_in_tools(format));
+        let input = Input::growing(format, kind, base, self.items, cuts);
         Some(input.with_bills(billed))
+    }
+}
+
+/// The agent's tools as its session file does not keep them: one of each agent's own,
+/// as it writes it (the rest of their size is the head replay pads, see the module docs).
+fn stand_in_tools(format: Format) -> Value {
+    let command = serde_json::json!({"type": "object",
+        "properties": {"command": {"type": "string", "description": "The command to run"}},
+        "required": ["command"]});
+    match format {
+        Format::Messages => serde_json::json!([{"name": "Bash",
+            "description": "Executes a bash command.", "input_schema": command}]),
+        _ => serde_json::json!([{"type": "function", "name": "shell",
+            "description": "Runs a shell command and returns its output.",
+            "parameters": command}]),
     }
 }
 

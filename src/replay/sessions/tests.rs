@@ -88,6 +88,10 @@ fn a_claude_code_transcript_is_the_chain_from_its_newest_record_as_messages_requ
     let last = input.body(2);
     assert_eq!(last["model"], "claude-sonnet-4-5");
     assert_eq!(last["stream"], false);
+    // Claude Code's tools, which the file does not keep, stood for by one of them: an
+    // agent's request, as the provider would have had it.
+    assert_eq!(last["tools"][0]["name"], "Bash");
+    assert!(last["tools"][0]["input_schema"].is_object());
     let messages = last["messages"].as_array().unwrap();
     let roles: Vec<&str> = messages
         .iter()
@@ -237,6 +241,8 @@ fn a_codex_rollout_is_its_response_items_as_responses_requests() {
     let body = before.body(1);
     assert_eq!(body["model"], "gpt-5.1-codex");
     assert_eq!(body["instructions"], "You are Codex.");
+    assert_eq!(body["tools"][0]["name"], "shell");
+    assert_eq!(body["tools"][0]["type"], "function");
     assert_eq!(body["input"].as_array().unwrap().len(), 4);
     assert!(
         !body.to_string().contains("ghost"),
