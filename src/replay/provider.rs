@@ -215,11 +215,35 @@ fn last_text(items: &Value) -> String {
     }
 }
 
+/// The longest identifier the stand-in writes: a path or a name, not a blob (a Codex
+/// rollout's items carry kilobytes of base64 a model would never copy into a summary).
+const ID_CHARS: usize = 200;
+
+/// The stand-in summary for `request`: the template's sections, and the identifiers the
+/// prompt names, cut where a model would stop (the request's cap on its answer).
+fn stand_in_for(request: &Value, prompt: &str, estimator: &Estimator) -> String {
+    let mut summary = stand_in(prompt);
+    let cap = ["max_output_tokens", "max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| request[*k].as_u64());
+    if let Some(cap) = cap {
+        while estimator.text(&summary) > cap {
+            let keep = summary.len() * 9 / 10;
+            let at = (0..=keep)
+                .rev()
+                .find(|&i| summary.is_char_boundary(i))
+                .unwrap_or(0);
+            summary.truncate(at);
+        }
+    }
+    summary
+}
+
 /// The stand-in summary: the template's sections, and the identifiers the prompt names.
 fn stand_in(prompt: &str) -> String {
     let mut ids = identifiers(prompt);
     let mut seen = std::collections::HashSet::new();
-    ids.retain(|id| seen.insert(id.clone()));
+    ids.retain(|id| id.chars().count() <= ID_CHARS && seen.insert(id.clone()));
     ids.truncate(120);
     format!(
         "## Goal\n(offline stand-in for a summary model: no model was called; it lists what \
@@ -259,7 +283,10 @@ async fn answer(State(shared): State<Arc<Mutex<Shared>>>, uri: Uri, body: Bytes)
             // Asked after the conversation itself: billed as its cache holds it, and
             // summarised from all it holds.
             let spent = shared.cache.serve(format, &request, &count);
-            (stand_in(&items.to_string()), spent)
+            (
+                stand_in_for(&request, &items.to_string(), &estimator),
+                spent,
+            )
         } else {
             let prompt = request["messages"].as_array().and_then(|m| m.last());
             let prompt = prompt
@@ -270,7 +297,7 @@ async fn answer(State(shared): State<Arc<Mutex<Shared>>>, uri: Uri, body: Bytes)
                 input,
                 ..Tokens::default()
             };
-            (stand_in(prompt), spent)
+            (stand_in_for(&request, prompt, &estimator), spent)
         };
         let spent = Tokens {
             output: estimator.text(&summary),
@@ -387,6 +414,28 @@ mod tests {
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
         ]});
         assert!((1_600..2_000).contains(&count(&anthropic)));
+    }
+
+    #[test]
+    fn the_stand_in_summary_copies_no_blob_and_stops_at_the_cap() {
+        // A real Codex rollout summarised after the conversation (its items as JSON, so
+        // a screenshot's URL runs on through kilobytes of base64): the stand-in wrote it
+        // out, billing 140,000 output tokens for a summary a model caps at a few thousand.
+        let blob = format!(
+            "https://shots.example/s.png?d={}",
+            "iVBORw0KGgo".repeat(2_000)
+        );
+        let prompt = format!("edit src/lib.rs then {blob} and /srv/app/main.rs");
+        let estimator = Estimator::approx();
+        let uncapped = stand_in_for(&json!({}), &prompt, &estimator);
+        assert!(uncapped.contains("src/lib.rs"), "{uncapped}");
+        assert!(!uncapped.contains("iVBORw0KGgoiVBORw0KGgo"), "no blob");
+        let paths: String = (0..400)
+            .map(|i| format!(" /srv/app/module_{i}/main.rs"))
+            .collect();
+        let capped = stand_in_for(&json!({"max_output_tokens": 120}), &paths, &estimator);
+        assert!(estimator.text(&capped) <= 120, "{capped}");
+        assert!(estimator.text(&stand_in(&paths)) > 120, "the cap cut it");
     }
 
     #[test]
