@@ -65,7 +65,9 @@ fn bench(c: &mut Criterion) {
             BenchmarkId::new("outgoing_with_tool", n),
             &request,
             |b, r| {
-                b.iter(|| black_box(r.outgoing(None, Some(&wire::tool(Format::Chat, NAME)), false)))
+                b.iter(|| {
+                    black_box(r.outgoing(None, Some(&wire::tool(Format::Chat, NAME, false)), false))
+                })
             },
         );
         let checkpoint = condensed(n);

@@ -332,6 +332,7 @@ impl Compactor {
                 request,
                 checkpoint,
                 recall_tool: turn.recall_tool && (checkpoint.is_some() || turn.recall_always),
+                recall_always: turn.recall_always,
             })
             && let Some(result) = self
                 .summariser

@@ -42,6 +42,8 @@ pub(super) struct Forwarded<'r> {
     pub request: &'r Request,
     pub checkpoint: Option<&'r Checkpoint>,
     pub recall_tool: bool,
+    /// …offered from the conversation's first request (`recall.offer = "always"`).
+    pub recall_always: bool,
 }
 
 /// The summary request's body (`None`: ask the transcript instead, see the module doc).
@@ -77,7 +79,10 @@ pub(super) fn body(
         .recall_tool
         .then(|| crate::recall::Tool::for_request(format, request.tools().map(Raw::get)))
         .flatten()
-        .map(|t| t.definition(format));
+        .map(|t| {
+            let always = f.recall_always;
+            crate::recall::Tool { always, ..t }.definition(format)
+        });
     // The client's own breakpoints in what is kept: the body's, less those of the
     // messages it does not keep.
     let count = |text: &[u8]| memchr::memmem::find_iter(text, b"\"cache_control\"").count();

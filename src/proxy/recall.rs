@@ -8,11 +8,11 @@
 //! The tool is added only to a request with something condensed — a checkpoint applied,
 //! or a provider-API compaction item or block carrying an archive — that lets the model
 //! choose its tools (see [`wanted`]); with `recall.offer = "always"`, to every request
-//! of an agent, and a call before anything is condensed is answered so. A streamed answer goes through the rounds as it streams
-//! ([`super::recall_stream`]); this module reads whole answers. When a follow-up cannot
-//! be sent or the provider refuses it, the request is sent once more as the client
-//! would have had it answered without recall (the forwarded request without the tool),
-//! and the client is told.
+//! of an agent, and a call before anything is condensed is answered so. A streamed
+//! answer goes through the rounds as it streams ([`super::recall_stream`]); this module
+//! reads whole answers. When a follow-up cannot be sent or the provider refuses it, the
+//! request is sent once more as the client would have had it answered without recall
+//! (the forwarded request without the tool), and the client is told.
 //!
 //! **Bounds.** One answer's calls are served within `recall.max_calls_per_answer` and
 //! `recall.max_round_tokens`, built and ranked through the CPU pool ([`answer_calls`]).

@@ -93,7 +93,7 @@ impl Tool {
 
     /// Its definition in `format`.
     pub fn definition(&self, format: crate::formats::Format) -> Cow<'static, str> {
-        wire::tool(format, &self.name)
+        wire::tool(format, &self.name, self.always)
     }
 }
 /// Longest passage: a longer message is read in parts.

@@ -19,19 +19,28 @@ use crate::json::Raw;
 
 const DESCRIPTION: &str = "The earlier part of this conversation was condensed to fit the context window: a summary or an index stands in for the original messages, which are named by ids such as m12. Call this tool to read the exact original text of what was condensed, when you need a detail that is no longer in full view (a path, a command, a number, an error, what the user asked). Give `id` (an id from the summary or index, or a range such as m3-m9) or `query` (words to search the condensed messages for).";
 
+/// The description offered before anything is condensed too (`recall.offer = "always"`):
+/// true from a conversation's first request, so the model has no reason to call it until
+/// a summary or an index names ids. The same bytes every request, as [`DESCRIPTION`].
+const DESCRIPTION_ALWAYS: &str = "When this conversation grows too long for the context window, its earlier part is condensed: a summary or an index then stands in for the original messages, which it names by ids such as m12. Call this tool to read the exact original text of what was condensed, when you need a detail that is no longer in full view (a path, a command, a number, an error, what the user asked). Give `id` (an id from the summary or index, or a range such as m3-m9) or `query` (words to search the condensed messages for). Until the conversation is condensed there is nothing to read.";
+
 /// The parameters' JSON schema, as written in every format.
 const PARAMETERS: &str = r#"{"type":"object","properties":{"query":{"type":"string","description":"Words to search the condensed messages for."},"id":{"type":"string","description":"An id shown in the summary or index (m12), or a range (m3-m9)."}}}"#;
 
-/// The tool in `format`'s shape, named `name`: for [`NAME`], the same bytes every time.
-pub fn tool(format: Format, name: &str) -> Cow<'static, str> {
+/// The tool in `format`'s shape, named `name` (`always`: offered from the first request,
+/// see [`DESCRIPTION_ALWAYS`]): for [`NAME`], the same bytes every time.
+pub fn tool(format: Format, name: &str, always: bool) -> Cow<'static, str> {
     use std::sync::OnceLock;
-    static TOOLS: OnceLock<[String; 3]> = OnceLock::new();
+    static TOOLS: OnceLock<[[String; 3]; 2]> = OnceLock::new();
     if name != NAME {
-        return Cow::Owned(definition(format, name));
+        return Cow::Owned(definition(format, name, always));
     }
     let tools = TOOLS.get_or_init(|| {
-        [Format::Chat, Format::Responses, Format::Messages].map(|f| definition(f, NAME))
+        [false, true].map(|always| {
+            [Format::Chat, Format::Responses, Format::Messages].map(|f| definition(f, NAME, always))
+        })
     });
+    let tools = &tools[usize::from(always)];
     Cow::Borrowed(match format {
         Format::Chat => &tools[0],
         Format::Responses => &tools[1],
@@ -39,8 +48,13 @@ pub fn tool(format: Format, name: &str) -> Cow<'static, str> {
     })
 }
 
-fn definition(format: Format, name: &str) -> String {
-    let description = Value::from(DESCRIPTION).to_string();
+fn definition(format: Format, name: &str, always: bool) -> String {
+    let text = if always {
+        DESCRIPTION_ALWAYS
+    } else {
+        DESCRIPTION
+    };
+    let description = Value::from(text).to_string();
     let name = Value::from(name).to_string();
     match format {
         Format::Chat => format!(
@@ -58,7 +72,7 @@ fn definition(format: Format, name: &str) -> String {
 /// abridge's estimate of the tool's tokens in `format`: what a provider counts for its
 /// definition in every compacted request.
 pub fn tool_tokens(format: Format) -> u64 {
-    crate::tokens::approx_text(&tool(format, NAME))
+    crate::tokens::approx_text(&tool(format, NAME, false))
 }
 
 /// The names of a client's `tools` (as written) in `format`: each tool's `name` (chat's
@@ -389,20 +403,26 @@ mod tests {
 
     #[test]
     fn the_tool_is_valid_json_in_each_format_and_the_same_bytes_every_time() {
-        for format in [Format::Chat, Format::Responses, Format::Messages] {
+        for (format, always) in [Format::Chat, Format::Responses, Format::Messages]
+            .into_iter()
+            .flat_map(|f| [(f, false), (f, true)])
+        {
             for wanted in [NAME, "abridge_recall_2"] {
-                let value: Value = serde_json::from_str(&tool(format, wanted)).unwrap();
+                let value: Value = serde_json::from_str(&tool(format, wanted, always)).unwrap();
                 let name = match format {
                     Format::Chat => &value["function"]["name"],
                     _ => &value["name"],
                 };
                 assert_eq!(name, wanted);
-                let names = tool_names(format, &format!("[{}]", tool(format, wanted)));
+                let text = tool(format, wanted, always);
+                let names = tool_names(format, &format!("[{text}]"));
                 assert_eq!(names, Some(vec![wanted.to_owned()]));
+                // Offered from the first request, it does not say something was condensed.
+                assert_eq!(text.contains("was condensed to fit"), !always, "{text}");
             }
             assert!(std::ptr::eq(
-                tool(format, NAME).as_ptr(),
-                tool(format, NAME).as_ptr()
+                tool(format, NAME, always).as_ptr(),
+                tool(format, NAME, always).as_ptr()
             ));
         }
     }
