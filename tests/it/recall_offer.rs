@@ -11,7 +11,7 @@ use fake_provider::{Behavior, FakeProvider};
 use http::HeaderMap;
 use serde_json::{Value, json};
 
-use crate::common::{Proxy, client, compacting};
+use crate::common::{Proxy, compacting};
 
 /// The client's own tool.
 fn tools() -> Value {
@@ -30,14 +30,7 @@ async fn send(
     if tools {
         body["tools"] = self::tools();
     }
-    let mut request = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .bearer_auth("sk-offer")
-        .json(&body);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.unwrap();
+    let response = crate::recall::post(proxy, "sk-offer", &body, headers).await;
     assert_eq!(response.status(), 200);
     let headers = response.headers().clone();
     (headers, response.json().await.unwrap())
@@ -132,29 +125,15 @@ async fn an_agents_requests_carry_the_tool_from_the_first_and_an_early_call_is_a
         headers["x-abridge-recalls"], "0",
         "no condensed text was served"
     );
-    let rounds: Vec<Value> = provider.requests()[before..]
-        .iter()
-        .map(|r| r.json())
-        .collect();
+    let rounds = crate::recall::rounds_since(&provider, before);
     assert_eq!(rounds.len(), 2, "the call, then the answer to its result");
-    let result = rounds[1]["messages"]
-        .as_array()
-        .unwrap()
-        .last()
-        .unwrap()
-        .clone();
+    let result = &rounds[1]["messages"].as_array().unwrap().last().unwrap();
     assert_eq!(result["role"], "tool");
     assert_eq!(result["content"], abridge::recall::NOTHING_CONDENSED);
     // Streamed, the same: the call is served within the stream, never relayed.
     let body =
         json!({"model": "fake-model", "messages": messages, "stream": true, "tools": tools()});
-    let response = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .bearer_auth("sk-offer")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response = crate::recall::post(&proxy, "sk-offer", &body, &[]).await;
     assert_eq!(response.status(), 200);
     let sse = response.text().await.unwrap();
     assert!(!sse.contains("abridge_recall"), "{sse}");
