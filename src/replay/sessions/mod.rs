@@ -56,12 +56,14 @@ fn stand_in_tools(format: Format) -> Value {
     let command = serde_json::json!({"type": "object",
         "properties": {"command": {"type": "string", "description": "The command to run"}},
         "required": ["command"]});
+    let (name, description) = ("shell", "Runs a shell command and returns its output.");
     match format {
         Format::Messages => serde_json::json!([{"name": "Bash",
             "description": "Executes a bash command.", "input_schema": command}]),
-        _ => serde_json::json!([{"type": "function", "name": "shell",
-            "description": "Runs a shell command and returns its output.",
-            "parameters": command}]),
+        Format::Responses => serde_json::json!([{"type": "function", "name": name,
+            "description": description, "parameters": command}]),
+        Format::Chat => serde_json::json!([{"type": "function", "function": {"name": name,
+            "description": description, "parameters": command}}]),
     }
 }
 
