@@ -46,6 +46,12 @@ impl Prepared {
         azure::model_of(self.request.model(), self.deployment.as_ref())
     }
 
+    /// Every request of its conversation carries the recall tool, compacted or not
+    /// (`recall.offer = "always"`, see [`crate::recall::Tool::always`]).
+    pub fn recall_always(&self) -> bool {
+        self.recall_tool.as_ref().is_some_and(|t| t.always)
+    }
+
     /// The view the compactor decides on.
     pub fn turn(&self) -> Turn<'_, '_> {
         Turn {
@@ -67,7 +73,7 @@ impl Prepared {
             request: Some(&self.request),
             format: self.request.format(),
             recall_tool: self.recall_tool.is_some(),
-            recall_always: self.recall_tool.as_ref().is_some_and(|t| t.always),
+            recall_always: self.recall_always(),
             beside: Default::default(),
         }
     }
@@ -94,16 +100,12 @@ fn recall_tool(
         && !request.asks_several_answers()
         && !payer.is_some_and(|p| state.tenants().refuses_recall(p));
     let tools = request.tools().map(crate::json::Raw::get);
-    let mut tool = wanted
-        .then(|| crate::recall::Tool::for_request(request.format(), tools))
-        .flatten()?;
-    // `recall.offer = "always"`: an agent's requests (tools of their own) carry it from
-    // the first, unless this one says compaction is off.
-    let own = tools.and_then(|t| crate::recall::wire::tool_names(request.format(), t));
-    tool.always = config.recall.offer == RecallOffer::Always
-        && controls.compact != Compact::Off
-        && own.is_some_and(|names| !names.is_empty());
-    Some(tool)
+    // `recall.offer = "always"`: an agent's requests carry it from the first, unless
+    // this one says compaction is off.
+    let always = config.recall.offer == RecallOffer::Always && controls.compact != Compact::Off;
+    wanted
+        .then(|| crate::recall::Tool::for_request(request.format(), tools, always))
+        .flatten()
 }
 
 /// Parses, identifies and loads. A body abridge does not understand is handed back,

@@ -77,12 +77,12 @@ pub(super) fn body(
     let format = request.format();
     let tool = f
         .recall_tool
-        .then(|| crate::recall::Tool::for_request(format, request.tools().map(Raw::get)))
+        .then(|| {
+            let tools = request.tools().map(Raw::get);
+            crate::recall::Tool::for_request(format, tools, f.recall_always)
+        })
         .flatten()
-        .map(|t| {
-            let always = f.recall_always;
-            crate::recall::Tool { always, ..t }.definition(format)
-        });
+        .map(|t| t.definition(format));
     // The client's own breakpoints in what is kept: the body's, less those of the
     // messages it does not keep.
     let count = |text: &[u8]| memchr::memmem::find_iter(text, b"\"cache_control\"").count();

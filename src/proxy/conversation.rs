@@ -543,6 +543,6 @@ pub(super) fn followup(prepared: &Prepared, decision: &Decision) -> Option<Follo
         deployment: prepared.deployment.clone(),
         provider: prepared.provider,
         recall_tool: prepared.recall_tool.is_some(),
-        recall_always: prepared.recall_tool.as_ref().is_some_and(|t| t.always),
+        recall_always: prepared.recall_always(),
     })
 }

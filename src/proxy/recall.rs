@@ -47,17 +47,10 @@ use super::{Exchange, Upstream, first_answer};
 
 /// Whether this request gets the recall tool (see the module docs).
 pub(super) fn wanted(prepared: &Prepared, decision: &Decision) -> bool {
-    always(prepared)
+    prepared.recall_always()
         || prepared.recall_tool.is_some()
             && decision.active
             && condensed(prepared, decision).is_some()
-}
-
-/// The tool goes with every request of the conversation (`recall.offer = "always"`):
-/// calls are served even with nothing condensed (answered so), for a call never
-/// reaches a client that does not know the tool.
-fn always(prepared: &Prepared) -> bool {
-    prepared.recall_tool.as_ref().is_some_and(|t| t.always)
 }
 
 /// What the request's recall reads: the messages its applied checkpoint condensed, and
@@ -194,7 +187,9 @@ async fn serve_whole(
     decision.report.recalls = Some(0);
     let choice = client_choice(prepared);
     let condensed = condensed(prepared, decision);
-    let served = condensed.is_some() || always(prepared);
+    // Offered from the first request, calls are served even with nothing condensed
+    // (answered so): a call never reaches a client that does not know the tool.
+    let served = condensed.is_some() || prepared.recall_always();
     let (true, false) = (served, answer.calls.is_empty()) else {
         // A Responses answer echoes the tools, and the calls of another choice than
         // the first are not served: the client sees only its own.
@@ -340,7 +335,7 @@ fn streamed(
     (upstream, held): (Upstream, Held),
 ) -> Upstream {
     let condensed = condensed(prepared, decision);
-    if !condensed.is_some() && !always(prepared) {
+    if !condensed.is_some() && !prepared.recall_always() {
         return upstream;
     }
     let rounds = Streamed {

@@ -66,8 +66,14 @@ pub struct Tool {
 impl Tool {
     /// The tool for a request in `format` whose client sent `tools` (its `tools`, as
     /// written): named [`NAME`] unless one of the client's tools is; `None` when the
-    /// client's tools already number [`MAX_TOOLS`] or cannot be read.
-    pub fn for_request(format: crate::formats::Format, tools: Option<&str>) -> Option<Tool> {
+    /// client's tools already number [`MAX_TOOLS`] or cannot be read. `offer_always`:
+    /// `recall.offer = "always"` applies to the request; the tool is then offered from
+    /// the first request when the client has tools of its own (an agent's request).
+    pub fn for_request(
+        format: crate::formats::Format,
+        tools: Option<&str>,
+        offer_always: bool,
+    ) -> Option<Tool> {
         let taken = match tools.map(str::trim) {
             None | Some("null") => Vec::new(),
             Some(tools) => wire::tool_names(format, tools)?,
@@ -75,20 +81,13 @@ impl Tool {
         if taken.len() >= MAX_TOOLS {
             return None;
         }
+        let always = offer_always && !taken.is_empty();
         let free = |name: &str| !taken.iter().any(|t| t == name);
-        if free(NAME) {
-            return Some(Tool {
-                name: Cow::Borrowed(NAME),
-                always: false,
-            });
-        }
-        (2..)
-            .map(|n| format!("{NAME}_{n}"))
-            .find(|n| free(n))
-            .map(|name| Tool {
-                name: Cow::Owned(name),
-                always: false,
-            })
+        let name = match free(NAME) {
+            true => Cow::Borrowed(NAME),
+            false => Cow::Owned((2..).map(|n| format!("{NAME}_{n}")).find(|n| free(n))?),
+        };
+        Some(Tool { name, always })
     }
 
     /// Its definition in `format`.
@@ -286,9 +285,6 @@ impl Corpus {
     /// The answer to a call whose arguments are `arguments` (the JSON the model wrote),
     /// within `max_tokens` as `tokens` counts them.
     pub fn answer(&self, arguments: &str, max_tokens: u64, tokens: &dyn Fn(&str) -> u64) -> String {
-        if self.nothing() {
-            return NOTHING_CONDENSED.to_owned();
-        }
         let args: Arguments = serde_json::from_str(arguments).unwrap_or_default();
         let span = self.span().unwrap_or_else(|| "none".to_owned());
         let mut chosen: Vec<usize> = Vec::new();

@@ -429,7 +429,8 @@ mod tests {
 
     #[test]
     fn a_clients_tool_of_the_same_name_stays_its_own() {
-        let tool_of = |tools: &str| super::super::Tool::for_request(Format::Chat, Some(tools));
+        let tool_of =
+            |tools: &str| super::super::Tool::for_request(Format::Chat, Some(tools), false);
         let shell = r#"{"type":"function","function":{"name":"shell"}}"#;
         let own = r#"{"type":"function","function":{"name":"abridge_recall"}}"#;
         let second = r#"{"type":"function","function":{"name":"abridge_recall_2"}}"#;
@@ -446,11 +447,17 @@ mod tests {
         assert_eq!(tool_of(&format!("[{many}]")), None, "no room for one more");
         assert_eq!(tool_of("{}"), None, "tools abridge cannot read");
         assert_eq!(
-            super::super::Tool::for_request(Format::Chat, None)
+            super::super::Tool::for_request(Format::Chat, None, false)
                 .unwrap()
                 .name,
             NAME
         );
+        // Offered from the first request only beside tools of the client's own.
+        let always =
+            |tools: Option<&str>| super::super::Tool::for_request(Format::Chat, tools, true);
+        assert!(always(Some(&format!("[{shell}]"))).unwrap().always);
+        assert!(!always(Some("[]")).unwrap().always);
+        assert!(!always(None).unwrap().always);
         // The client's own call of its `abridge_recall` is not abridge's.
         let answer = br#"{"choices": [{"message": {"tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "abridge_recall", "arguments": "{}"}},
