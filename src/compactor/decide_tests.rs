@@ -97,7 +97,7 @@ fn a_compaction_aims_lower_by_the_recall_tool_it_adds() {
         Action::Compact { budget, .. } => budget,
         other => panic!("{other:?}"),
     };
-    let tool = crate::recall::wire::tool_tokens(Format::Chat);
+    let tool = crate::recall::wire::tool_tokens(Format::Chat, false);
     assert!(tool > 100, "{tool}");
     assert_eq!(added(&turn(true)), tool);
     assert_eq!(added(&turn(false)), 0);

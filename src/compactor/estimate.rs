@@ -34,7 +34,7 @@ pub fn essential(turn: &Turn<'_, '_>) -> u64 {
 /// does not get it).
 pub fn added(turn: &Turn<'_, '_>) -> u64 {
     if turn.recall_tool {
-        crate::recall::wire::tool_tokens(turn.format)
+        crate::recall::wire::tool_tokens(turn.format, turn.recall_always)
     } else {
         0
     }

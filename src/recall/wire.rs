@@ -69,10 +69,11 @@ fn definition(format: Format, name: &str, always: bool) -> String {
     }
 }
 
-/// abridge's estimate of the tool's tokens in `format`: what a provider counts for its
-/// definition in every compacted request.
-pub fn tool_tokens(format: Format) -> u64 {
-    crate::tokens::approx_text(&tool(format, NAME, false))
+/// abridge's estimate of the tool's tokens in `format` (`always`: its description when
+/// offered from the first request): what a provider counts for its definition in every
+/// request that carries it.
+pub fn tool_tokens(format: Format, always: bool) -> u64 {
+    crate::tokens::approx_text(&tool(format, NAME, always))
 }
 
 /// The names of a client's `tools` (as written) in `format`: each tool's `name` (chat's
