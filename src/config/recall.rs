@@ -42,7 +42,7 @@ pub struct RecallConfig {
 /// 15–50 K tokens of tools and system included, at the cache-write price. Offered from
 /// a conversation's first request, the tool is part of the prefix the provider has
 /// cached all along, and the first compaction rewrites only what follows the head; every
-/// request pays for the tool's ~200 tokens instead, read from the cache.
+/// request pays for the tool's ~220 tokens instead, read from the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Offer {
