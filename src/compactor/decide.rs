@@ -77,6 +77,8 @@ pub struct Decided<'c> {
     pub appended: u64,
     /// Tokens the history grows by per turn.
     pub growth: u64,
+    /// The pace it keeps, for forecasts (see [`pace`]).
+    pub pace: u64,
     /// The provider's count over abridge's estimate for this conversation (1 without a
     /// report, or when no compaction is considered).
     pub ratio: f64,
@@ -111,6 +113,7 @@ pub fn decide<'c>(
         round_trips(&turn.messages[(u.messages as usize).min(turn.messages.len())..])
     });
     let growth = growth(usage.as_ref(), prediction.tokens, since);
+    let pace = pace(usage.as_ref(), prediction.tokens, since);
     let scheduled = turn
         .loaded
         .and_then(|l| l.state.as_ref())
@@ -123,6 +126,7 @@ pub fn decide<'c>(
         head_tokens: prediction.head,
         appended: prediction.appended,
         growth,
+        pace,
         // Until a compaction needs the exact one: the ratio learned from the reports
         // (what a forwarded request's saving is scaled by to be counted as the
         // provider counts).
@@ -289,7 +293,7 @@ fn weigh(
     let why = cost::judge(&outlook, &bounds, &e.rates, target, now);
     let mut figures = cost::figures(&outlook, &e.rates, (threshold, target), now);
     figures.since_ms = decided.usage.map(|u| e.now_ms.saturating_sub(u.at_ms));
-    let expects = expects(e, (&outlook, &bounds), made, target);
+    let expects = expects(e, (&outlook, &bounds), (made, decided.pace), target);
     (why, expects, Some(figures))
 }
 
@@ -306,23 +310,25 @@ fn summary(e: &Economics, target: u64, prompt: u64) -> cost::Summary {
 }
 
 /// Whether a checkpoint built ahead for `outlook` (a conversation that has made `made`
-/// requests) will be used. Only if the history gets to the threshold: at its pace,
-/// within the requests it is expected to make and no more than [`AHEAD_REQUESTS`] from
-/// now (a Codex session 60,000 tokens short at 300 a request had a summary built that
-/// was never used, 44 % of its bill); and if, there, with as many requests still to come
-/// as now and a warm cache, the model compacts.
+/// requests, at `pace`: see [`pace`]) will be used. Only if the history gets to the
+/// threshold: at its pace, within the requests it is expected to make and no more than
+/// [`AHEAD_REQUESTS`] from now (a Codex session 60,000 tokens short at 300 a request had
+/// a summary built that was never used, 44 % of its bill); and if, there, with as many
+/// requests still to come as now and a warm cache, the model compacts. At the pace, not
+/// the growth budgets count on: Claude Code's first turn, reading files, grew two real
+/// sessions by 32,000 tokens, and a summary built on that forecast was never used
+/// (−1.7 % and −1.5 % of their bills in replay).
 fn expects(
     e: &Economics,
     (outlook, b): (&cost::Outlook, &cost::Bounds),
-    made: u64,
+    (made, pace): (u64, u64),
     target: u64,
 ) -> bool {
     let within = outlook.remaining.min(AHEAD_REQUESTS);
-    let reaches = outlook
-        .prompt
-        .saturating_add(outlook.growth.saturating_mul(within))
-        > b.threshold;
-    let ahead = b.threshold.saturating_add(1);
+    let reaches = outlook.prompt.saturating_add(pace.saturating_mul(within)) > b.threshold;
+    // Where it crosses — or where it is, when it is over already (the model said now that
+    // compacting does not pay, and fewer requests are left the further it goes).
+    let ahead = b.threshold.saturating_add(1).max(outlook.prompt);
     let at = cost::Outlook {
         prompt: ahead,
         cold: false,
@@ -489,6 +495,17 @@ pub fn growth(usage: Option<&Usage>, predicted: u64, since: u64) -> u64 {
     };
     let now = predicted.saturating_sub(u.tokens) / since.max(1);
     now.max(u.growth / 2 + now / 2)
+}
+
+/// The pace a history keeps: the slower of this turn's growth (what this request added
+/// to the last report, per round trip since it) and the growth remembered — 0 before
+/// the history has one — so one burst (an agent's first turn reading files, a pasted
+/// log) does not make a threshold look near. What forecasts count on; budgets keep
+/// [`growth`], which counts a burst at once.
+pub fn pace(usage: Option<&Usage>, predicted: u64, since: u64) -> u64 {
+    usage.map_or(0, |u| {
+        (predicted.saturating_sub(u.tokens) / since.max(1)).min(u.growth)
+    })
 }
 
 /// Provider answers in `appended` (what came after a reported request): runs of

@@ -17,17 +17,8 @@ fn the_target_leaves_room_for_the_growth_within_what_is_left() {
 #[test]
 fn growth_counts_a_burst_at_once_and_a_lull_slowly() {
     let usage = |growth| Usage {
-        prefix: crate::identity::IdentityKey::new(crate::secret::Secret::new("k"))
-            .namespace(b"t", None),
-        messages: 3,
-        tokens: 1_000,
-        applied: None,
-        head_tokens: 0,
         growth,
-        ratio_permille: 1000,
-        client_tokens: 0,
-        beside: 0,
-        at_ms: 0,
+        ..usage_at(1_000)
     };
     assert_eq!(growth(None, 5_000, 1), 0);
     assert_eq!(growth(Some(&usage(100)), 1_900, 1), 900, "a burst");
@@ -35,6 +26,122 @@ fn growth_counts_a_burst_at_once_and_a_lull_slowly() {
     // The report is two answers old: two turns of 450, not one of 900.
     assert_eq!(growth(Some(&usage(450)), 1_900, 2), 450, "a stale report");
     assert_eq!(growth(Some(&usage(450)), 1_900, 0), 900, "at least one");
+}
+
+#[test]
+fn the_pace_is_the_slower_of_the_turn_and_the_growth_remembered() {
+    let usage = |growth| Usage {
+        growth,
+        ..usage_at(1_000)
+    };
+    assert_eq!(pace(None, 5_000, 1), 0);
+    // The history's first turn: nothing remembered, so no pace to forecast with.
+    assert_eq!(pace(Some(&usage(0)), 33_000, 1), 0, "a first burst");
+    assert_eq!(pace(Some(&usage(1_200)), 3_058, 1), 1_200, "a burst");
+    assert_eq!(pace(Some(&usage(2_000)), 1_300, 1), 300, "a lull");
+    assert_eq!(pace(Some(&usage(2_000)), 1_900, 3), 300, "a stale report");
+}
+
+/// What a build ahead is weighed with: Claude Opus 4.5's prices a token (millionths of
+/// a dollar), a 200,000-token window, a summarising strategy, nothing learned.
+fn opus() -> Economics {
+    Economics {
+        rates: cost::Rates {
+            input: 5.0,
+            cached: 0.5,
+            write: 6.25,
+            output: 25.0,
+        },
+        window: 200_000,
+        summarises: true,
+        now_ms: 0,
+        ends: Vec::new(),
+    }
+}
+
+/// The default threshold of a 200,000-token window, and where the window compacts.
+const OPUS_BOUNDS: cost::Bounds = cost::Bounds {
+    threshold: 150_000,
+    chosen: false,
+    must: 180_000,
+    early: 105_000,
+};
+
+#[test]
+fn a_burst_does_not_make_a_threshold_look_near() {
+    let (e, b) = (opus(), OPUS_BOUNDS);
+    // Claude Code's first turn read files: 110,000 tokens, 32,000 of them at once.
+    let outlook = cost::Outlook {
+        prompt: 110_000,
+        head: 0,
+        growth: 32_000,
+        remaining: 4,
+        cold: false,
+    };
+    assert!(
+        expects(&e, (&outlook, &b), (1, 32_000), 60_000),
+        "at the burst's pace the threshold is a request away"
+    );
+    assert!(!expects(&e, (&outlook, &b), (1, 0), 60_000));
+    // Its pace is 1,200 a request: the threshold is 34 requests away.
+    assert!(!expects(&e, (&outlook, &b), (30, 1_200), 60_000));
+    let near = cost::Outlook {
+        prompt: 145_000,
+        growth: 1_500,
+        remaining: 20,
+        ..outlook
+    };
+    // Where the tenant's conversations went on past the window's bound (abridge
+    // compacted them), a summary at the threshold pays.
+    let learned = Economics {
+        ends: vec![crate::compactor::horizon::FAR],
+        ..opus()
+    };
+    assert!(expects(&learned, (&near, &b), (30, 1_200), 60_000));
+    assert!(!expects(&learned, (&outlook, &b), (1, 0), 60_000));
+}
+
+#[test]
+fn over_the_threshold_where_compacting_does_not_pay_nothing_is_built_for_later() {
+    let (e, b) = (opus(), OPUS_BOUNDS);
+    // 162,000 tokens at 600 a request, 80 made: 5 requests left before the horizon.
+    let outlook = cost::Outlook {
+        prompt: 162_000,
+        head: 0,
+        growth: 600,
+        remaining: cost::remaining(80, 162_000, 600, 165_000),
+        cold: false,
+    };
+    let target = 60_000;
+    let now = summary(&e, target, outlook.prompt);
+    assert_eq!(
+        cost::judge(&outlook, &b, &e.rates, target, now),
+        Some(Why::NotWorthIt)
+    );
+    assert!(!expects(&e, (&outlook, &b), (80, 600), target));
+    // Just under the threshold, with more of the conversation ahead, it would pay.
+    let under = cost::Outlook {
+        prompt: 149_000,
+        remaining: cost::remaining(80, 149_000, 600, 165_000),
+        ..outlook
+    };
+    assert!(expects(&e, (&under, &b), (80, 600), target));
+}
+
+fn usage_at(tokens: u64) -> Usage {
+    Usage {
+        prefix: crate::identity::IdentityKey::new(crate::secret::Secret::new("k"))
+            .namespace(b"t", None),
+        messages: 3,
+        tokens,
+        applied: None,
+        head_tokens: 0,
+        growth: 0,
+        ratio_permille: 1000,
+        client_tokens: 0,
+        beside: 0,
+        at_ms: 0,
+    }
 }
 
 #[test]

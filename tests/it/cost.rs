@@ -286,6 +286,45 @@ async fn a_summary_is_built_ahead_only_for_a_conversation_expected_to_reach_the_
     );
 }
 
+/// An agent's first turn is often its largest (it reads the files it will work on): a
+/// burst that says nothing of the pace to come. A conversation that opens with one,
+/// past where a summary would be built ahead if that were its pace, then goes on with
+/// short questions: nothing is built.
+#[tokio::test]
+async fn a_first_burst_does_not_have_a_summary_built_ahead() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    // Threshold 150,000, soft threshold 105,000; the window compacts over 180,000.
+    let mut cfg = windowed(&provider, 200_000);
+    cfg.compaction.strategy = abridge::strategies::Strategy::Structured;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut messages = opening(300);
+    turn(&proxy, &mut messages, 1).await;
+    messages.push(json!({"role": "user", "content": format!(
+        "Here is the worker's log: {}",
+        "05:00:01 worker-3 retried job 4411 after 250 ms: connection reset by peer. ".repeat(3_000)
+    )}));
+    for n in 2..=8 {
+        let (compacted, _) = turn(&proxy, &mut messages, n).await;
+        assert!(!compacted, "question {n}");
+    }
+    let prompts: Vec<u64> = provider
+        .reports()
+        .iter()
+        .map(|r| r.usage["prompt_tokens"].as_u64().unwrap())
+        .collect();
+    // The burst alone could take it past the threshold in two more such turns.
+    let burst = prompts[1] - prompts[0];
+    assert!(
+        burst > 45_000 && prompts[1] + 2 * burst > 150_000,
+        "{prompts:?}"
+    );
+    assert_eq!(
+        crate::common::agent::summary_requests(&provider),
+        0,
+        "built ahead on a burst's pace"
+    );
+}
+
 /// What a provider's `usage` (chat) costs at gpt-5's list price (abridge's built-in:
 /// $1.25 input, $0.125 cached, $10 output a million tokens), in millionths of a dollar.
 fn gpt5_priced(usage: &Value) -> f64 {
