@@ -19,6 +19,10 @@ use crate::conversation::{Item, Role};
 
 /// Longest line of an ask, a decision or a tool call, in characters.
 const LINE_CHARS: usize = 160;
+/// Longest entry of any list, in characters: a path or identifier longer than this (a
+/// URL can run on through kilobytes of base64) is cut, so one entry cannot take
+/// its section's whole share — the first entry that does not fit ends the section.
+const ENTRY_CHARS: usize = 240;
 
 /// The sections in the order they are written, each with its share of the budget.
 const SECTIONS: [(&str, u64); 5] = [
@@ -147,7 +151,8 @@ fn collect(first: usize, elided: &[Item<'_>]) -> [Vec<String>; 5] {
     lists.map(|l| l.entries)
 }
 
-/// Entries in the order added, each once, empty ones skipped.
+/// Entries in the order added, each once, empty ones skipped, each cut at
+/// [`ENTRY_CHARS`].
 #[derive(Default)]
 struct Lister {
     entries: Vec<String>,
@@ -156,6 +161,7 @@ struct Lister {
 
 impl Lister {
     fn add(&mut self, entry: String) {
+        let entry = cut(entry);
         if !entry.is_empty() && self.seen.insert(entry.clone()) {
             self.entries.push(entry);
         }
@@ -163,9 +169,17 @@ impl Lister {
 
     /// `entry`, once per `key` (an entry whose id differs is still the same entry).
     fn add_as(&mut self, entry: String, key: String) {
-        if !key.is_empty() && self.seen.insert(key) {
-            self.entries.push(entry);
+        if !key.is_empty() && self.seen.insert(cut(key)) {
+            self.entries.push(cut(entry));
         }
+    }
+}
+
+/// `entry` cut at [`ENTRY_CHARS`].
+fn cut(entry: String) -> String {
+    match truncate_chars(&entry, ENTRY_CHARS) {
+        std::borrow::Cow::Borrowed(_) => entry,
+        std::borrow::Cow::Owned(cut) => cut,
     }
 }
 
@@ -257,5 +271,34 @@ mod tests {
         assert_eq!(index((0, &elided), 0, &approx_text), None);
         let quiet = items(r#"{"messages":[{"role":"assistant","content":""}]}"#);
         assert_eq!(index((0, &quiet), 1000, &approx_text), None);
+    }
+
+    /// A URL that carries a screenshot (kilobytes of base64) is an identifier too: the
+    /// most recent one, whole, would not fit its section's share and, first in its list,
+    /// would leave the section empty.
+    #[test]
+    fn a_blob_of_an_identifier_is_cut_and_leaves_room_for_the_rest() {
+        let blob = format!(
+            "https://shots.example.com/view?png={}",
+            "iVBORw0KGgoAAAANSUhEUg".repeat(400)
+        );
+        let body = serde_json::json!({"messages": [
+            {"role": "user", "content": "The failing job is JOB-4411, see https://ci.example.com/runs/981."},
+            {"role": "assistant", "content": format!("The screenshot of it: {blob}")},
+        ]})
+        .to_string();
+        let elided = items(&body);
+        let text = index((0, &elided), 1000, &approx_text).unwrap();
+        for fact in [
+            "JOB-4411",
+            "https://ci.example.com/runs/981",
+            "https://shots.example.com/view?png=iVBOR",
+        ] {
+            assert!(text.contains(fact), "{fact} missing:\n{text}");
+        }
+        assert!(
+            text.lines().all(|l| l.chars().count() <= ENTRY_CHARS + 3),
+            "{text}"
+        );
     }
 }
