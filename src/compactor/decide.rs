@@ -293,7 +293,9 @@ fn weigh(
     let why = cost::judge(&outlook, &bounds, &e.rates, target, now);
     let mut figures = cost::figures(&outlook, &e.rates, (threshold, target), now);
     figures.since_ms = decided.usage.map(|u| e.now_ms.saturating_sub(u.at_ms));
-    let expects = expects(e, (&outlook, &bounds), (made, decided.pace), target);
+    let first = decided.usage.is_some_and(|u| u.growth == 0);
+    let pace = (made, decided.pace, first);
+    let expects = expects(e, (&outlook, &bounds), pace, target);
     (why, expects, Some(figures))
 }
 
@@ -310,21 +312,25 @@ fn summary(e: &Economics, target: u64, prompt: u64) -> cost::Summary {
 }
 
 /// Whether a checkpoint built ahead for `outlook` (a conversation that has made `made`
-/// requests, at `pace`: see [`pace`]) will be used. Only if the history gets to the
-/// threshold: at its pace, within the requests it is expected to make and no more than
-/// [`AHEAD_REQUESTS`] from now (a Codex session 60,000 tokens short at 300 a request had
-/// a summary built that was never used, 44 % of its bill); and if, there, with as many
-/// requests still to come as now and a warm cache, the model compacts. At the pace, not
-/// the growth budgets count on: Claude Code's first turn, reading files, grew two real
-/// sessions by 32,000 tokens, and a summary built on that forecast was never used
-/// (−1.7 % and −1.5 % of their bills in replay).
+/// requests, at `pace`: see [`pace`]; `first`: its first growth) will be used. Only if
+/// the history gets to the threshold: at its pace, within the requests it is expected to
+/// make and no more than [`AHEAD_REQUESTS`] from now ([`FIRST_AHEAD`] at its first
+/// growth) — a Codex session 60,000 tokens short at 300 a request had a summary built
+/// that was never used, 44 % of its bill; and if, there, with as many requests still to
+/// come as now and a warm cache, the model compacts. At the pace, not the growth budgets
+/// count on: Claude Code's first turn, reading files, grew two real sessions by 32,000
+/// tokens, and a summary built on that forecast was never used (−1.7 % and −1.5 % of
+/// their bills in replay).
 fn expects(
     e: &Economics,
     (outlook, b): (&cost::Outlook, &cost::Bounds),
-    (made, pace): (u64, u64),
+    (made, pace, first): (u64, u64, bool),
     target: u64,
 ) -> bool {
-    let within = outlook.remaining.min(AHEAD_REQUESTS);
+    let within = outlook.remaining.min(match first {
+        true => FIRST_AHEAD,
+        false => AHEAD_REQUESTS,
+    });
     let reaches = outlook.prompt.saturating_add(pace.saturating_mul(within)) > b.threshold;
     // Where it crosses — or where it is, when it is over already (the model said now that
     // compacting does not pay, and fewer requests are left the further it goes).
@@ -346,6 +352,11 @@ fn expects(
 /// the conversation often ends first and the summary is paid for nothing. A burst that
 /// crosses it sooner is compacted on its request.
 pub const AHEAD_REQUESTS: u64 = 8;
+
+/// …and at most this many at a history's first growth, which is one turn's (often an
+/// agent's largest: it reads the files it will work on) and says little of the pace to
+/// come.
+pub const FIRST_AHEAD: u64 = 2;
 
 /// Where a conversation of `prompt` tokens is expected to be compacted anyway: where
 /// the tenant's other conversations that grew as far ended
@@ -498,13 +509,17 @@ pub fn growth(usage: Option<&Usage>, predicted: u64, since: u64) -> u64 {
 }
 
 /// The pace a history keeps: the slower of this turn's growth (what this request added
-/// to the last report, per round trip since it) and the growth remembered — 0 before
-/// the history has one — so one burst (an agent's first turn reading files, a pasted
-/// log) does not make a threshold look near. What forecasts count on; budgets keep
-/// [`growth`], which counts a burst at once.
+/// to the last report, per round trip since it) and the growth remembered (this turn's
+/// when none is yet), so one burst (a pasted log, a large file read) does not make a
+/// threshold look near. What forecasts count on; budgets keep [`growth`], which counts
+/// a burst at once.
 pub fn pace(usage: Option<&Usage>, predicted: u64, since: u64) -> u64 {
     usage.map_or(0, |u| {
-        (predicted.saturating_sub(u.tokens) / since.max(1)).min(u.growth)
+        let now = predicted.saturating_sub(u.tokens) / since.max(1);
+        match u.growth {
+            0 => now,
+            remembered => now.min(remembered),
+        }
     })
 }
 

@@ -35,8 +35,8 @@ fn the_pace_is_the_slower_of_the_turn_and_the_growth_remembered() {
         ..usage_at(1_000)
     };
     assert_eq!(pace(None, 5_000, 1), 0);
-    // The history's first turn: nothing remembered, so no pace to forecast with.
-    assert_eq!(pace(Some(&usage(0)), 33_000, 1), 0, "a first burst");
+    // The history's first growth: nothing remembered, the turn's own.
+    assert_eq!(pace(Some(&usage(0)), 33_000, 1), 32_000, "a first growth");
     assert_eq!(pace(Some(&usage(1_200)), 3_058, 1), 1_200, "a burst");
     assert_eq!(pace(Some(&usage(2_000)), 1_300, 1), 300, "a lull");
     assert_eq!(pace(Some(&usage(2_000)), 1_900, 3), 300, "a stale report");
@@ -70,7 +70,7 @@ const OPUS_BOUNDS: cost::Bounds = cost::Bounds {
 #[test]
 fn a_burst_does_not_make_a_threshold_look_near() {
     let (e, b) = (opus(), OPUS_BOUNDS);
-    // Claude Code's first turn read files: 110,000 tokens, 32,000 of them at once.
+    // 110,000 tokens, 32,000 of them the latest turn's (a pasted log).
     let outlook = cost::Outlook {
         prompt: 110_000,
         head: 0,
@@ -79,12 +79,18 @@ fn a_burst_does_not_make_a_threshold_look_near() {
         cold: false,
     };
     assert!(
-        expects(&e, (&outlook, &b), (1, 32_000), 60_000),
+        expects(&e, (&outlook, &b), (30, 32_000, false), 60_000),
         "at the burst's pace the threshold is a request away"
     );
-    assert!(!expects(&e, (&outlook, &b), (1, 0), 60_000));
     // Its pace is 1,200 a request: the threshold is 34 requests away.
-    assert!(!expects(&e, (&outlook, &b), (30, 1_200), 60_000));
+    assert!(!expects(&e, (&outlook, &b), (30, 1_200, false), 60_000));
+    // A history's first growth is trusted for two requests: 64,000 tokens.
+    let first = cost::Outlook {
+        prompt: 80_000,
+        ..outlook
+    };
+    assert!(!expects(&e, (&first, &b), (1, 32_000, true), 60_000));
+    assert!(expects(&e, (&first, &b), (1, 32_000, false), 60_000));
     let near = cost::Outlook {
         prompt: 145_000,
         growth: 1_500,
@@ -97,8 +103,7 @@ fn a_burst_does_not_make_a_threshold_look_near() {
         ends: vec![crate::compactor::horizon::FAR],
         ..opus()
     };
-    assert!(expects(&learned, (&near, &b), (30, 1_200), 60_000));
-    assert!(!expects(&learned, (&outlook, &b), (1, 0), 60_000));
+    assert!(expects(&learned, (&near, &b), (30, 1_200, false), 60_000));
 }
 
 #[test]
@@ -118,14 +123,14 @@ fn over_the_threshold_where_compacting_does_not_pay_nothing_is_built_for_later()
         cost::judge(&outlook, &b, &e.rates, target, now),
         Some(Why::NotWorthIt)
     );
-    assert!(!expects(&e, (&outlook, &b), (80, 600), target));
+    assert!(!expects(&e, (&outlook, &b), (80, 600, false), target));
     // Just under the threshold, with more of the conversation ahead, it would pay.
     let under = cost::Outlook {
         prompt: 149_000,
         remaining: cost::remaining(80, 149_000, 600, 165_000),
         ..outlook
     };
-    assert!(expects(&e, (&under, &b), (80, 600), target));
+    assert!(expects(&e, (&under, &b), (80, 600, false), target));
 }
 
 fn usage_at(tokens: u64) -> Usage {
