@@ -27,6 +27,12 @@ use crate::tokens::Estimator;
 /// Output tokens of every answer but a summary's.
 pub const REPLY_TOKENS: u64 = 5;
 
+/// The largest body it takes: as a real provider does (Anthropic's Messages API takes
+/// 32 MB), not axum's default of 2 MB, whose 413 abridge rightly reads as an overflow —
+/// a real Codex rollout's requests carrying screenshots were "compacted for the window"
+/// at 94,000 tokens of a 272,000-token window.
+pub const BODY_BYTES: usize = 64 * 1024 * 1024;
+
 /// What one forwarded (non-summary) request held.
 #[derive(Debug, Clone)]
 pub struct Seen {
@@ -94,7 +100,10 @@ impl Simulated {
             scale,
             ..Shared::default()
         }));
-        let app = Router::new().fallback(answer).with_state(shared.clone());
+        let app = Router::new()
+            .fallback(answer)
+            .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES))
+            .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -450,6 +459,30 @@ mod tests {
             {"role": "system", "content": "You write handoff summaries, say it."},
             {"role": "user", "content": "hi"}]});
         assert!(!is_summary(&chat));
+    }
+
+    /// A request of a few megabytes (an agent's screenshots) is answered, as a real
+    /// provider answers it.
+    #[tokio::test]
+    async fn a_request_of_megabytes_is_answered() {
+        let provider = Simulated::start(1.0).await.unwrap();
+        let url = format!("{}/responses", provider.url);
+        let data = "iVBORw0KGgoAAAANSUhEUgAABU8AAALoCAIAAA".repeat(100_000);
+        let body = json!({"model": "gpt-5.1-codex", "input": [
+            {"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "look"},
+                {"type": "input_image", "image_url": format!("data:image/png;base64,{data}")},
+            ]},
+        ]})
+        .to_string();
+        assert!(body.len() > 3_000_000);
+        let answer = reqwest::Client::new()
+            .post(&url)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
     }
 
     /// A summary asked after the conversation itself (the cache-riding summary) is
