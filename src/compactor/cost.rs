@@ -44,7 +44,7 @@ pub struct Outlook {
     pub prompt: u64,
     /// Of which the head a compaction keeps (read from the cache after it too).
     pub head: u64,
-    /// Tokens a request adds.
+    /// Tokens a request adds, as the forecast counts them (see `super::decide`).
     pub growth: u64,
     /// Requests still to come, this one included.
     pub remaining: u64,
@@ -158,8 +158,13 @@ pub struct Bounds {
     pub threshold: u64,
     /// Whether the operator set it (`threshold_tokens`), rather than a share of the window.
     pub chosen: bool,
-    /// Over this the request compacts whatever it costs: the window, less room for the
-    /// next request.
+    /// Over this the request compacts whatever it costs: the window, less a fiftieth for
+    /// the estimate's error. A request the provider takes is sent as it is — an agent
+    /// compacts itself near its window, and a request that does not fit is compacted
+    /// when the provider says so and retried.
+    pub fits: u64,
+    /// Where agents end their conversations on their own (the window less a tenth):
+    /// the bound of the horizon a compaction is paid back over (see `super::decide`).
     pub must: u64,
     /// Under the threshold, a cold cache makes a compaction this deep worth weighing
     /// (the soft threshold).
@@ -169,7 +174,7 @@ pub struct Bounds {
 /// Whether to compact `o` now to `target` under the cost policy (`None`: under every
 /// bound, nothing to weigh).
 pub fn judge(o: &Outlook, b: &Bounds, r: &Rates, target: u64, summary: Summary) -> Option<Why> {
-    if o.prompt.saturating_add(o.growth) > b.must {
+    if o.prompt > b.fits {
         return Some(Why::Window);
     }
     let over = o.prompt > b.threshold;

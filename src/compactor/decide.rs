@@ -256,6 +256,7 @@ fn weigh(
     let bounds = cost::Bounds {
         threshold,
         chosen: config.threshold_tokens > 0,
+        fits: e.window.saturating_sub(e.window / 50).max(threshold),
         must: e.window.saturating_sub(e.window / 10).max(threshold),
         early: decided.soft,
     };
@@ -274,11 +275,19 @@ fn weigh(
         true => 0,
         false => head,
     };
+    // How many requests are left before the horizon is counted at the larger of the
+    // history's growth and its average since it began, so a lull does not stretch the
+    // future a compaction is paid back over: a real Claude Code conversation at 715
+    // tokens a request (1,700 on average) was compacted where 20 requests were expected
+    // to pay it back; it made 5.
+    let forecast = decided
+        .growth
+        .max(prompt.saturating_sub(head) / made.max(1));
     let outlook = cost::Outlook {
         prompt,
         head: cached_head,
-        growth: decided.growth,
-        remaining: cost::remaining(made, prompt, decided.growth, horizon(e, prompt, &bounds)),
+        growth: forecast,
+        remaining: cost::remaining(made, prompt, forecast, horizon(e, prompt, &bounds)),
         cold,
     };
     // Where it can get: no lower than what every plan keeps (the head, the final turn,

@@ -63,47 +63,46 @@ fn opus() -> Economics {
 const OPUS_BOUNDS: cost::Bounds = cost::Bounds {
     threshold: 150_000,
     chosen: false,
+    fits: 196_000,
     must: 180_000,
     early: 105_000,
 };
 
 #[test]
 fn a_burst_does_not_make_a_threshold_look_near() {
-    let (e, b) = (opus(), OPUS_BOUNDS);
+    // Where the tenant's conversations went on past the window's bound (abridge
+    // compacted them), a summary at the threshold pays at 1,500 tokens a request.
+    let b = OPUS_BOUNDS;
+    let e = Economics {
+        ends: vec![crate::compactor::horizon::FAR],
+        ..opus()
+    };
     // 110,000 tokens, 32,000 of them the latest turn's (a pasted log).
     let outlook = cost::Outlook {
         prompt: 110_000,
         head: 0,
-        growth: 32_000,
-        remaining: 4,
+        growth: 1_500,
+        remaining: 20,
         cold: false,
     };
     assert!(
         expects(&e, (&outlook, &b), (30, 32_000, false), 60_000),
-        "at the burst's pace the threshold is a request away"
+        "at the burst's pace the threshold is two requests away"
     );
     // Its pace is 1,200 a request: the threshold is 34 requests away.
     assert!(!expects(&e, (&outlook, &b), (30, 1_200, false), 60_000));
+    let near = cost::Outlook {
+        prompt: 145_000,
+        ..outlook
+    };
+    assert!(expects(&e, (&near, &b), (30, 1_200, false), 60_000));
     // A history's first growth is trusted for two requests: 64,000 tokens.
     let first = cost::Outlook {
         prompt: 80_000,
         ..outlook
     };
-    assert!(!expects(&e, (&first, &b), (1, 32_000, true), 60_000));
-    assert!(expects(&e, (&first, &b), (1, 32_000, false), 60_000));
-    let near = cost::Outlook {
-        prompt: 145_000,
-        growth: 1_500,
-        remaining: 20,
-        ..outlook
-    };
-    // Where the tenant's conversations went on past the window's bound (abridge
-    // compacted them), a summary at the threshold pays.
-    let learned = Economics {
-        ends: vec![crate::compactor::horizon::FAR],
-        ..opus()
-    };
-    assert!(expects(&learned, (&near, &b), (30, 1_200, false), 60_000));
+    assert!(!expects(&e, (&first, &b), (30, 32_000, true), 60_000));
+    assert!(expects(&e, (&first, &b), (30, 32_000, false), 60_000));
 }
 
 #[test]

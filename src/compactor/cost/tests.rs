@@ -86,7 +86,8 @@ fn the_judge_compacts_for_the_window_the_operator_and_the_money_only() {
     let bounds = Bounds {
         threshold: 75_000,
         chosen: false,
-        must: 190_000,
+        fits: 196_000,
+        must: 180_000,
         early: 52_500,
     };
     let judge = |o: Outlook, b: &Bounds, r: &Rates| judge(&o, b, r, 30_000, NONE);
@@ -121,10 +122,19 @@ fn the_judge_compacts_for_the_window_the_operator_and_the_money_only() {
     );
     // The window: whatever it costs.
     let full = Outlook {
-        prompt: 189_000,
+        prompt: 197_000,
         ..outlook(1, false)
     };
     assert_eq!(judge(full, &bounds, &SONNET), Some(Why::Window));
+    // A request the provider takes is judged by what it costs, however fast it grew to
+    // it: the agent compacts itself near its window, and one that does not fit is
+    // retried compacted. (Here, with a small head kept, it pays in one request.)
+    let near = Outlook {
+        prompt: 189_000,
+        growth: 30_000,
+        ..outlook(1, false)
+    };
+    assert_eq!(judge(near, &bounds, &SONNET), Some(Why::Pays));
     // The operator's threshold: a bound they chose.
     let chosen = Bounds {
         chosen: true,
