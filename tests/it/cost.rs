@@ -17,7 +17,7 @@ use crate::common::{Proxy, client, config_for};
 
 /// gpt-5 (priced: cached input a tenth of input) served with an 8,000-token window, so
 /// the default threshold (three quarters of it) is 6,000 tokens and the window compacts
-/// whatever it costs over 7,200.
+/// whatever it costs over 7,840.
 fn config(provider: &FakeProvider) -> Config {
     windowed(provider, 8000)
 }
@@ -293,7 +293,7 @@ async fn a_summary_is_built_ahead_only_for_a_conversation_expected_to_reach_the_
 #[tokio::test]
 async fn a_burst_does_not_have_a_summary_built_ahead() {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
-    // Threshold 150,000, soft threshold 105,000; the window compacts over 180,000.
+    // Threshold 150,000, soft threshold 105,000; the window compacts over 196,000.
     let mut cfg = windowed(&provider, 200_000);
     cfg.compaction.strategy = abridge::strategies::Strategy::Structured;
     let proxy = Proxy::start_with(cfg).await;
