@@ -24,6 +24,7 @@ mod build;
 pub mod cost;
 pub mod decide;
 mod estimate;
+mod growth;
 pub mod horizon;
 mod in_context;
 pub mod overflow;
