@@ -33,6 +33,8 @@ const STEP: u64 = 128;
 #[derive(Default)]
 pub struct Cache {
     held: HashSet<u64>,
+    /// The head's tokens in the latest request served.
+    head: u64,
     /// An item's key (its text's hash) → its own hash and tokens (computed once).
     items: HashMap<u64, (u64, u64)>,
 }
@@ -87,6 +89,12 @@ impl Cache {
         }
     }
 
+    /// The head's tokens (tools, then `system` or `instructions`) in the latest request
+    /// served.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
     fn automatic(&mut self, cuts: &[Cut]) -> (u64, u64) {
         let hit = cuts
             .iter()
@@ -125,6 +133,7 @@ impl Cache {
     ) -> Vec<Cut> {
         let head = head(format, rest);
         let (head_hash, head_tokens) = self.item(key(&head.to_string()), &head, count);
+        self.head = head_tokens;
         let mut cut = Cut {
             tokens: head_tokens,
             hash: head_hash,
@@ -191,6 +200,27 @@ fn head(format: Format, body: &Value) -> Value {
     serde_json::json!({"tools": body["tools"], "system": system})
 }
 
+/// Of a request billed `billed` (its head `head` tokens; the conversation's previous
+/// request `previous` tokens, 0 for its first), the history: what came before its own
+/// turn, beyond its head — read from the cache first, as a prefix is, and the rest
+/// billed as the request's own writes and plain input were. What no rewrite of the
+/// history can make cheaper is the rest (the head, the turn, the answer), so this,
+/// priced and summed, is the most any compaction could save.
+pub fn history(billed: Tokens, head: u64, previous: u64) -> Tokens {
+    let turn = billed.input.saturating_sub(previous);
+    let input = match previous {
+        0 => 0,
+        _ => billed.input.saturating_sub(head).saturating_sub(turn),
+    };
+    let cached = input.min(billed.cached);
+    Tokens {
+        input,
+        cached,
+        cache_write: (input - cached).min(billed.cache_write),
+        output: 0,
+    }
+}
+
 /// Whether a value carries a `cache_control` breakpoint anywhere in it.
 fn marked(value: &Value) -> bool {
     match value {
@@ -230,6 +260,37 @@ mod tests {
 
     fn user(text: &str) -> Value {
         json!({"role": "user", "content": text})
+    }
+
+    #[test]
+    fn the_history_is_what_came_before_the_turn_beyond_the_head() {
+        let billed = |input, cached, cache_write| Tokens {
+            input,
+            cached,
+            cache_write,
+            output: 300,
+        };
+        // A first request has no history.
+        assert_eq!(history(billed(5_000, 0, 5_000), 2_000, 0).input, 0);
+        // 10,000 tokens after 8,000: 2,000 of head, 2,000 of turn, 6,000 of history,
+        // read from the cache.
+        let warm = history(billed(10_000, 9_000, 1_000), 2_000, 8_000);
+        assert_eq!(
+            (warm.input, warm.cached, warm.cache_write),
+            (6_000, 6_000, 0)
+        );
+        assert_eq!(warm.output, 0, "the answer is no history");
+        // After the cache went cold, the history was written again (Anthropic) or sent
+        // as plain input (OpenAI), as the request's own tokens were.
+        let cold = history(billed(10_000, 0, 10_000), 2_000, 8_000);
+        assert_eq!((cold.cached, cold.cache_write), (0, 6_000));
+        let plain = history(billed(10_000, 1_024, 0), 2_000, 8_000);
+        assert_eq!(
+            (plain.input, plain.cached, plain.cache_write),
+            (6_000, 1_024, 0)
+        );
+        // After the client compacted itself (smaller than before), all but the head.
+        assert_eq!(history(billed(4_000, 0, 4_000), 2_000, 9_000).input, 2_000);
     }
 
     #[test]

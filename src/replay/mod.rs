@@ -225,6 +225,9 @@ pub struct Spend {
     pub direct_micros: f64,
     /// As sent, by the simulation alone (against the recorded bill: calibration).
     pub simulated_direct_micros: f64,
+    /// Of which the requests' histories (see [`cache::history`]): the most any
+    /// compaction could save.
+    pub history_micros: f64,
     pub forwarded_micros: f64,
     pub summary_micros: f64,
     pub summary_calls: u64,
@@ -244,9 +247,17 @@ impl Spend {
         (net, self.direct_micros - net)
     }
 
+    /// The most any compaction could have saved, as a share of the cost as sent, in
+    /// percent (`None`: unpriced): what the requests paid for their histories.
+    pub fn at_most_percent(&self) -> Option<f64> {
+        (self.unpriced.is_empty() && self.direct_micros > 0.0)
+            .then(|| 100.0 * self.history_micros / self.direct_micros)
+    }
+
     fn add(&mut self, other: &Spend) {
         self.direct_micros += other.direct_micros;
         self.simulated_direct_micros += other.simulated_direct_micros;
+        self.history_micros += other.history_micros;
         self.forwarded_micros += other.forwarded_micros;
         self.summary_micros += other.summary_micros;
         self.summary_calls += other.summary_calls;

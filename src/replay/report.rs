@@ -72,6 +72,10 @@ pub struct Conversation {
     pub cost_through_usd: Option<f64>,
     pub net_saved_usd: Option<f64>,
     pub net_saved_percent: Option<f64>,
+    /// The most any compaction could have saved, in percent of the cost as sent: what
+    /// its requests paid for their histories, beyond the head and before their own
+    /// turn (the simulation's, as net saved is).
+    pub at_most_percent: Option<f64>,
     /// Against the bill the file recorded: replay's count of what the client sent over
     /// the recording, less one, in percent; the worst single request's; the share of
     /// the recorded prompt read from the provider's cache; tokens added to each
@@ -141,6 +145,7 @@ impl Conversation {
             net_saved_usd: usd(net),
             net_saved_percent: (priced && spend.direct_micros > 0.0)
                 .then(|| 100.0 * net / spend.direct_micros),
+            at_most_percent: spend.at_most_percent(),
             count_error_percent: c.error().map(|e| 100.0 * e),
             worst_request_error_percent: c.error().map(|_| 100.0 * c.worst),
             recorded_cache_read_share: c.cached_share(),
@@ -193,6 +198,8 @@ pub struct Figures {
     pub summary_usd: Option<f64>,
     pub net_saved_usd: Option<f64>,
     pub net_saved_percent: Option<f64>,
+    /// The most any compaction could have saved (see [`Conversation`]).
+    pub at_most_percent: Option<f64>,
     pub summary_calls: u64,
     /// The summaries' input and output tokens.
     pub summary_tokens: u64,
@@ -276,6 +283,7 @@ impl Figures {
             net_saved_usd: usd(net),
             net_saved_percent: (priced && spend.direct_micros > 0.0)
                 .then(|| 100.0 * net / spend.direct_micros),
+            at_most_percent: spend.at_most_percent(),
             summary_calls: spend.summary_calls,
             summary_tokens: spend.summary_tokens,
             count_error_percent: calibration.error().map(|e| 100.0 * e),
@@ -339,7 +347,7 @@ pub fn text(figures: &[Figures]) -> String {
 fn conversations(figures: &[Figures]) -> String {
     let mut out = String::from(
         "
-strategy       conversation                          requests  compactions           cost as sent  through abridge  net saved  count vs bill  cache reads
+strategy       conversation                          requests  compactions           cost as sent  through abridge  net saved  at most  count vs bill  cache reads
 ",
     );
     let pct = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:+.1}%"));
@@ -352,7 +360,7 @@ strategy       conversation                          requests  compactions      
             };
             let _ = writeln!(
                 out,
-                "{:<14} {:<36} {:>9}  {:>11}  {:>12}  {:>15}  {:>9}  {:>13}  {:>11}",
+                "{:<14} {:<36} {:>9}  {:>11}  {:>12}  {:>15}  {:>9}  {:>7}  {:>13}  {:>11}",
                 f.strategy.to_string(),
                 c.name.chars().take(36).collect::<String>(),
                 c.requests,
@@ -360,6 +368,8 @@ strategy       conversation                          requests  compactions      
                 usd(c.cost_direct_usd),
                 usd(c.cost_through_usd),
                 net,
+                c.at_most_percent
+                    .map_or_else(|| "–".to_owned(), |v| format!("{v:.1}%")),
                 pct(c.count_error_percent),
                 match (c.recorded_cache_read_share, c.simulated_cache_read_share) {
                     (Some(r), Some(s)) => format!("{:.0}% ({:.0}%)", 100.0 * r, 100.0 * s),
@@ -375,7 +385,7 @@ strategy       conversation                          requests  compactions      
 fn costs(figures: &[Figures]) -> String {
     let mut out = String::from(
         "\nstrategy       cost as sent  through abridge  of which summaries (calls, tokens)  \
-         net saved            every request valid\n",
+         net saved            at most  every request valid\n",
     );
     let usd = |v: Option<f64>| {
         v.map_or_else(
@@ -390,7 +400,7 @@ fn costs(figures: &[Figures]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<14} {:>12}  {:>15}  {:>34}  {:<20} {}",
+            "{:<14} {:>12}  {:>15}  {:>34}  {:<20} {:>7}  {}",
             f.strategy.to_string(),
             usd(f.cost_direct_usd),
             usd(f.cost_through_usd),
@@ -401,6 +411,8 @@ fn costs(figures: &[Figures]) -> String {
                 f.summary_tokens
             ),
             net,
+            f.at_most_percent
+                .map_or_else(|| "–".to_owned(), |v| format!("{v:.1}%")),
             if f.all_valid { "yes" } else { "NO" },
         );
     }

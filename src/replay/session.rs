@@ -80,6 +80,7 @@ pub async fn replay(
         input,
         count: &provider::count(&estimator, scale),
         direct: cache::Cache::default(),
+        previous: 0,
         spend: Spend::default(),
         calibration,
     };
@@ -122,6 +123,8 @@ struct Run<'a> {
     price: Option<crate::prices::Price>,
     /// The client's requests sent as they were, on the same model of the cache.
     direct: cache::Cache,
+    /// The tokens of the client's previous request (0 before the first).
+    previous: u64,
     spend: Spend,
     calibration: Calibration,
 }
@@ -145,7 +148,9 @@ impl Run<'_> {
         let reported = crate::relay::usage::of_value(&answer.body["usage"])
             .map(|u| crate::accounting::reported(&u))
             .unwrap_or_default();
-        self.price_one(bill, simulated, reported);
+        let history = cache::history(simulated, self.direct.head(), self.previous);
+        self.previous = simulated.input;
+        self.price_one(bill, (simulated, history), reported);
         let mut turn = Turn {
             status: answer.status,
             compacted: answer.compacted,
@@ -180,9 +185,11 @@ impl Run<'_> {
     }
 
     /// One request's cost: as sent (the recorded `bill`, else the `simulated` count and
-    /// cache), as sent by the simulation, and as forwarded (`reported`). The answer's
-    /// length is the model's whatever abridge sent: as recorded, on every side.
-    fn price_one(&mut self, bill: Option<Tokens>, simulated: Tokens, reported: Tokens) {
+    /// cache), as sent by the simulation, of which its history (see
+    /// [`cache::history`]), and as forwarded (`reported`). The answer's length is the
+    /// model's whatever abridge sent: as recorded, on every side.
+    fn price_one(&mut self, bill: Option<Tokens>, simulated: (Tokens, Tokens), reported: Tokens) {
+        let (simulated, history) = simulated;
         let Some(price) = self.price else { return };
         let output = bill.map_or(provider::REPLY_TOKENS, |b| b.output);
         let simulated = Tokens {
@@ -191,6 +198,7 @@ impl Run<'_> {
         };
         self.spend.direct_micros += price.micros(bill.unwrap_or(simulated));
         self.spend.simulated_direct_micros += price.micros(simulated);
+        self.spend.history_micros += price.micros(history);
         self.spend.forwarded_micros += price.micros(Tokens { output, ..reported });
     }
 }

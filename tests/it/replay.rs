@@ -491,6 +491,12 @@ fn real_sessions_replay_as_sent_and_within_five_percent_of_their_bill() {
             c["name"]
         );
         assert!(c["failed"].is_null(), "{c}");
+        // No compaction saves more than the conversation paid for its history.
+        let (net, at_most) = (
+            c["net_saved_percent"].as_f64().unwrap(),
+            c["at_most_percent"].as_f64().unwrap(),
+        );
+        assert!(net <= at_most && at_most < 100.0, "{c}");
     }
     let by_name = |name: &str| {
         *billed
@@ -508,8 +514,11 @@ fn real_sessions_replay_as_sent_and_within_five_percent_of_their_bill() {
     );
     let share = sonnet["recorded_cache_read_share"].as_f64().unwrap();
     assert!(share > 0.89, "{sonnet}");
-    // It crosses the threshold: compacted, as its size says.
+    // It crosses the threshold: compacted, as its size says. Most of what it paid was
+    // for its head and its answers; its history, read from the cache, is a share of it.
     assert!(sonnet["compactions"].as_u64().unwrap() >= 1, "{sonnet}");
+    let at_most = sonnet["at_most_percent"].as_f64().unwrap();
+    assert!(at_most > 5.0 && at_most < 60.0, "{sonnet}");
     let codex = by_name("yoavf-gpt5codex-pomodoro.jsonl");
     assert_eq!(codex["requests"], 21, "{codex}");
     assert!(
