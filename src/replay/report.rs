@@ -345,10 +345,19 @@ pub fn text(figures: &[Figures]) -> String {
 /// Each conversation under each strategy: one line each, and — where its file recorded
 /// the bill — how replay's count of what the client sent compares with it.
 fn conversations(figures: &[Figures]) -> String {
-    let mut out = String::from(
-        "
-strategy       conversation                          requests  compactions           cost as sent  through abridge  net saved  at most  count vs bill  cache reads
-",
+    // The header in the lines' own widths, so each title stands over its column.
+    let mut out = format!(
+        "\n{:<14} {:<36} {:>9}  {:>11}  {:>12}  {:>15}  {:>9}  {:>7}  {:>13}  {:>11}\n",
+        "strategy",
+        "conversation",
+        "requests",
+        "compactions",
+        "cost as sent",
+        "through abridge",
+        "net saved",
+        "at most",
+        "count vs bill",
+        "cache reads"
     );
     let pct = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:+.1}%"));
     let usd = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("${v:.4}"));
