@@ -71,7 +71,8 @@ const OPUS_BOUNDS: cost::Bounds = cost::Bounds {
 #[test]
 fn a_burst_does_not_make_a_threshold_look_near() {
     // Where the tenant's conversations went on past the window's bound (abridge
-    // compacted them), a summary at the threshold pays at 1,500 tokens a request.
+    // compacted them), a summary at the threshold pays at 1,000 tokens a request (30
+    // requests before the horizon; at 1,500, 20, it would pay back on the last one).
     let b = OPUS_BOUNDS;
     let e = Economics {
         ends: vec![crate::compactor::horizon::FAR],
@@ -81,7 +82,7 @@ fn a_burst_does_not_make_a_threshold_look_near() {
     let outlook = cost::Outlook {
         prompt: 110_000,
         head: 0,
-        growth: 1_500,
+        growth: 1_000,
         remaining: 20,
         cold: false,
     };

@@ -75,6 +75,45 @@ fn a_summary_is_paid_before_the_saving_and_moves_the_break_even() {
 }
 
 #[test]
+fn a_compaction_that_pays_back_only_on_the_last_expected_request_is_not_made() {
+    let bounds = Bounds {
+        threshold: 75_000,
+        chosen: false,
+        fits: 196_000,
+        must: 180_000,
+        early: 52_500,
+    };
+    let summary = Summary {
+        input: 70_000,
+        output: 2_000,
+    };
+    // It pays back on the 14th request (above): with 14 expected, the last one is all
+    // it would save, and a conversation that ends a request early loses; with 15, it
+    // pays with one to spare.
+    let judged = |remaining| {
+        judge(
+            &outlook(remaining, false),
+            &bounds,
+            &SONNET,
+            30_000,
+            summary,
+        )
+    };
+    assert_eq!(judged(14), Some(Why::NotWorthIt));
+    assert_eq!(judged(15), Some(Why::Pays));
+    // A compaction that pays in the request it is made on needs no other.
+    let near = Outlook {
+        prompt: 189_000,
+        growth: 30_000,
+        ..outlook(1, false)
+    };
+    assert_eq!(
+        judge(&near, &bounds, &SONNET, 30_000, NONE),
+        Some(Why::Pays)
+    );
+}
+
+#[test]
 fn on_a_cold_cache_a_compaction_costs_nearly_nothing_more() {
     // The whole prompt is written again either way: 3.75 × 70,000 saved at once.
     assert_eq!(net(&outlook(1, true), &SONNET, 30_000, NONE), 262_500.0);
