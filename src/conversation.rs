@@ -34,6 +34,14 @@ pub struct Item<'a> {
     /// Bytes that carry meaning but abridge does not model (a shape of tool calls it
     /// does not know, an unknown block or item type): part of identity, counted by size.
     pub extra: Option<Raw<'a>>,
+    /// A Responses `reasoning` item: the reasoning tokens it carries, as the provider
+    /// bills them (see [`crate::tokens::reasoning`]) — not its ciphertext's length.
+    pub reasoning: Option<u64>,
+    /// A Responses `reasoning` item of a turn before the last ask: the provider drops it
+    /// from the prompt (OpenAI reads an earlier turn's reasoning no more), so it counts
+    /// no tokens. It is forwarded as it is, and it is not part of identity (it is set by
+    /// where the item stands, which a later ask changes).
+    pub dropped: bool,
 }
 
 /// The same bytes and the same view (what the fast and the reference parse of a format
@@ -48,6 +56,8 @@ impl PartialEq for Item<'_> {
             && self.results == other.results
             && self.opaque == other.opaque
             && self.extra.map(Raw::get) == other.extra.map(Raw::get)
+            && self.reasoning == other.reasoning
+            && self.dropped == other.dropped
     }
 }
 

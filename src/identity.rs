@@ -320,6 +320,9 @@ pub fn hash_message(message: &Item<'_>) -> Fingerprint {
         results,
         opaque,
         extra,
+        // Read from the bytes `extra` holds; where the item stands, not what it is.
+        reasoning: _,
+        dropped: _,
     } = message;
     let mut h = Sha256::new();
     h.update([role_tag(*role)]);

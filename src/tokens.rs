@@ -202,8 +202,21 @@ impl Estimator {
     }
 
     /// Tokens one message adds to a request: content, name, tool calls, tool call id and
-    /// OpenAI's per-message overhead.
+    /// OpenAI's per-message overhead; none for an item the provider drops
+    /// ([`Item::dropped`]).
     pub fn message(&self, message: &Item<'_>) -> u64 {
+        match message.dropped {
+            true => 0,
+            false => self.read(message),
+        }
+    }
+
+    /// Tokens one message adds to a request the provider reads it in (a dropped item's,
+    /// while it was not).
+    pub fn read(&self, message: &Item<'_>) -> u64 {
+        if let Some(tokens) = message.reasoning {
+            return PER_MESSAGE + tokens;
+        }
         let mut n = PER_MESSAGE + self.content(&message.content);
         if let Some(name) = &message.name {
             n += PER_NAME + self.text(name);
@@ -317,6 +330,21 @@ const WEIGHTS: [u16; 256] = {
     }
     w
 };
+
+/// The reasoning tokens a Responses `reasoning` item whose `encrypted_content` is `len`
+/// characters long carries: what the provider bills it for, about
+/// [`REASONING_CHARS_PER_TOKEN`] characters of ciphertext a token past
+/// [`REASONING_OVERHEAD_CHARS`]. Counted by its length as text, the ciphertext came to
+/// one and a half to three times that, and Codex sends one each answer.
+pub fn reasoning(len: usize) -> u64 {
+    (len.saturating_sub(REASONING_OVERHEAD_CHARS) as f64 / REASONING_CHARS_PER_TOKEN) as u64
+}
+
+/// Measured on a gpt-5-codex rollout: its `token_count` events' `reasoning_output_tokens`
+/// against the length of the `encrypted_content` of the reasoning item each answer left
+/// (64 → 1,528 characters, 448 → 3,832, 1,472 → 9,356, 1,856 → 11,980, 0 → ~950).
+pub const REASONING_OVERHEAD_CHARS: usize = 950;
+pub const REASONING_CHARS_PER_TOKEN: f64 = 5.9;
 
 /// The calibrated estimate: a weight per byte class (see `WEIGHTS`), rounded up. One
 /// table look-up per byte, no allocation.

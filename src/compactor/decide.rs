@@ -482,12 +482,26 @@ pub fn predict(
         let n = u.messages as usize;
         if n <= turn.messages.len() && u.applied == applied.map(|c| c.through) {
             let reported = u.tokens.saturating_sub(u.head_tokens).saturating_add(head);
-            let appended: u64 = turn.messages[n..].iter().map(|m| exact.message(m)).sum();
-            let scaled = appended.saturating_mul(u64::from(u.ratio_permille.max(1))) / 1000;
+            let added: u64 = turn.messages[n..].iter().map(|m| exact.message(m)).sum();
+            // What the provider read at the report and drops now: a new ask since
+            // dropped the reasoning of the turn the report ended in.
+            let since = turn.messages[..n]
+                .iter()
+                .rposition(Item::is_ask)
+                .unwrap_or(0);
+            let dropped: u64 = turn.messages[since..n]
+                .iter()
+                .filter(|m| m.dropped)
+                .map(|m| exact.read(m))
+                .sum();
+            let scale = |t: u64| t.saturating_mul(u64::from(u.ratio_permille.max(1))) / 1000;
             return Prediction {
-                tokens: reported.saturating_add(scaled),
+                tokens: reported
+                    .saturating_add(scale(added))
+                    .saturating_sub(scale(dropped)),
                 head,
-                appended,
+                // What the history grew by, as the next report will count it.
+                appended: added.saturating_sub(dropped),
             };
         }
     }

@@ -482,3 +482,65 @@ fn chat_turn<'t, 'a>(
         beside: Default::default(),
     }
 }
+
+/// OpenAI drops an earlier turn's reasoning from the prompt: a new ask since the report
+/// takes the reasoning of the turn the report ended in off the prediction, and what the
+/// history grew by is what the next report will count (the ratio is learned from it).
+#[test]
+fn a_new_ask_takes_the_reasoning_it_drops_off_the_prediction() {
+    // 2,000 tokens of reasoning, as its ciphertext's length says.
+    let cipher = "g".repeat(crate::tokens::REASONING_OVERHEAD_CHARS + 11_800);
+    let reported = [
+        serde_json::json!({"role": "user", "content": "Fix the build."}),
+        serde_json::json!({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": cipher}),
+        serde_json::json!({"type": "function_call", "call_id": "c1", "name": "exec", "arguments": "{}"}),
+        serde_json::json!({"type": "function_call_output", "call_id": "c1", "output": "ok"}),
+    ];
+    let usage = Usage {
+        messages: 4,
+        ..usage_at(10_000)
+    };
+    let exact = Estimator::for_model_ready("m");
+    let (controls, credentials) = (Default::default(), Default::default());
+    let predicted = |appended: Vec<serde_json::Value>| {
+        let input: Vec<_> = reported.iter().cloned().chain(appended).collect();
+        let body = serde_json::json!({"model": "m", "input": input}).to_string();
+        let parsed = crate::formats::responses::parse(body.as_bytes()).unwrap();
+        let turn = Turn {
+            format: Format::Responses,
+            ..chat_turn(&parsed.items, &body, (&controls, &credentials), false)
+        };
+        let p = predict(&turn, Some(&usage), None, 100_000);
+        let added: u64 = parsed.items[4..].iter().map(|m| exact.message(m)).sum();
+        let reasoning = exact.read(&parsed.items[1]);
+        (
+            p.tokens,
+            p.appended,
+            added,
+            reasoning,
+            parsed.items[1].dropped,
+        )
+    };
+    // The tool loop goes on: the reasoning is still read.
+    let (tokens, appended, added, reasoning, dropped) = predicted(vec![
+        serde_json::json!({"type": "function_call", "call_id": "c2", "name": "exec", "arguments": "{}"}),
+        serde_json::json!({"type": "function_call_output", "call_id": "c2", "output": "ok"}),
+    ]);
+    assert!(!dropped);
+    assert!((2_000..2_100).contains(&reasoning), "{reasoning}");
+    assert_eq!((tokens, appended), (10_000 + added, added));
+    // A new ask: the provider drops it.
+    let (tokens, appended, added, _, dropped) = predicted(vec![
+        serde_json::json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]}),
+        serde_json::json!({"role": "user", "content": "Now the docs. ".repeat(1_000)}),
+    ]);
+    assert!(dropped);
+    assert!(
+        added > reasoning,
+        "{added}: the ask outweighs what was dropped"
+    );
+    assert_eq!(
+        (tokens, appended),
+        (10_000 + added - reasoning, added - reasoning)
+    );
+}

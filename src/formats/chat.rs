@@ -149,6 +149,8 @@ fn build<'a>(raw: Raw<'a>, f: Fields<'a>) -> Result<Item<'a>, serde_json::Error>
             .collect(),
         opaque: Opaque::None,
         extra,
+        reasoning: None,
+        dropped: false,
     })
 }
 

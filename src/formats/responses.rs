@@ -31,7 +31,7 @@ use serde_json::value::RawValue;
 
 use super::Author;
 use super::splice::{Edit, apply, array, span_of};
-use crate::conversation::Item;
+use crate::conversation::{Item, Opaque};
 use crate::json::{self, Raw};
 
 mod item;
@@ -135,12 +135,27 @@ fn with_items<'a>(
         }
         items.push(item);
     }
+    drop_earlier_reasoning(&mut items);
     Ok(Parsed {
         fields,
         raw_items,
         items,
         untouchable,
     })
+}
+
+/// Marks the reasoning items before the last ask as [`Item::dropped`]: OpenAI drops an
+/// earlier turn's reasoning from the prompt, so the provider counts none of it (replay,
+/// counting so, comes within 2 % of fifteen real Codex rollouts' bills). Counted, they
+/// made abridge's estimate of a Codex history larger than the provider's count by a
+/// share that changes with every ask, and the ratio of the two scales every budget.
+fn drop_earlier_reasoning(items: &mut [Item<'_>]) {
+    let Some(last_ask) = items.iter().rposition(Item::is_ask) else {
+        return;
+    };
+    for item in &mut items[..last_ask] {
+        item.dropped = item.opaque == Opaque::WithNext;
+    }
 }
 
 /// The top level and the `input` items as the validating pass found them; `None` for
@@ -287,6 +302,41 @@ mod tests {
         assert!(items[6].is_ask(), "an item without type is a message");
         assert_eq!(parsed.fields.prompt_cache_key.as_deref(), Some("thread-1"));
         assert!(parsed.untouchable.is_none());
+    }
+
+    #[test]
+    fn reasoning_counts_what_it_carries_and_nothing_once_a_later_ask_drops_it() {
+        let estimator = crate::tokens::Estimator::approx();
+        let parsed = parse(BODY.as_bytes()).unwrap();
+        // Before the last ask ("Thanks"): the provider drops it.
+        let reasoning = &parsed.items[2];
+        assert!(reasoning.dropped);
+        assert_eq!(estimator.message(reasoning), 0);
+        assert!(estimator.read(reasoning) > 0);
+        assert!(parsed.items.iter().filter(|i| i.dropped).count() == 1);
+        // In the turn that made it: read, for the reasoning its ciphertext carries (a
+        // token per 5.9 characters past 950), not for the ciphertext's length as text.
+        let base64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let cipher = base64.repeat(1_000)[..4_000].to_owned();
+        let current = BODY
+            .replace(
+                r#"{"role":"user","content":"Thanks"}"#,
+                r#"{"type":"function_call_output","call_id":"call_0","output":"x"}"#,
+            )
+            .replace("\"gAAA\"", &format!("\"{cipher}\""));
+        let parsed = parse(current.as_bytes()).unwrap();
+        let reasoning = &parsed.items[2];
+        assert!(!reasoning.dropped);
+        assert_eq!(
+            reasoning.reasoning,
+            Some(((4_000 - 950) as f64 / 5.9) as u64)
+        );
+        let tokens = estimator.message(reasoning);
+        assert!(tokens > 500 && tokens < 530, "{tokens}");
+        assert!(
+            crate::tokens::approx_text(&cipher) > 2 * tokens,
+            "as text it came to more"
+        );
     }
 
     #[test]

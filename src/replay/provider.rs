@@ -135,32 +135,20 @@ impl Drop for Simulated {
 /// model's tokens of every text in it (its strings, but for the ids, types, roles and
 /// signatures that name it rather than say anything), an image part as the estimate
 /// counts one ([`crate::tokens::image`]). A reasoning item is billed for
-/// the reasoning it carries, not the length of its `encrypted_content` — about
-/// [`REASONING_CHARS_PER_TOKEN`] characters of ciphertext per reasoning token past
-/// [`REASONING_OVERHEAD_CHARS`] — and only within the turn that made it (the provider
-/// drops earlier turns' reasoning: see `cache`).
+/// the reasoning it carries, not the length of its `encrypted_content` (see
+/// [`crate::tokens::reasoning`]: abridge's estimate counts it so too), and only within
+/// the turn that made it (the provider drops earlier turns' reasoning: see `cache`).
 ///
 /// `scale` is the session's calibration (see `super::calibrate`): how many tokens the
 /// provider billed for what the estimator counts one.
 pub fn count(estimator: &Estimator, scale: f64) -> impl Fn(&Value) -> u64 + '_ {
     move |item| {
         let reasoning = match (item["type"].as_str(), item["encrypted_content"].as_str()) {
-            (Some("reasoning"), Some(cipher)) => reasoning_tokens(cipher.len()),
+            (Some("reasoning"), Some(cipher)) => crate::tokens::reasoning(cipher.len()),
             _ => 0,
         };
         ((4 + strings(estimator, item)) as f64 * scale).round() as u64 + reasoning
     }
-}
-
-/// Measured on a gpt-5-codex rollout: its `token_count` events' `reasoning_output_tokens`
-/// against the length of the `encrypted_content` of the reasoning item each answer left
-/// (64 → 1,528 characters, 448 → 3,832, 1,472 → 9,356, 1,856 → 11,980, 0 → ~950).
-pub const REASONING_OVERHEAD_CHARS: usize = 950;
-pub const REASONING_CHARS_PER_TOKEN: f64 = 5.9;
-
-/// The reasoning tokens a ciphertext of `len` characters carries.
-fn reasoning_tokens(len: usize) -> u64 {
-    (len.saturating_sub(REASONING_OVERHEAD_CHARS) as f64 / REASONING_CHARS_PER_TOKEN) as u64
 }
 
 fn strings(estimator: &Estimator, value: &Value) -> u64 {

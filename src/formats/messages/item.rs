@@ -136,6 +136,8 @@ fn build<'a>(
         results: Vec::new(),
         opaque: Opaque::None,
         extra: None,
+        reasoning: None,
+        dropped: false,
     };
     let Some(value) = content else {
         return Ok(item);

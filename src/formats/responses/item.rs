@@ -39,6 +39,8 @@ pub(super) struct ItemFields<'a> {
     pub(super) output: Option<Raw<'a>>,
     #[serde(borrow, default)]
     action: Option<Raw<'a>>,
+    #[serde(borrow, default)]
+    encrypted_content: Option<Cow<'a, str>>,
 }
 
 /// The same fields with the values abridge keeps raw as JSON text (`null` is absent).
@@ -52,6 +54,7 @@ struct Values<'a> {
     input: Option<Cow<'a, str>>,
     output: Option<json::Member<'a>>,
     action: Option<&'a str>,
+    encrypted_content: Option<Cow<'a, str>>,
 }
 
 /// One input item as a conversation item (see the parent module's docs).
@@ -86,6 +89,7 @@ fn by_serde(raw: Raw<'_>) -> Result<(Item<'_>, Kind), serde_json::Error> {
         input: f.input,
         output: f.output.map(|o| json::Member::unread(o.get())),
         action: f.action.map(Raw::get),
+        encrypted_content: f.encrypted_content,
     };
     build(raw, values)
 }
@@ -102,6 +106,7 @@ fn walked(text: &str) -> Option<Values<'_>> {
         "input",
         "output",
         "action",
+        "encrypted_content",
     ];
     let [
         kind,
@@ -113,6 +118,7 @@ fn walked(text: &str) -> Option<Values<'_>> {
         input,
         output,
         action,
+        encrypted_content,
     ] = json::fields(text, names)?;
     Some(Values {
         kind: json::optional_string(kind)?,
@@ -124,6 +130,7 @@ fn walked(text: &str) -> Option<Values<'_>> {
         input: json::optional_string(input)?,
         output,
         action: action.map(|a| a.raw),
+        encrypted_content: json::optional_string(encrypted_content)?,
     })
 }
 
@@ -137,6 +144,8 @@ fn build<'a>(raw: Raw<'a>, f: Values<'a>) -> Result<(Item<'a>, Kind), serde_json
         results: Vec::new(),
         opaque: Opaque::None,
         extra: None,
+        reasoning: None,
+        dropped: false,
     };
     let kind = f.kind.as_deref().unwrap_or("message");
     let mut what = Kind::Plain;
@@ -180,6 +189,8 @@ fn build<'a>(raw: Raw<'a>, f: Values<'a>) -> Result<(Item<'a>, Kind), serde_json
         "reasoning" => {
             item.opaque = Opaque::WithNext;
             item.extra = Some(raw);
+            let cipher = f.encrypted_content.as_deref().map_or(0, str::len);
+            item.reasoning = Some(crate::tokens::reasoning(cipher));
         }
         "compaction" => {
             item.opaque = Opaque::Barrier;
