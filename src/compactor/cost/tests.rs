@@ -30,6 +30,16 @@ fn outlook(remaining: u64, cold: bool) -> Outlook {
     }
 }
 
+/// A 75,000-token threshold in a 200,000-token window (compacted whatever it costs over
+/// 196,000; the horizon bounded at 180,000).
+const BOUNDS: Bounds = Bounds {
+    threshold: 75_000,
+    chosen: false,
+    fits: 196_000,
+    must: 180_000,
+    early: 52_500,
+};
+
 const NONE: Summary = Summary {
     input: 0,
     output: 0,
@@ -76,13 +86,7 @@ fn a_summary_is_paid_before_the_saving_and_moves_the_break_even() {
 
 #[test]
 fn a_compaction_that_pays_back_only_on_the_last_expected_request_is_not_made() {
-    let bounds = Bounds {
-        threshold: 75_000,
-        chosen: false,
-        fits: 196_000,
-        must: 180_000,
-        early: 52_500,
-    };
+    let bounds = BOUNDS;
     let summary = Summary {
         input: 70_000,
         output: 2_000,
@@ -122,13 +126,7 @@ fn on_a_cold_cache_a_compaction_costs_nearly_nothing_more() {
 
 #[test]
 fn the_judge_compacts_for_the_window_the_operator_and_the_money_only() {
-    let bounds = Bounds {
-        threshold: 75_000,
-        chosen: false,
-        fits: 196_000,
-        must: 180_000,
-        early: 52_500,
-    };
+    let bounds = BOUNDS;
     let judge = |o: Outlook, b: &Bounds, r: &Rates| judge(&o, b, r, 30_000, NONE);
     assert_eq!(judge(outlook(20, false), &bounds, &SONNET), Some(Why::Pays));
     assert_eq!(
