@@ -202,17 +202,18 @@ fn head(format: Format, body: &Value) -> Value {
 
 /// Of a request billed `billed` (its head `head` tokens; the conversation's previous
 /// request `previous` tokens, 0 for its first), the history: what came before its own
-/// turn, beyond its head — read from the cache first, as a prefix is, and the rest
-/// billed as the request's own writes and plain input were. What no rewrite of the
-/// history can make cheaper is the rest (the head, the turn, the answer), so this,
-/// priced and summed, is the most any compaction could save.
+/// turn, beyond its head — billed in the prompt's order, the cache's reads covering the
+/// head first, then the history, and the rest of the history written or sent plain as
+/// the request's own tokens were. What no rewrite of the history can make cheaper is
+/// the rest (the head, the turn, the answer), so this, priced and summed, is the most
+/// any compaction could save.
 pub fn history(billed: Tokens, head: u64, previous: u64) -> Tokens {
     let turn = billed.input.saturating_sub(previous);
     let input = match previous {
         0 => 0,
         _ => billed.input.saturating_sub(head).saturating_sub(turn),
     };
-    let cached = input.min(billed.cached);
+    let cached = input.min(billed.cached.saturating_sub(head));
     Tokens {
         input,
         cached,
@@ -284,11 +285,14 @@ mod tests {
         // as plain input (OpenAI), as the request's own tokens were.
         let cold = history(billed(10_000, 0, 10_000), 2_000, 8_000);
         assert_eq!((cold.cached, cold.cache_write), (0, 6_000));
+        // A prefix read from the cache covers the head first: here, not even all of it.
         let plain = history(billed(10_000, 1_024, 0), 2_000, 8_000);
         assert_eq!(
             (plain.input, plain.cached, plain.cache_write),
-            (6_000, 1_024, 0)
+            (6_000, 0, 0)
         );
+        let part = history(billed(10_000, 5_000, 0), 2_000, 8_000);
+        assert_eq!((part.cached, part.cache_write), (3_000, 0));
         // After the client compacted itself (smaller than before), all but the head.
         assert_eq!(history(billed(4_000, 0, 4_000), 2_000, 9_000).input, 2_000);
     }
