@@ -334,8 +334,9 @@ const WEIGHTS: [u16; 256] = {
 /// The reasoning tokens a Responses `reasoning` item whose `encrypted_content` is `len`
 /// characters long carries: what the provider bills it for, about
 /// [`REASONING_CHARS_PER_TOKEN`] characters of ciphertext a token past
-/// [`REASONING_OVERHEAD_CHARS`]. Counted by its length as text, the ciphertext came to
-/// one and a half to three times that, and Codex sends one each answer.
+/// [`REASONING_OVERHEAD_CHARS`]. Counted as text, the ciphertexts of fifteen real Codex
+/// rollouts (2,586 reasoning items, one an answer) came to three times that in all, and
+/// six times for the median item, whose reasoning is short.
 pub fn reasoning(len: usize) -> u64 {
     (len.saturating_sub(REASONING_OVERHEAD_CHARS) as f64 / REASONING_CHARS_PER_TOKEN) as u64
 }

@@ -39,10 +39,10 @@ use crate::prices::Price;
 /// least the request it is made on): the requests still to come are a forecast, and a
 /// compaction whose break-even is the last request expected saves nothing on average and
 /// loses whenever the conversation ends a request early. On fifteen real Codex rollouts
-/// replayed at their recorded bills, three conversations that cost 0.5–1.1 % more through
-/// abridge were each compacted where it paid back on exactly the last expected request
-/// (one, traced, was the conversation's last); with a request to spare none cost more,
-/// and the totals did not fall.
+/// replayed at their recorded bills, three conversations cost 0.5–1.1 % more through
+/// abridge; the one traced was compacted at its 380th of 381 requests, paying back on
+/// exactly the 6th of the 6 it expected. With a request to spare none cost more, and
+/// the totals did not fall.
 pub const SPARE_REQUESTS: u64 = 1;
 
 /// A conversation is expected to make at least this many more requests.
