@@ -247,11 +247,12 @@ impl Spend {
         (net, self.direct_micros - net)
     }
 
-    /// The most any compaction could have saved, as a share of the cost as sent, in
-    /// percent (`None`: unpriced): what the requests paid for their histories.
-    pub fn at_most_percent(&self) -> Option<f64> {
+    /// `micros` as a share of the cost as sent, in percent (`None`: unpriced, or nothing
+    /// sent): how net saved and the most any compaction could have saved (what the
+    /// requests paid for their histories) are reported.
+    pub fn percent_of_direct(&self, micros: f64) -> Option<f64> {
         (self.unpriced.is_empty() && self.direct_micros > 0.0)
-            .then(|| 100.0 * self.history_micros / self.direct_micros)
+            .then(|| 100.0 * micros / self.direct_micros)
     }
 
     fn add(&mut self, other: &Spend) {

@@ -143,9 +143,8 @@ impl Conversation {
             cost_direct_usd: usd(spend.direct_micros),
             cost_through_usd: usd(through),
             net_saved_usd: usd(net),
-            net_saved_percent: (priced && spend.direct_micros > 0.0)
-                .then(|| 100.0 * net / spend.direct_micros),
-            at_most_percent: spend.at_most_percent(),
+            net_saved_percent: spend.percent_of_direct(net),
+            at_most_percent: spend.percent_of_direct(spend.history_micros),
             count_error_percent: c.error().map(|e| 100.0 * e),
             worst_request_error_percent: c.error().map(|_| 100.0 * c.worst),
             recorded_cache_read_share: c.cached_share(),
@@ -281,9 +280,8 @@ impl Figures {
             cost_through_usd: usd(through),
             summary_usd: usd(spend.summary_micros),
             net_saved_usd: usd(net),
-            net_saved_percent: (priced && spend.direct_micros > 0.0)
-                .then(|| 100.0 * net / spend.direct_micros),
-            at_most_percent: spend.at_most_percent(),
+            net_saved_percent: spend.percent_of_direct(net),
+            at_most_percent: spend.percent_of_direct(spend.history_micros),
             summary_calls: spend.summary_calls,
             summary_tokens: spend.summary_tokens,
             count_error_percent: calibration.error().map(|e| 100.0 * e),
@@ -377,8 +375,7 @@ fn conversations(figures: &[Figures]) -> String {
                 usd(c.cost_direct_usd),
                 usd(c.cost_through_usd),
                 net,
-                c.at_most_percent
-                    .map_or_else(|| "–".to_owned(), |v| format!("{v:.1}%")),
+                percent(c.at_most_percent),
                 pct(c.count_error_percent),
                 match (c.recorded_cache_read_share, c.simulated_cache_read_share) {
                     (Some(r), Some(s)) => format!("{:.0}% ({:.0}%)", 100.0 * r, 100.0 * s),
@@ -388,6 +385,11 @@ fn conversations(figures: &[Figures]) -> String {
         }
     }
     out
+}
+
+/// A share in percent, to one decimal (`–`: none).
+fn percent(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".to_owned(), |v| format!("{v:.1}%"))
 }
 
 /// What each strategy cost, in dollars: one line each.
@@ -420,8 +422,7 @@ fn costs(figures: &[Figures]) -> String {
                 f.summary_tokens
             ),
             net,
-            f.at_most_percent
-                .map_or_else(|| "–".to_owned(), |v| format!("{v:.1}%")),
+            percent(f.at_most_percent),
             if f.all_valid { "yes" } else { "NO" },
         );
     }
