@@ -38,6 +38,8 @@ pub struct Prepared {
     /// What a provider-API compaction item or block the request carried replaced (its
     /// archive: see [`crate::recall::archive`]), for recall; `None`: it carried none.
     pub archive: Option<crate::recall::Archive>,
+    /// The strategies' `tool_prune_chars` when it was prepared (see [`Turn`]).
+    pub tool_prune_chars: usize,
 }
 
 impl Prepared {
@@ -75,6 +77,7 @@ impl Prepared {
             recall_tool: self.recall_tool.is_some(),
             recall_always: self.recall_always(),
             beside: Default::default(),
+            tool_prune_chars: self.tool_prune_chars,
         }
     }
 }
@@ -215,6 +218,7 @@ pub async fn prepare_parsed(
         loaded,
         note,
         archive,
+        tool_prune_chars: state.config().strategies.tool_prune_chars,
     }
 }
 

@@ -188,6 +188,7 @@ impl Compactor {
             recall_tool: job.recall_tool,
             recall_always: job.recall_always,
             beside: Default::default(),
+            tool_prune_chars: self.settings.tool_prune_chars,
         };
         let Some(attempt) = self.job_attempt(&turn, &job).await else {
             return false;

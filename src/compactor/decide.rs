@@ -523,15 +523,16 @@ pub fn predict(
     }
 }
 
-/// A stored checkpoint fits this request: its cuts lie before the final turn and after
-/// it comes no tool result (a later turn cannot change what was checked when it was
-/// built, since the prefix hash matches; this guards against a corrupt store).
+/// A stored checkpoint fits this request: something of the request follows its range,
+/// and not a tool result (a later turn cannot change what was checked when it was
+/// built, since the prefix hash matches; this guards against a corrupt store). Its range
+/// may reach into the final turn (results the model has acted on, digested: see
+/// `crate::strategies`), and then a later request of the same turn applies it too.
 pub fn applicable(c: &Checkpoint, messages: &[Item<'_>]) -> bool {
     let (head, through) = (c.head as usize, c.through as usize);
-    let last_user = messages.iter().rposition(|m| m.role == Role::User);
     head <= through + 1
         && c.kept_consistent()
-        && last_user.is_some_and(|u| through < u)
+        && messages.iter().any(|m| m.role == Role::User)
         && messages
             .get(through + 1)
             .is_some_and(|m| !matches!(m.role, Role::Tool | Role::Function))

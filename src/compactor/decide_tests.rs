@@ -491,6 +491,7 @@ fn chat_turn<'t, 'a>(
         recall_tool,
         recall_always: false,
         beside: Default::default(),
+        tool_prune_chars: crate::strategies::Settings::default().tool_prune_chars,
     }
 }
 

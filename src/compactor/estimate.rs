@@ -6,27 +6,36 @@
 use crate::conversation::Item;
 use crate::formats::Format;
 use crate::store::{Checkpoint, Piece, Usage};
-use crate::strategies::Layout;
+use crate::strategies;
 use crate::tokens::Estimator;
 
 use super::turn::Turn;
 
 /// Estimated tokens of what every plan keeps: the items that never move and the final
-/// turn from the last ask on (the strategies' smallest plan, [`Layout::smallest`], with
-/// the estimator they count with). A Claude Code or Codex turn is the user's ask and
-/// every tool round since, often tens of thousands of tokens: a compaction cannot go
-/// below it, and the cost policy must not expect it to. With nothing to replace, the
-/// whole request.
+/// turn from the last ask on, the bulky results in it the model has acted on digested
+/// (the strategies' smallest plan, [`strategies::essential`], with the estimator they
+/// count with). A Claude Code or Codex turn is the user's ask and every tool round
+/// since, often tens of thousands of tokens: a compaction cannot go below its ask, its
+/// calls and its newest exchange, and the cost policy must not expect it to. With
+/// nothing to replace, the whole request.
 pub fn essential(turn: &Turn<'_, '_>) -> u64 {
     let estimator = Estimator::for_model_ready(turn.model);
-    let messages = turn.messages;
-    let whole = (messages.len(), messages.len());
-    let (head, start) = Layout::new(messages)
-        .ok()
-        .and_then(|l| l.smallest())
-        .unwrap_or(whole);
-    let kept = messages[..head].iter().chain(&messages[start..]);
-    kept.map(|m| estimator.message(m)).sum::<u64>() + estimator.per_request()
+    let settings = strategies::Settings {
+        tool_prune_chars: turn.tool_prune_chars,
+        ..Default::default()
+    };
+    let input = strategies::Input {
+        messages: turn.messages,
+        budget: 0,
+        previous: None,
+        focus: None,
+        estimator: &estimator,
+        format: turn.format,
+        summary_window: None,
+        summary_ratio: None,
+    };
+    strategies::essential(&input, &settings)
+        .unwrap_or_else(|| estimator.messages(turn.messages) + estimator.per_request())
 }
 
 /// abridge's estimate of what it adds to a compacted request of `turn`: the recall

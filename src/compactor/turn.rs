@@ -57,6 +57,10 @@ pub struct Turn<'t, 'a> {
     /// What the request carries beside its items, once worked out (`decide::beside`,
     /// asked several times a decision): start with `Default::default()`.
     pub beside: OnceLock<Beside>,
+    /// The strategies' `tool_prune_chars`: the tool results of the final turn longer
+    /// than it are what a compaction may clear when that turn does not fit whole, so
+    /// what every plan keeps ([`super::estimate::essential`]) depends on it.
+    pub tool_prune_chars: usize,
 }
 
 /// Why the plan stage is asked.

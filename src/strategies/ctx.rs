@@ -41,36 +41,63 @@ pub(crate) struct Ctx<'i, 'a> {
     /// `OnceLock`, not `OnceCell`: the context lives across the summariser's `.await`,
     /// and the request path needs that future to be `Send`.
     costs: Vec<OnceLock<u64>>,
+    /// Estimated tokens of each tool result as `recency` digests it (`None`: too short
+    /// to digest, or not a result), on first use.
+    digests: Vec<OnceLock<Option<u64>>>,
     /// The earliest possible head and the latest possible start of the kept end.
     h_min: usize,
     t_min: usize,
+    /// The final turn's tokens as the smallest plan keeps it: whole when that fits the
+    /// budget, else with the results it may clear digested (see [`Layout::clearable`]).
+    final_turn: u64,
     /// The previous checkpoint, when it is consistent with these messages.
     previous: Option<Previous<'a>>,
 }
 
 impl<'i, 'a> Ctx<'i, 'a> {
     pub(super) fn new(input: &'i Input<'a>, settings: &'i Settings) -> Result<Self, CannotCompact> {
-        let layout = Layout::new(input.messages)?;
-        let costs = (0..layout.len()).map(|_| OnceLock::new()).collect();
-        let (h_min, t_min) = layout.smallest().ok_or(CannotCompact::NothingToReplace)?;
-        let previous = input.previous.filter(|p| {
-            p.head >= h_min && p.head <= p.through && p.through < t_min && layout.cut_ok[p.head]
-        });
-        let ctx = Self {
-            input,
-            settings,
-            layout,
-            costs,
-            h_min,
-            t_min,
-            previous,
-        };
-        let estimate = ctx.total(h_min, ctx.marker_reserve(), t_min);
+        let ctx = Self::laid_out(input, settings)?;
+        let estimate = ctx.minimal();
         if estimate > input.budget {
             return Err(CannotCompact::TooLarge {
                 estimate,
                 budget: input.budget,
             });
+        }
+        Ok(ctx)
+    }
+
+    /// The compaction's layout and costs, before the budget is looked at.
+    pub(super) fn laid_out(
+        input: &'i Input<'a>,
+        settings: &'i Settings,
+    ) -> Result<Self, CannotCompact> {
+        let layout = Layout::new(input.messages)?;
+        let costs = (0..layout.len()).map(|_| OnceLock::new()).collect();
+        let digests = (0..layout.len()).map(|_| OnceLock::new()).collect();
+        let (h_min, t_min) = layout.smallest().ok_or(CannotCompact::NothingToReplace)?;
+        // A checkpoint that cleared results of the final turn is no floor for the next
+        // plan, which works its edges out afresh (it cannot go shallower than the
+        // history it now has: the turn has only grown).
+        let previous = input.previous.filter(|p| {
+            p.head >= h_min && p.head <= p.through && p.through < t_min && layout.cut_ok[p.head]
+        });
+        let mut ctx = Self {
+            input,
+            settings,
+            layout,
+            costs,
+            digests,
+            h_min,
+            t_min,
+            final_turn: 0,
+            previous,
+        };
+        let n = ctx.layout.len();
+        let reserve = ctx.marker_reserve();
+        ctx.final_turn = ctx.cost(t_min..n);
+        if ctx.total(h_min, reserve, t_min) > input.budget {
+            ctx.final_turn = (t_min..n).map(|k| ctx.kept_cost(k, n)).sum();
         }
         Ok(ctx)
     }
@@ -113,9 +140,28 @@ impl<'i, 'a> Ctx<'i, 'a> {
     }
 
     /// Estimated tokens of the smallest plan: the leading system messages, a marker and
-    /// the final turn.
+    /// the final turn (its results the model has acted on digested, when it does not
+    /// fit whole).
     pub fn minimal(&self) -> u64 {
-        self.total(self.h_min, self.marker_reserve(), self.t_min)
+        self.estimator().per_request()
+            + self.cost(0..self.h_min)
+            + self.marker_reserve()
+            + self.final_turn
+    }
+
+    /// Tokens of tool result `k` as `recency` digests it; `None` when it is not one it
+    /// digests (see `recency::digest`).
+    pub fn digest_cost(&self, k: usize) -> Option<u64> {
+        *self.digests[k].get_or_init(|| recency::digest(self, k).map(|(_, tokens)| tokens))
+    }
+
+    /// Tokens of message `k` of the final turn when everything before `whole` that may
+    /// be cleared is digested.
+    fn kept_cost(&self, k: usize, whole: usize) -> u64 {
+        let cleared = (k < whole && self.layout.clearable(k))
+            .then(|| self.digest_cost(k))
+            .flatten();
+        cleared.unwrap_or_else(|| self.cost(k..k + 1))
     }
 
     /// An upper bound of the recency marker's tokens (its counts are at most `n`).
@@ -142,7 +188,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
         let mut sums = EdgeSums {
             front: Sums::new(0, Box::new(|k| self.cost(k - 1..k))),
             kept: Sums::new(
-                self.cost(self.t_min..n),
+                (self.t_min..n).map(cost_kept).sum(),
                 Box::new(|j| cost_kept(self.t_min - j)),
             ),
             t_min: self.t_min,
@@ -170,10 +216,22 @@ impl<'i, 'a> Ctx<'i, 'a> {
     /// The earliest turn boundary from which everything up to the final turn can be kept
     /// whole next to the head and a replacement of `reserve` tokens: the most recent
     /// observations, which the agent is working from. (`recency` digests bulky tool
-    /// results only before it.)
+    /// results only before it.) When the final turn does not fit whole, a boundary
+    /// inside it: the earliest from which the rest fits with the results before it that
+    /// may be cleared digested, at the latest the final turn's newest exchange.
     pub fn newest_whole(&self, reserve: u64) -> usize {
         let head = self.smallest_head();
+        let n = self.layout.len();
         let mut total = self.total(head, reserve, self.t_min);
+        if total > self.input.budget {
+            for w in self.t_min + 1..=self.layout.clear_end {
+                total = total + self.kept_cost(w - 1, w) - self.cost(w - 1..w);
+                if total <= self.input.budget && self.layout.cut_ok[w] {
+                    return w;
+                }
+            }
+            return self.cuts(self.layout.clear_end, n).next().unwrap_or(n);
+        }
         let mut k = self.t_min;
         while k > head + 1 {
             total += self.cost(k - 1..k);

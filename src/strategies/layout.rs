@@ -24,6 +24,10 @@ pub(crate) struct Layout<'m, 'a> {
     pub sys: usize,
     /// Index of the last ask (a user's own words): the final turn starts here.
     pub last_user: usize,
+    /// The final turn's last assistant item (`last_user` when it has none): the tool
+    /// results between the ask and it, which the model has already read and acted on,
+    /// may be cleared (see `recency`); the newest exchange, from here on, never is.
+    pub clear_end: usize,
     /// `cut_ok[k]`: a cut before message `k` is at a turn boundary (`k` in `0..=n`).
     pub cut_ok: Vec<bool>,
     /// For each tool/function result: the assistant message and the position of the
@@ -56,6 +60,10 @@ impl<'m, 'a> Layout<'m, 'a> {
             .iter()
             .rposition(Item::is_ask)
             .ok_or(CannotCompact::NoFinalTurn)?;
+        let clear_end = messages[last_user..]
+            .iter()
+            .rposition(|m| m.role == Role::Assistant)
+            .map_or(last_user, |a| last_user + a);
         let mut open: std::collections::HashMap<&str, (usize, usize)> = Default::default();
         let mut last_assistant = None;
         let mut call_of = vec![None; n];
@@ -98,6 +106,7 @@ impl<'m, 'a> Layout<'m, 'a> {
             messages,
             sys,
             last_user,
+            clear_end,
             cut_ok,
             call_of,
             pairs,
@@ -108,6 +117,12 @@ impl<'m, 'a> Layout<'m, 'a> {
     pub fn call_for(&self, result: usize) -> Option<&ToolCall<'a>> {
         let (a, pos) = self.call_of[result]?;
         self.messages[a].calls.get(pos)
+    }
+
+    /// A tool result of the final turn the model has read and acted on since: one
+    /// `recency` may clear (digest) when the final turn alone does not fit.
+    pub fn clearable(&self, k: usize) -> bool {
+        k > self.last_user && k < self.clear_end && is_result(&self.messages[k])
     }
 
     pub fn len(&self) -> usize {

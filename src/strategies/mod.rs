@@ -12,7 +12,12 @@
 //! strategy guarantees, and [`validate`] checks before anything is forwarded:
 //!
 //! - the leading system/developer messages are in the head (byte-identical, first);
-//! - the final turn — the last user message and everything after it — is after `through`;
+//! - the final turn — the last user message and everything after it — is after `through`,
+//!   or, when it does not fit whole (an agent's turn is an ask and every tool round
+//!   since, up to tens of thousands of tokens), copied into the replacement up to
+//!   `through` with only the results the model has acted on since digested: the ask,
+//!   every call and the newest exchange stay as they came (`recency` only; see
+//!   [`Layout::clearable`]);
 //! - both cuts (before `head` and after `through`) are at turn boundaries (below);
 //! - copies of original messages inside the replacement keep every field they had
 //!   (digests change only `content`), and keep tool calls and their results together;
@@ -53,7 +58,8 @@
 //!
 //! [`Input::budget`] is what the forwarded request may estimate at most. The smallest
 //! possible result is the leading system/developer messages + a one-line marker + the
-//! final turn; when even that is over the budget, [`CannotCompact::TooLarge`] says so with
+//! final turn (with its results the model has acted on digested, when it does not fit
+//! whole); when even that is over the budget, [`CannotCompact::TooLarge`] says so with
 //! the estimate (the caller stops retrying: anti-thrash). Otherwise every plan estimates
 //! at most the budget: a summarising strategy whose result would not fit falls back to
 //! [`Strategy::Recency`], which always fits.
@@ -594,6 +600,19 @@ where
         tracing::debug!(%strategy, %fallback, "compaction falls back to recency");
         checked(&ctx, recency::plan(&ctx, strategy, Some(fallback))?)
     })
+}
+
+/// Estimated tokens of what every plan of `input`'s messages keeps, whatever its budget:
+/// the items that never move and the final turn, its results the model has acted on
+/// digested (the smallest plan without its marker; see the module docs' *Budget*).
+/// `None` when nothing can be compacted.
+pub fn essential(input: &Input<'_>, settings: &Settings) -> Option<u64> {
+    let input = Input {
+        budget: 0,
+        ..*input
+    };
+    let ctx = Ctx::laid_out(&input, settings).ok()?;
+    Some(ctx.minimal().saturating_sub(ctx.marker_reserve()))
 }
 
 fn checked(ctx: &Ctx<'_, '_>, plan: Plan) -> Result<Plan, CannotCompact> {

@@ -74,25 +74,26 @@ fn attempt(ctx: &Ctx<'_, '_>, requested: Strategy, index_budget: u64) -> (Plan, 
     // What the agent saw last stays whole; only older bulky tool results are digested,
     // and the kept end fills the budget newest first.
     let reserve = ctx.marker_reserve() + index_budget;
-    let whole = ctx.newest_whole(reserve).min(t_min);
-    let cost_kept = |k: usize| match (k < whole).then(|| digest(ctx, k)).flatten() {
-        Some((_, tokens)) => tokens,
+    // Past the final turn's ask only when the final turn does not fit whole: then its
+    // older results, which the model has acted on, are digested too (the ask, every
+    // call and the newest exchange stay as they came).
+    let whole = ctx.newest_whole(reserve);
+    let digested = |k: usize| k < whole && (k < t_min || ctx.layout.clearable(k));
+    let cost_kept = |k: usize| match digested(k).then(|| ctx.digest_cost(k)).flatten() {
+        Some(tokens) => tokens,
         None => ctx.cost(k..k + 1),
     };
-    let Edges { head, start } = ctx.edges(reserve, Tail::Filled { keep_from: whole }, &cost_kept);
+    let keep_from = whole.min(t_min);
+    let Edges { head, start } = ctx.edges(reserve, Tail::Filled { keep_from }, &cost_kept);
 
     // Digests in the kept part before the whole part; the replacement runs through the
     // end of the last digested tool exchange.
     let digests: Vec<(usize, Box<RawValue>)> = (start..whole)
+        .filter(|&k| digested(k))
         .filter_map(|k| digest(ctx, k).map(|(raw, _)| (k, raw)))
         .collect();
     let through = match digests.last() {
-        Some(&(last, _)) => {
-            (last + 1..=t_min)
-                .find(|&k| ctx.layout.cut_ok[k])
-                .unwrap_or(t_min)
-                - 1
-        }
+        Some(&(last, _)) => exchange_end(ctx, last),
         None => start - 1,
     };
 
@@ -148,6 +149,13 @@ fn attempt(ctx: &Ctx<'_, '_>, requested: Strategy, index_budget: u64) -> (Plan, 
     (build(&counts), 0)
 }
 
+/// The last message of the tool exchange result `k` belongs to (before the next turn
+/// boundary).
+fn exchange_end(ctx: &Ctx<'_, '_>, k: usize) -> usize {
+    let n = ctx.layout.len();
+    (k + 1..=n).find(|&b| ctx.layout.cut_ok[b]).unwrap_or(n) - 1
+}
+
 /// The index's share: `index_budget_ratio` of the budget at least, more when much is
 /// elided — an eighth of what must go (the conversation over the budget), up to half
 /// the budget — so a large elided middle keeps its identifiers (0 when the ratio is 0:
@@ -173,7 +181,7 @@ fn copy(m: &Item<'_>) -> Box<RawValue> {
 
 /// For a tool result longer than `tool_prune_chars`: the message with its content
 /// replaced by a digest, and that message's tokens.
-fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)> {
+pub(super) fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)> {
     let m = &ctx.messages()[k];
     if !is_result(m) {
         return None;

@@ -23,7 +23,8 @@ pub enum Violation {
     SystemMessages { head: usize, sys: usize },
     #[error(
         "the replaced range ends at message {through}, in the final turn that starts at \
-         message {final_turn}"
+         message {final_turn}, but does not keep each of its messages through there \
+         (copied, or a result the model has acted on digested) before its newest exchange"
     )]
     FinalTurn { through: usize, final_turn: usize },
     #[error("the cut before message {index} is not at a turn boundary")]
@@ -66,11 +67,41 @@ pub(crate) fn validate_with(
 ) -> Result<(), Violation> {
     check_edges(layout, messages.len(), plan)?;
     let copied_at = check_copies(messages, plan)?;
+    check_final_turn(layout, plan, &copied_at)?;
     check_tool_pairs(layout, messages, plan, &copied_at)
 }
 
-/// The range and its edges: the head keeps the system messages, the final turn is kept,
-/// both cuts are at turn boundaries, and every replacement message has its origin.
+/// A range that reaches into the final turn keeps every message of it there, in order
+/// (the ask as it came, results the model has acted on perhaps digested: see
+/// [`Layout::clearable`]), and ends before the turn's newest exchange.
+fn check_final_turn(
+    layout: &Layout<'_, '_>,
+    plan: &Plan,
+    copied_at: &BTreeMap<usize, usize>,
+) -> Result<(), Violation> {
+    let (through, final_turn) = (plan.through, layout.last_user);
+    if through < final_turn {
+        return Ok(());
+    }
+    let kept = (final_turn..=through).all(|k| match copied_at.get(&k) {
+        Some(&at) => match plan.origin[at] {
+            Origin::Verbatim(_) => true,
+            Origin::Digest(_) => layout.clearable(k),
+            Origin::Authored => false,
+        },
+        None => false,
+    });
+    if kept && through < layout.clear_end {
+        return Ok(());
+    }
+    Err(Violation::FinalTurn {
+        through,
+        final_turn,
+    })
+}
+
+/// The range and its edges: the head keeps the system messages, both cuts are at turn
+/// boundaries, and every replacement message has its origin.
 fn check_edges(layout: &Layout<'_, '_>, n: usize, plan: &Plan) -> Result<(), Violation> {
     let (head, through) = (plan.head, plan.through);
     if head > through || through >= n {
@@ -84,12 +115,6 @@ fn check_edges(layout: &Layout<'_, '_>, n: usize, plan: &Plan) -> Result<(), Vio
         return Err(Violation::SystemMessages {
             head,
             sys: layout.sys,
-        });
-    }
-    if through >= layout.last_user {
-        return Err(Violation::FinalTurn {
-            through,
-            final_turn: layout.last_user,
         });
     }
     for index in [head, through + 1] {

@@ -335,3 +335,83 @@ async fn checkpoints_survive_a_restart_with_redis() {
     assert_eq!(proxy.stats().compactions_total(), 0, "applied, not rebuilt");
     assert_eq!(proxy.stats().checkpoints_applied, 1);
 }
+
+/// A Codex turn is an ask and every tool round the agent made for it. Once that turn
+/// alone is over the threshold, the outputs the model has acted on since are cleared
+/// (digested, each still naming its call) and the request is compacted under the
+/// threshold; the ask, every call and reasoning item, and the newest output go as they
+/// came, and the provider takes every request. What was cleared is recalled when the
+/// model needs it.
+#[tokio::test]
+async fn a_turn_longer_than_the_threshold_is_compacted_by_clearing_the_outputs_acted_on() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = ResponsesAgent::new(&proxy, "sk-long-turn");
+    for n in 1..=2 {
+        agent.turn(n).await;
+    }
+    let ask = json!({"type": "message", "role": "user", "content": [{"type": "input_text",
+        "text": "Run every test suite and fix what fails (ticket ABC-9)."}]});
+    agent.input.push(ask.clone());
+    let mut compacted = 0;
+    for round in 1..=8 {
+        let answer = agent.send().await;
+        assert_eq!(answer.status, 200, "round {round}: {}", answer.body);
+        let reported = answer.body["usage"]["input_tokens"].as_u64().unwrap();
+        if answer.compacted() {
+            compacted += 1;
+            assert!(
+                reported <= THRESHOLD + THRESHOLD / 5,
+                "round {round}: {reported} at the provider"
+            );
+        }
+        agent.input.push(json!({"type": "reasoning", "id": format!("rs_long_{round}"),
+            "summary": [], "content": null, "encrypted_content": format!("gAAAA{}", "y7".repeat(40))}));
+        agent.input.push(json!({"type": "function_call", "call_id": format!("call_long_{round}"),
+            "name": "exec_command", "arguments": json!({"cmd": format!("cargo test suite_{round}")}).to_string()}));
+        agent.input.push(
+            json!({"type": "function_call_output", "call_id": format!("call_long_{round}"),
+            "output": format!("suite_{round}: {}\n{}", "test ok; ".repeat(400),
+                if round == 1 { "zanzibar checksum: 0xBEEF7" } else { "no checksum" })}),
+        );
+    }
+    let last = agent.send().await;
+    assert_eq!(last.status, 200, "{}", last.body);
+    assert!(last.compacted(), "{:?}", last.header("x-abridge-note"));
+    assert!(compacted >= 3, "{compacted} of the rounds compacted");
+    // What the provider got last: the turn from its ask, each item there in order.
+    let input = input_of(sent(&provider).last().unwrap());
+    let originals: HashSet<String> = agent.input.iter().map(Value::to_string).collect();
+    assert_valid(&input, &originals);
+    let at = input
+        .iter()
+        .position(|i| *i == ask)
+        .expect("the ask as it came");
+    let turn = &agent.input[agent.input.iter().position(|i| *i == ask).unwrap()..];
+    assert_eq!(input.len() - at, turn.len(), "no item of the turn left out");
+    let mut cleared = 0;
+    for (sent, original) in input[at..].iter().zip(turn) {
+        if sent == original {
+            continue;
+        }
+        assert_eq!(original["type"], "function_call_output", "{sent}");
+        assert_eq!(sent["call_id"], original["call_id"]);
+        let text = sent["output"].as_str().unwrap();
+        assert!(
+            text.starts_with("[abridge: tool output elided] exec_command(cmd="),
+            "{text}"
+        );
+        cleared += 1;
+    }
+    assert!(cleared >= 4, "{cleared} outputs cleared");
+    assert_eq!(input.last(), agent.input.last(), "the newest output whole");
+    assert!(
+        !input[at + 3].to_string().contains("zanzibar"),
+        "the first output cleared"
+    );
+    // What was cleared is condensed: the recall tool reads it back.
+    let tools = sent(&provider).last().unwrap().json()["tools"].clone();
+    assert!(tools.to_string().contains("abridge_recall"), "{tools}");
+}

@@ -2,6 +2,7 @@
 //! random conversations. This module holds the shared helpers (conversations, running a
 //! compaction, reading a plan back); the tests are in the topic modules below.
 
+mod final_turn;
 mod plans;
 mod properties;
 mod settings;

@@ -269,20 +269,59 @@ fn check(
         prop_assert!(summary.contains("## Critical Context"), "{}", summary);
     }
     prop_assert_eq!(frames(messages, &plan), 1);
-    // The head and the final turn are the client's bytes.
+    check_kept(messages, inp, &plan)?;
+    Ok(Some(plan))
+}
+
+/// The head and the final turn are the client's bytes: every message of the final turn
+/// is there, in order, as it came — but for the results the model has acted on, which
+/// recency may digest when the final turn does not fit whole, and then only when it had
+/// to (the final turn whole is over the budget).
+fn check_kept(messages: &[Item<'_>], inp: &Input<'_>, plan: &Plan) -> Result<(), TestCaseError> {
+    let e = inp.estimator;
     let out = plan.forwarded(messages);
     let layout = Layout::new(messages).unwrap();
     for i in 0..layout.sys {
         prop_assert_eq!(out[i].get(), messages[i].raw.get());
     }
     let final_len = messages.len() - layout.last_user;
+    let mut digested = 0;
     for k in 0..final_len {
-        prop_assert_eq!(
-            out[out.len() - final_len + k].get(),
-            messages[layout.last_user + k].raw.get()
+        let (sent, original) = (
+            out[out.len() - final_len + k],
+            &messages[layout.last_user + k],
         );
+        if sent.get() != original.raw.get() {
+            prop_assert!(layout.clearable(layout.last_user + k));
+            prop_assert!(inp.format.is_digest_of(sent, original.raw));
+            digested += 1;
+        }
     }
-    Ok(Some(plan))
+    if digested > 0 {
+        prop_assert_eq!(plan.strategy, Strategy::Recency);
+        let whole = forwarded_tokens(messages, plan, e) + whole_cost(plan, messages, e);
+        prop_assert!(whole > inp.budget, "{} ≤ {}", whole, inp.budget);
+    }
+    Ok(())
+}
+
+/// What the final turn's digested results of `plan` would add, sent whole.
+fn whole_cost(plan: &Plan, messages: &[Item<'_>], e: &Estimator) -> u64 {
+    let last_user = Layout::new(messages).unwrap().last_user;
+    let forwarded: u64 = plan
+        .origin
+        .iter()
+        .zip(&plan.replacement)
+        .filter_map(|(o, raw)| match *o {
+            Origin::Digest(k) if k > last_user => Some((k, raw)),
+            _ => None,
+        })
+        .map(|(k, raw)| {
+            let digest = plan.format.item(Raw::from(&**raw)).unwrap();
+            e.message(&messages[k]).saturating_sub(e.message(&digest))
+        })
+        .sum();
+    forwarded
 }
 
 /// The estimate of [`CannotCompact::TooLarge`] is what the smallest possible request
