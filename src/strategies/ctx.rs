@@ -155,6 +155,19 @@ impl<'i, 'a> Ctx<'i, 'a> {
         *self.digests[k].get_or_init(|| recency::digest(self, k).map(|(_, tokens)| tokens))
     }
 
+    /// Tokens of message `k` when every result of the final turn the model has acted on
+    /// is digested: what `deterministic`, which clears only to fit, sizes its edges by.
+    pub fn cleared_cost(&self, k: usize) -> u64 {
+        self.kept_cost(k, self.layout.len())
+    }
+
+    /// The last message of the tool exchange result `k` belongs to (before the next turn
+    /// boundary).
+    pub fn exchange_end(&self, k: usize) -> usize {
+        let n = self.layout.len();
+        (k + 1..=n).find(|&b| self.layout.cut_ok[b]).unwrap_or(n) - 1
+    }
+
     /// Tokens of message `k` of the final turn when everything before `whole` that may
     /// be cleared is digested.
     fn kept_cost(&self, k: usize, whole: usize) -> u64 {

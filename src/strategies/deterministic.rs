@@ -34,7 +34,7 @@ pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
     let mut reserve = RESERVE + index_budget;
     let mut attempt = 0;
     loop {
-        let Edges { head, start } = ctx.edges(reserve, Tail::Budgeted, &|k| ctx.cost(k..k + 1));
+        let Edges { head, start } = ctx.edges(reserve, Tail::Budgeted, &|k| ctx.cleared_cost(k));
         let range = &ctx.messages()[head..start];
         let index = index::index((head, range), index_budget, &tokens);
         let body = format!(
@@ -50,6 +50,9 @@ pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
             vec![(raw, Origin::Authored)],
             None,
         );
+        // The summary's real size, before any clearing of the final turn.
+        let summary = plan.tokens_after - ctx.total(head, 0, start);
+        let plan = super::clear::fit(ctx, plan);
         if plan.tokens_after <= budget {
             return Ok(plan);
         }
@@ -61,7 +64,7 @@ pub(super) fn plan(ctx: &Ctx<'_, '_>) -> Result<Plan, Fallback> {
                 budget,
             });
         }
-        reserve = plan.tokens_after - ctx.total(head, 0, start);
+        reserve = summary;
     }
 }
 

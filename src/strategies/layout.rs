@@ -26,7 +26,8 @@ pub(crate) struct Layout<'m, 'a> {
     pub last_user: usize,
     /// The final turn's last assistant item (`last_user` when it has none): the tool
     /// results between the ask and it, which the model has already read and acted on,
-    /// may be cleared (see `recency`); the newest exchange, from here on, never is.
+    /// may be cleared (see `clear`, `recency`); the newest exchange, from here on,
+    /// never is.
     pub clear_end: usize,
     /// `cut_ok[k]`: a cut before message `k` is at a turn boundary (`k` in `0..=n`).
     pub cut_ok: Vec<bool>,
@@ -119,8 +120,8 @@ impl<'m, 'a> Layout<'m, 'a> {
         self.messages[a].calls.get(pos)
     }
 
-    /// A tool result of the final turn the model has read and acted on since: one
-    /// `recency` may clear (digest) when the final turn alone does not fit.
+    /// A tool result of the final turn the model has read and acted on since: one a
+    /// plan may clear (digest) when it does not fit with the final turn whole.
     pub fn clearable(&self, k: usize) -> bool {
         k > self.last_user && k < self.clear_end && is_result(&self.messages[k])
     }

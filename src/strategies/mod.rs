@@ -16,8 +16,9 @@
 //!   or, when it does not fit whole (an agent's turn is an ask and every tool round
 //!   since, up to tens of thousands of tokens), copied into the replacement up to
 //!   `through` with only the results the model has acted on since digested: the ask,
-//!   every call and the newest exchange stay as they came (`recency` only; see
-//!   [`Layout::clearable`]);
+//!   every call and the newest exchange stay as they came (see [`Layout::clearable`];
+//!   `recency` clears as it fills its kept end, `deterministic` only as far as it takes
+//!   to fit, `clear`; a summary falls back to `recency` there);
 //! - both cuts (before `head` and after `through`) are at turn boundaries (below);
 //! - copies of original messages inside the replacement keep every field they had
 //!   (digests change only `content`), and keep tool calls and their results together;
@@ -64,6 +65,7 @@
 //! at most the budget: a summarising strategy whose result would not fit falls back to
 //! [`Strategy::Recency`], which always fits.
 
+mod clear;
 mod ctx;
 mod deterministic;
 mod fit;

@@ -93,7 +93,7 @@ fn attempt(ctx: &Ctx<'_, '_>, requested: Strategy, index_budget: u64) -> (Plan, 
         .filter_map(|k| digest(ctx, k).map(|(raw, _)| (k, raw)))
         .collect();
     let through = match digests.last() {
-        Some(&(last, _)) => exchange_end(ctx, last),
+        Some(&(last, _)) => ctx.exchange_end(last),
         None => start - 1,
     };
 
@@ -149,13 +149,6 @@ fn attempt(ctx: &Ctx<'_, '_>, requested: Strategy, index_budget: u64) -> (Plan, 
     (build(&counts), 0)
 }
 
-/// The last message of the tool exchange result `k` belongs to (before the next turn
-/// boundary).
-fn exchange_end(ctx: &Ctx<'_, '_>, k: usize) -> usize {
-    let n = ctx.layout.len();
-    (k + 1..=n).find(|&b| ctx.layout.cut_ok[b]).unwrap_or(n) - 1
-}
-
 /// The index's share: `index_budget_ratio` of the budget at least, more when much is
 /// elided — an eighth of what must go (the conversation over the budget), up to half
 /// the budget — so a large elided middle keeps its identifiers (0 when the ratio is 0:
@@ -173,7 +166,7 @@ fn index_budget(ctx: &Ctx<'_, '_>) -> u64 {
 
 /// A byte-identical copy of a message. (A message is valid JSON; were it not, the copy
 /// would be `null`, which the plan's validation refuses as unreadable.)
-fn copy(m: &Item<'_>) -> Box<RawValue> {
+pub(super) fn copy(m: &Item<'_>) -> Box<RawValue> {
     m.raw
         .to_boxed()
         .unwrap_or_else(|| RawValue::NULL.to_owned())

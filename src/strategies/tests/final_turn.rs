@@ -147,13 +147,16 @@ fn the_smallest_plan_clears_all_but_the_newest_exchange() {
 }
 
 #[test]
-fn a_summarising_strategy_that_cannot_keep_the_final_turn_whole_falls_back_to_clearing() {
+fn a_digest_beside_a_final_turn_that_does_not_fit_whole_clears_only_what_it_must() {
     let msgs = one_long_turn(8, 8000);
     let body = body(&msgs);
     let messages = parse(&body);
     let e = Estimator::approx();
-    let budget = e.messages(&messages[3..]) / 2;
-    for strategy in [Strategy::Structured, Strategy::Deterministic] {
+    let whole = e.messages(&messages[3..]);
+    for (strategy, budget) in [
+        (Strategy::Deterministic, whole / 2),
+        (Strategy::Deterministic, whole * 9 / 10),
+    ] {
         let plan = run(
             strategy,
             &input(&messages, budget, &e),
@@ -161,10 +164,60 @@ fn a_summarising_strategy_that_cannot_keep_the_final_turn_whole_falls_back_to_cl
             echo,
         )
         .unwrap();
-        assert_eq!(plan.strategy, Strategy::Recency, "{strategy}");
-        assert!(plan.fallback.is_some());
-        assert!(plan.tokens_after <= budget);
+        validate(&messages, &plan).unwrap();
+        assert_eq!(
+            (plan.strategy, &plan.fallback),
+            (strategy, &None),
+            "{plan:?}"
+        );
+        assert!(plan.tokens_after <= budget, "{strategy}: {plan:?}");
+        let cleared: Vec<usize> = plan
+            .origin
+            .iter()
+            .filter_map(|o| match *o {
+                Origin::Digest(k) if k > 3 => Some(k),
+                _ => None,
+            })
+            .collect();
+        // The oldest results first, and no more than the budget needs: one result fewer
+        // cleared would not fit.
+        assert!(!cleared.is_empty() && cleared.len() < 7, "{cleared:?}");
+        assert_eq!(
+            cleared,
+            (0..cleared.len()).map(|i| 5 + 2 * i).collect::<Vec<_>>()
+        );
+        let last = *cleared.last().unwrap();
+        let saved_by_last = e.message(&messages[last])
+            - plan
+                .origin
+                .iter()
+                .position(|o| *o == Origin::Digest(last))
+                .map(|at| e.message(&plan.format.item(Raw::from(&*plan.replacement[at])).unwrap()))
+                .unwrap();
+        assert!(
+            plan.tokens_after + saved_by_last > budget,
+            "{strategy}: cleared more than needed"
+        );
     }
+    // A summary does not clear: it falls back to recency, which does (and pays for no
+    // summary that would stop short of its range).
+    let plan = run(
+        Strategy::Structured,
+        &input(&messages, whole / 2, &e),
+        &Settings::default(),
+        echo,
+    )
+    .unwrap();
+    assert_eq!(plan.strategy, Strategy::Recency);
+    assert!(
+        matches!(plan.fallback, Some(Fallback::OverBudget { .. })),
+        "{plan:?}"
+    );
+    assert!(
+        plan.origin
+            .iter()
+            .any(|o| matches!(o, Origin::Digest(k) if *k > 3))
+    );
 }
 
 #[test]

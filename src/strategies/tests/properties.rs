@@ -298,7 +298,6 @@ fn check_kept(messages: &[Item<'_>], inp: &Input<'_>, plan: &Plan) -> Result<(),
         }
     }
     if digested > 0 {
-        prop_assert_eq!(plan.strategy, Strategy::Recency);
         let whole = forwarded_tokens(messages, plan, e) + whole_cost(plan, messages, e);
         prop_assert!(whole > inp.budget, "{} ≤ {}", whole, inp.budget);
     }
