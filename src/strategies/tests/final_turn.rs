@@ -23,6 +23,22 @@ fn one_long_turn(rounds: usize, chars: usize) -> Vec<Value> {
     m
 }
 
+/// `messages` compacted by `strategy` to `budget` (approximate estimates, default
+/// settings; the summariser echoes).
+fn compacted(
+    strategy: Strategy,
+    messages: &[Item<'_>],
+    budget: u64,
+) -> Result<Plan, CannotCompact> {
+    let e = Estimator::approx();
+    run(
+        strategy,
+        &input(messages, budget, &e),
+        &Settings::default(),
+        echo,
+    )
+}
+
 #[test]
 fn a_final_turn_over_the_budget_keeps_its_ask_calls_and_newest_exchange_and_digests_the_rest() {
     let msgs = one_long_turn(8, 8000);
@@ -33,13 +49,7 @@ fn a_final_turn_over_the_budget_keeps_its_ask_calls_and_newest_exchange_and_dige
     let final_turn = e.messages(&messages[ask..]);
     // Room for the head, the ask, the calls, a few results whole and the rest digested.
     let budget = final_turn / 2;
-    let plan = run(
-        Strategy::Recency,
-        &input(&messages, budget, &e),
-        &Settings::default(),
-        never,
-    )
-    .unwrap();
+    let plan = compacted(Strategy::Recency, &messages, budget).unwrap();
     validate(&messages, &plan).unwrap();
     assert!(
         plan.tokens_after <= budget,
@@ -90,13 +100,7 @@ fn a_final_turn_that_fits_whole_is_not_touched() {
     let messages = parse(&body);
     let e = Estimator::approx();
     let final_turn = e.messages(&messages[3..]);
-    let plan = run(
-        Strategy::Recency,
-        &input(&messages, final_turn + 200, &e),
-        &Settings::default(),
-        never,
-    )
-    .unwrap();
+    let plan = compacted(Strategy::Recency, &messages, final_turn + 200).unwrap();
     assert!(plan.through < 3, "{plan:?}");
     let out = forwarded_json(&messages, &plan);
     assert_eq!(out[out.len() - (msgs.len() - 3)..], msgs[3..]);
@@ -117,13 +121,7 @@ fn the_smallest_plan_clears_all_but_the_newest_exchange() {
         "{kept}: {newest} .. {whole}"
     );
     // Below it, nothing can be made, and the error says what the smallest plan takes.
-    let err = run(
-        Strategy::Recency,
-        &input(&messages, kept / 2, &e),
-        &settings,
-        never,
-    )
-    .unwrap_err();
+    let err = compacted(Strategy::Recency, &messages, kept / 2).unwrap_err();
     let CannotCompact::TooLarge { estimate, .. } = err else {
         panic!("{err:?}");
     };
@@ -131,13 +129,7 @@ fn the_smallest_plan_clears_all_but_the_newest_exchange() {
         estimate >= kept && estimate < kept + 200,
         "{estimate} against {kept}"
     );
-    let plan = run(
-        Strategy::Recency,
-        &input(&messages, estimate, &e),
-        &settings,
-        never,
-    )
-    .unwrap();
+    let plan = compacted(Strategy::Recency, &messages, estimate).unwrap();
     let digests = plan
         .origin
         .iter()
@@ -157,13 +149,7 @@ fn a_digest_beside_a_final_turn_that_does_not_fit_whole_clears_only_what_it_must
         (Strategy::Deterministic, whole / 2),
         (Strategy::Deterministic, whole * 9 / 10),
     ] {
-        let plan = run(
-            strategy,
-            &input(&messages, budget, &e),
-            &Settings::default(),
-            echo,
-        )
-        .unwrap();
+        let plan = compacted(strategy, &messages, budget).unwrap();
         validate(&messages, &plan).unwrap();
         assert_eq!(
             (plan.strategy, &plan.fallback),
@@ -201,13 +187,7 @@ fn a_digest_beside_a_final_turn_that_does_not_fit_whole_clears_only_what_it_must
     }
     // A summary does not clear: it falls back to recency, which does (and pays for no
     // summary that would stop short of its range).
-    let plan = run(
-        Strategy::Structured,
-        &input(&messages, whole / 2, &e),
-        &Settings::default(),
-        echo,
-    )
-    .unwrap();
+    let plan = compacted(Strategy::Structured, &messages, whole / 2).unwrap();
     assert_eq!(plan.strategy, Strategy::Recency);
     assert!(
         matches!(plan.fallback, Some(Fallback::OverBudget { .. })),
@@ -227,13 +207,7 @@ fn the_validator_holds_a_range_into_the_final_turn_to_copies_and_earlier_digests
     let messages = parse(&body);
     let e = Estimator::approx();
     let budget = e.messages(&messages[3..]) / 2;
-    let good = run(
-        Strategy::Recency,
-        &input(&messages, budget, &e),
-        &Settings::default(),
-        never,
-    )
-    .unwrap();
+    let good = compacted(Strategy::Recency, &messages, budget).unwrap();
     validate(&messages, &good).unwrap();
     let at = |p: &Plan, k: usize| p.origin.iter().position(|o| *o == Origin::Verbatim(k));
     // A message of the final turn left out.
