@@ -76,9 +76,8 @@ impl<'i, 'a> Ctx<'i, 'a> {
         let costs = (0..layout.len()).map(|_| OnceLock::new()).collect();
         let digests = (0..layout.len()).map(|_| OnceLock::new()).collect();
         let (h_min, t_min) = layout.smallest().ok_or(CannotCompact::NothingToReplace)?;
-        // A checkpoint that cleared results of the final turn is no floor for the next
-        // plan, which works its edges out afresh (it cannot go shallower than the
-        // history it now has: the turn has only grown).
+        // A checkpoint that cleared results of the final turn is not taken as the next
+        // plan's floor: that plan works its edges out afresh.
         let previous = input.previous.filter(|p| {
             p.head >= h_min && p.head <= p.through && p.through < t_min && layout.cut_ok[p.head]
         });
