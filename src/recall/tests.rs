@@ -151,3 +151,38 @@ fn the_calls_of_one_answer_are_served_within_its_limits() {
         .sum();
     assert!(served <= 2500 + 100, "{served}");
 }
+
+/// A checkpoint whose range reaches into the final turn (results the model has acted on
+/// cleared: see `crate::strategies`) condenses the cleared results only: the ask and the
+/// calls it forwards as they came are not recalled, the cleared output is, whole.
+#[test]
+fn a_result_cleared_inside_the_final_turn_is_recalled_whole() {
+    let output = format!(
+        "{}staging listens on port 6543\n",
+        "row of the table\n".repeat(200)
+    );
+    let messages = [
+        serde_json::json!({"role": "system", "content": "Be brief."}),
+        serde_json::json!({"role": "user", "content": "Find where staging listens."}),
+        serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": "{\"cmd\":\"cat ports\"}"}}]}),
+        serde_json::json!({"role": "tool", "tool_call_id": "call_1", "content": output}),
+        serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_2", "type": "function", "function": {"name": "shell", "arguments": "{\"cmd\":\"ls\"}"}}]}),
+        serde_json::json!({"role": "tool", "tool_call_id": "call_2", "content": "ports"}),
+    ];
+    let body = body(&messages);
+    let parsed = crate::formats::chat::parse(&body).unwrap();
+    // The replacement: the marker, the ask and the first call as they came, the
+    // first output's digest.
+    let corpus = Corpus::of(&parsed.messages, &condensed(1, 3, &[1, 2]));
+    assert_eq!(corpus.span().as_deref(), Some("m4"));
+    let port = corpus.answer(
+        r#"{"query": "which port does staging listen on"}"#,
+        8000,
+        &words,
+    );
+    assert!(port.contains("[m4 tool result call_1]"), "{port}");
+    assert!(port.contains("staging listens on port 6543"), "{port}");
+    assert!(!port.contains("Find where staging listens"), "{port}");
+}
