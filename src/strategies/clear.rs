@@ -11,7 +11,7 @@
 
 use serde_json::value::RawValue;
 
-use super::recency::{copy, digest};
+use super::recency::copies;
 use super::{Ctx, Origin, Plan};
 
 /// `plan`, cleared into its final turn as far as it takes to fit the budget (as far as
@@ -39,18 +39,9 @@ pub(super) fn fit(ctx: &Ctx<'_, '_>, plan: Plan) -> Plan {
     let through = ctx.exchange_end(last);
     let mut replacement: Vec<(Box<RawValue>, Origin)> =
         plan.replacement.into_iter().zip(plan.origin).collect();
-    for (k, message) in ctx.messages().iter().enumerate().take(through + 1) {
-        if k <= plan.through {
-            continue;
-        }
-        let digested = (k <= last && layout.clearable(k))
-            .then(|| digest(ctx, k))
-            .flatten();
-        replacement.push(match digested {
-            Some((raw, _)) => (raw, Origin::Digest(k)),
-            None => (copy(message), Origin::Verbatim(k)),
-        });
-    }
+    replacement.extend(copies(ctx, plan.through + 1..=through, |k| {
+        k <= last && layout.clearable(k)
+    }));
     // A summary would no longer cover the whole range: none is kept for an update.
     let mut fitted = ctx.plan(
         plan.requested,

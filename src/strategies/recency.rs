@@ -88,14 +88,10 @@ fn attempt(ctx: &Ctx<'_, '_>, requested: Strategy, index_budget: u64) -> (Plan, 
 
     // Digests in the kept part before the whole part; the replacement runs through the
     // end of the last digested tool exchange.
-    let digests: Vec<(usize, Box<RawValue>)> = (start..whole)
-        .filter(|&k| digested(k))
-        .filter_map(|k| digest(ctx, k).map(|(raw, _)| (k, raw)))
-        .collect();
-    let through = match digests.last() {
-        Some(&(last, _)) => ctx.exchange_end(last),
-        None => start - 1,
-    };
+    let last = (start..whole)
+        .rev()
+        .find(|&k| digested(k) && ctx.digest_cost(k).is_some());
+    let through = last.map_or(start - 1, |last| ctx.exchange_end(last));
 
     let elided = &messages[head..start];
     let count = |role: Role| elided.iter().filter(|m| m.role == role).count();
@@ -109,14 +105,7 @@ fn attempt(ctx: &Ctx<'_, '_>, requested: Strategy, index_budget: u64) -> (Plan, 
     let indexed = |budget: u64| {
         index::index((head, elided), budget, &tokens).map(|index| format!("{counts}\n{index}"))
     };
-    let mut kept: Vec<(Box<RawValue>, Origin)> = Vec::with_capacity(through + 1 - start);
-    let mut digests = digests.into_iter().peekable();
-    for (k, message) in messages.iter().enumerate().take(through + 1).skip(start) {
-        match digests.next_if(|(d, _)| *d == k) {
-            Some((_, raw)) => kept.push((raw, Origin::Digest(k))),
-            None => kept.push((copy(message), Origin::Verbatim(k))),
-        }
-    }
+    let kept = copies(ctx, start..=through, digested);
     // The index is estimated cheaply while it is built; should the plan's own estimate
     // find it over the budget, the marker that only counts always fits.
     let build = |marker: &str| {
@@ -164,9 +153,28 @@ fn index_budget(ctx: &Ctx<'_, '_>) -> u64 {
     floor.max((elided / 8).min(budget / 2)).min(room)
 }
 
+/// `messages[range]` as a replacement carries them: each one `digested` says, and
+/// [`digest`] can, as its digest, the others copied as they came.
+pub(super) fn copies(
+    ctx: &Ctx<'_, '_>,
+    range: std::ops::RangeInclusive<usize>,
+    digested: impl Fn(usize) -> bool,
+) -> Vec<(Box<RawValue>, Origin)> {
+    let messages = &ctx.messages()[range.clone()];
+    range
+        .zip(messages)
+        .map(
+            |(k, message)| match digested(k).then(|| digest(ctx, k)).flatten() {
+                Some((raw, _)) => (raw, Origin::Digest(k)),
+                None => (copy(message), Origin::Verbatim(k)),
+            },
+        )
+        .collect()
+}
+
 /// A byte-identical copy of a message. (A message is valid JSON; were it not, the copy
 /// would be `null`, which the plan's validation refuses as unreadable.)
-pub(super) fn copy(m: &Item<'_>) -> Box<RawValue> {
+fn copy(m: &Item<'_>) -> Box<RawValue> {
     m.raw
         .to_boxed()
         .unwrap_or_else(|| RawValue::NULL.to_owned())
