@@ -20,8 +20,9 @@
 //! Where a message abridge wrote would stand next to one of the same role, a minimal
 //! message of the other role is put between them, so the forwarded conversation still
 //! alternates (many Anthropic-compatible servers reject consecutive turns, which
-//! Anthropic itself merges) and starts with a `user` message. Digests are not written
-//! for this format: a tool result is kept whole or replaced with its turn.
+//! Anthropic itself merges) and starts with a `user` message. A tool result is cleared
+//! in place: its block's `content` replaced by a digest, the message and its other
+//! blocks kept ([`with_results`]).
 //!
 //! Requests that ask for the provider's own context editing or compaction (a
 //! `context_management` edit that removes or compacts content) are forwarded untouched;
@@ -39,9 +40,11 @@ use crate::conversation::Item;
 use crate::json::{self, Raw};
 
 mod item;
+mod results;
 
 use item::MessageFields;
 pub use item::{item, item_by_serde};
+pub use results::{same_but_results, with_results};
 
 /// The top level of a Messages request, of which abridge reads only this.
 #[derive(Debug, Deserialize)]

@@ -312,13 +312,28 @@ impl Format {
         }
     }
 
-    /// The tool result `item` with its output replaced by `text`, everything else kept
-    /// byte for byte; `None` when it cannot be spliced.
-    pub fn digest(self, item: &Item<'_>, text: &str) -> Option<Box<RawValue>> {
+    /// The tool result `item` with its output replaced by what `line` makes of it
+    /// (called with the call id the output answers, if any, and the output's text; a
+    /// Messages result is a block inside a user message, so `line` is called for each
+    /// of its `tool_result` blocks), everything else kept byte for byte. `None` when
+    /// `line` replaces nothing, or the output cannot be spliced.
+    pub fn digest(
+        self,
+        item: &Item<'_>,
+        mut line: impl FnMut(Option<&str>, &str) -> Option<String>,
+    ) -> Option<Box<RawValue>> {
+        if let Format::Messages = self {
+            return messages::with_results(item.raw, |id, text| line(Some(id), text));
+        }
+        let text = match &item.content {
+            Content::Text(t) => t.clone(),
+            Content::Parts(_) => item.content.text_lossy(),
+            Content::None | Content::Other(_) => return None,
+        };
+        let text = line(item.results.first().map(|id| id.as_ref()), &text)?;
         match self {
-            Format::Chat => chat::with_content(item.raw, text),
-            Format::Responses => responses::with_output(item.raw, text),
-            // A result is a block inside a user message: kept whole (see `messages`).
+            Format::Chat => chat::with_content(item.raw, &text),
+            Format::Responses => responses::with_output(item.raw, &text),
             Format::Messages => None,
         }
     }
@@ -328,7 +343,7 @@ impl Format {
         match self {
             Format::Chat => chat::same_but_content(digest, original),
             Format::Responses => responses::same_but_output(digest, original),
-            Format::Messages => false,
+            Format::Messages => messages::same_but_results(digest, original),
         }
     }
 }

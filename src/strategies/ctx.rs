@@ -52,6 +52,9 @@ pub(crate) struct Ctx<'i, 'a> {
     final_turn: u64,
     /// The previous checkpoint, when it is consistent with these messages.
     previous: Option<Previous<'a>>,
+    /// Nothing precedes the final turn but the head: a plan can only clear inside it
+    /// (`h_min` and `t_min` are then the head's end, and the final turn all after it).
+    clear_only: bool,
 }
 
 impl<'i, 'a> Ctx<'i, 'a> {
@@ -75,7 +78,13 @@ impl<'i, 'a> Ctx<'i, 'a> {
         let layout = Layout::new(input.messages)?;
         let costs = (0..layout.len()).map(|_| OnceLock::new()).collect();
         let digests = (0..layout.len()).map(|_| OnceLock::new()).collect();
-        let (h_min, t_min) = layout.smallest().ok_or(CannotCompact::NothingToReplace)?;
+        // Nothing before the final turn to replace (its ask is the first after the
+        // head): a plan may still clear results inside it (see `clear::only`).
+        let (h_min, t_min, clear_only) = match layout.smallest() {
+            Some((h_min, t_min)) => (h_min, t_min, false),
+            None if layout.may_clear_only() => (layout.sys, layout.sys, true),
+            None => return Err(CannotCompact::NothingToReplace),
+        };
         // A checkpoint that cleared results of the final turn is not taken as the next
         // plan's floor: that plan works its edges out afresh.
         let previous = input.previous.filter(|p| {
@@ -91,6 +100,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
             t_min,
             final_turn: 0,
             previous,
+            clear_only,
         };
         let n = ctx.layout.len();
         let reserve = ctx.marker_reserve();
@@ -483,6 +493,11 @@ impl<'i, 'a> Ctx<'i, 'a> {
             Ok(m) => self.estimator().message(&m),
             Err(_) => crate::tokens::approx_text(raw.get()),
         }
+    }
+
+    /// Whether a plan can only clear inside the final turn (see `clear::only`).
+    pub fn clear_only(&self) -> bool {
+        self.clear_only
     }
 
     pub fn t_min(&self) -> usize {

@@ -120,6 +120,16 @@ impl<'m, 'a> Layout<'m, 'a> {
         self.messages[a].calls.get(pos)
     }
 
+    /// The call the output `id` of result message `result` answers (a Messages result
+    /// answers several calls, one per block); `id` `None`: the call found for it.
+    pub fn call_answered(&self, result: usize, id: Option<&str>) -> Option<&ToolCall<'a>> {
+        let Some(id) = id else {
+            return self.call_for(result);
+        };
+        let (a, _) = self.call_of[result]?;
+        self.messages[a].calls.iter().find(|c| c.id == id)
+    }
+
     /// A tool result of the final turn the model has read and acted on since: one a
     /// plan may clear (digest) when it does not fit with the final turn whole.
     pub fn clearable(&self, k: usize) -> bool {
@@ -128,6 +138,15 @@ impl<'m, 'a> Layout<'m, 'a> {
 
     pub fn len(&self) -> usize {
         self.messages.len()
+    }
+
+    /// Whether a plan that only clears inside the final turn can start after the head:
+    /// a result it may clear follows a turn boundary at or after the head's end.
+    pub fn may_clear_only(&self) -> bool {
+        let Some(first) = (self.sys..self.len()).find(|&k| self.cut_ok[k]) else {
+            return false;
+        };
+        (first..self.clear_end).any(|k| self.clearable(k))
     }
 
     /// The edges of the smallest plan: the end of the earliest possible head and the

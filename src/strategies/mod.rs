@@ -18,10 +18,13 @@
 //!   `through` with only the results the model has acted on since digested: the ask,
 //!   every call and the newest exchange stay as they came (see [`Layout::clearable`];
 //!   `recency` clears as it fills its kept end, `deterministic` only as far as it takes
-//!   to fit, `clear`; a summary falls back to `recency` there);
+//!   to fit, `clear`; a summary falls back to `recency` there). When nothing but the
+//!   head precedes the final turn, a plan only clears inside it (`clear::only`): no
+//!   marker, the range starting at a turn boundary in the turn;
 //! - both cuts (before `head` and after `through`) are at turn boundaries (below);
 //! - copies of original messages inside the replacement keep every field they had
-//!   (digests change only `content`), and keep tool calls and their results together;
+//!   (digests change only `content`, or a Messages `tool_result` block's), and keep
+//!   tool calls and their results together;
 //! - text abridge writes itself (markers, summaries) starts with [`FRAME`]: it says it
 //!   is reference material about the earlier conversation, not instructions.
 //!
@@ -427,6 +430,8 @@ pub enum Fallback {
     OverBudget { estimate: u64, budget: u64 },
     #[error("the plan failed validation: {0}")]
     Invalid(Violation),
+    #[error("nothing precedes the final turn but the head: its results are cleared instead")]
+    NothingToSummarise,
 }
 
 /// Why the summary gate rejected a summary.
@@ -572,6 +577,9 @@ where
 {
     let permit = cpu.acquire().await;
     let ctx = cpu.run(&permit, || Ctx::new(input, settings))?;
+    if ctx.clear_only() {
+        return cpu.run(&permit, || checked(&ctx, clear::only(&ctx, strategy)?));
+    }
     let (attempt, permit) = match strategy {
         Strategy::Recency => {
             return cpu.run(&permit, || {

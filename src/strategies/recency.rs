@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 use super::index;
 use super::text::{first_line, thousands, truncate_chars};
 use super::{Ctx, Edges, Fallback, Origin, Plan, Strategy, Tail, authored, is_result};
-use crate::conversation::{Content, Item, Role};
+use crate::conversation::{Item, Role, ToolCall};
 use crate::json::Raw;
 
 /// The marker's text for `elided` messages starting at history index `first`, of which
@@ -180,8 +180,9 @@ fn copy(m: &Item<'_>) -> Box<RawValue> {
         .unwrap_or_else(|| RawValue::NULL.to_owned())
 }
 
-/// For a tool result longer than `tool_prune_chars`: the message with its content
-/// replaced by a digest, and that message's tokens.
+/// For a tool result longer than `tool_prune_chars`: the message with its output (each
+/// output longer than that, for a Messages result of several calls) replaced by a
+/// one-line digest, and that message's tokens.
 pub(super) fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)> {
     let m = &ctx.messages()[k];
     if !is_result(m) {
@@ -192,16 +193,23 @@ pub(super) fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)
     if m.raw.get().len() <= limit {
         return None;
     }
-    let text = match &m.content {
-        Content::Text(t) => t.clone(),
-        Content::Parts(_) => m.content.text_lossy(),
-        Content::None | Content::Other(_) => return None,
+    let line = |id: Option<&str>, text: &str| {
+        let chars = text.chars().count();
+        (chars > limit).then(|| digest_line(ctx.layout.call_answered(k, id), m, text, chars))
     };
-    let chars = text.chars().count();
-    if chars <= limit {
-        return None;
-    }
-    let call = ctx.layout.call_for(k);
+    let raw = ctx.input.format.digest(m, line)?;
+    let tokens = ctx
+        .input
+        .format
+        .item(Raw::from(&*raw))
+        .map(|d| ctx.estimator().message(&d))?;
+    Some((raw, tokens))
+}
+
+/// The digest of `text`, the output of `call` (or of the function `m` names), `chars`
+/// characters long: what was called on what, how much it returned, its exit status and
+/// first line, redacted (the digest is stored).
+fn digest_line(call: Option<&ToolCall<'_>>, m: &Item<'_>, text: &str, chars: usize) -> String {
     let name = match (call, &m.name) {
         (Some(c), _) => c.name.to_string(),
         (None, Some(n)) => n.to_string(),
@@ -216,21 +224,15 @@ pub(super) fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)
         thousands(chars),
         thousands(text.lines().count()),
     );
-    if let Some(status) = exit_status(&text) {
+    if let Some(status) = exit_status(text) {
         line.push_str(&format!(", exit status {status}"));
     }
-    let first = first_line(&text, 160);
+    let first = first_line(text, 160);
     if !first.is_empty() {
         line.push_str(&format!("; first line: {}", quoted(&first)));
     }
-    // The first line of a tool's output can hold a secret; the digest is stored.
-    let raw = ctx.input.format.digest(m, &super::redact::redact(&line))?;
-    let tokens = ctx
-        .input
-        .format
-        .item(Raw::from(&*raw))
-        .map(|d| ctx.estimator().message(&d))?;
-    Some((raw, tokens))
+    // The first line of a tool's output can hold a secret.
+    super::redact::redact(&line).into_owned()
 }
 
 /// The argument that says most about a call: a path, command, query or URL, else the

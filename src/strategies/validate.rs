@@ -83,7 +83,8 @@ fn check_final_turn(
     if through < final_turn {
         return Ok(());
     }
-    let kept = (final_turn..=through).all(|k| match copied_at.get(&k) {
+    // What precedes the range is not replaced (a range may start inside the turn).
+    let kept = (final_turn.max(plan.head)..=through).all(|k| match copied_at.get(&k) {
         Some(&at) => match plan.origin[at] {
             Origin::Verbatim(_) => true,
             Origin::Digest(_) => layout.clearable(k),

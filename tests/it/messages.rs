@@ -305,3 +305,99 @@ async fn one_abridge_serves_an_openai_and_an_anthropic_upstream() {
     );
     assert!(proxy.stats().summary_failures == 0, "{:?}", proxy.stats());
 }
+
+/// Claude Code's long turn: one ask, then tool rounds whose results (each a block of a
+/// user message, two calls answered by one message) grow the turn past the threshold.
+/// The bulky results the model has acted on are cleared in place — each block's content
+/// a digest naming its own call, its `tool_use_id` and `is_error` and the message's
+/// other blocks as they came — and the request is compacted under the threshold; the
+/// ask, every call and the newest exchange go as they came, and the provider (strict
+/// alternation, calls answered in the next message) takes every request.
+#[tokio::test]
+async fn a_claude_code_turn_longer_than_the_threshold_is_compacted_by_clearing_results() {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    let mut agent = ClaudeAgent::new(&proxy, "sk-ant-long-turn");
+    agent.turn(1).await;
+    let ask = json!({"role": "user", "content": [{"type": "text",
+        "text": "Run every test suite and fix what fails (ticket ABC-9)."}]});
+    agent.messages.push(ask.clone());
+    let mut compacted = 0;
+    for round in 1..=8 {
+        let answer = agent.send(false).await;
+        assert_eq!(answer.status, 200, "round {round}: {}", answer.body);
+        compacted += usize::from(answer.compacted());
+        agent.messages.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": format!("Round {round}.")},
+            {"type": "tool_use", "id": format!("toolu_run_{round}"), "name": "Bash",
+             "input": {"command": format!("cargo test suite_{round}")}},
+            {"type": "tool_use", "id": format!("toolu_read_{round}"), "name": "Read",
+             "input": {"path": format!("src/suite_{round}.rs")}}]}));
+        agent.messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_run_{round}"), "is_error": true,
+             "content": format!("suite_{round}: {}\n{}", "test failed; ".repeat(300),
+                if round == 1 { "zanzibar checksum: 0xBEEF7" } else { "no checksum" })},
+            {"type": "tool_result", "tool_use_id": format!("toolu_read_{round}"),
+             "content": [{"type": "text", "text": format!("fn suite_{round}() {{}}")}]},
+            {"type": "text", "text": "<system-reminder>todo list unchanged</system-reminder>"}]}));
+    }
+    let last = agent.send(false).await;
+    assert_eq!(last.status, 200, "{}", last.body);
+    assert!(last.compacted(), "{:?}", last.header("x-abridge-note"));
+    assert!(compacted >= 3, "{compacted} of the rounds compacted");
+    let after: u64 = last
+        .header("x-abridge-tokens-after")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after <= THRESHOLD, "{after} over the threshold");
+    let messages = sent(&provider).last().unwrap().json()["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let at = messages
+        .iter()
+        .position(|m| *m == ask)
+        .expect("the ask as it came");
+    let turn = &agent.messages[agent.messages.iter().position(|m| *m == ask).unwrap()..];
+    assert_eq!(
+        messages.len() - at,
+        turn.len(),
+        "no message of the turn left out"
+    );
+    let mut cleared = 0;
+    for (sent, original) in messages[at..].iter().zip(turn) {
+        if sent == original {
+            continue;
+        }
+        let (s, o) = (&sent["content"], &original["content"]);
+        assert_eq!(s[0]["tool_use_id"], o[0]["tool_use_id"], "{sent}");
+        assert_eq!(s[0]["is_error"], true);
+        let text = s[0]["content"].as_str().unwrap();
+        assert!(
+            text.starts_with("[abridge: tool output elided] Bash(command=\"cargo test suite_"),
+            "{text}"
+        );
+        assert_eq!(
+            (&s[1], &s[2]),
+            (&o[1], &o[2]),
+            "the other blocks as they came"
+        );
+        cleared += 1;
+    }
+    assert!(cleared >= 4, "{cleared} results cleared");
+    assert_eq!(
+        messages.last(),
+        agent.messages.last(),
+        "the newest results whole"
+    );
+    assert!(
+        !messages[at + 2].to_string().contains("zanzibar"),
+        "the first cleared"
+    );
+    // What was cleared is condensed: the recall tool reads it back.
+    let tools = sent(&provider).last().unwrap().json()["tools"].clone();
+    assert!(tools.to_string().contains("abridge_recall"), "{tools}");
+}

@@ -16,7 +16,7 @@ pub(super) struct MessageFields<'a> {
     #[serde(borrow)]
     pub(super) role: Cow<'a, str>,
     #[serde(borrow, default)]
-    content: Option<Raw<'a>>,
+    pub(super) content: Option<Raw<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -34,22 +34,27 @@ struct Block<'a> {
     #[serde(borrow, default)]
     tool_use_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    content: Option<Raw<'a>>,
+    pub(super) content: Option<Raw<'a>>,
 }
 
 /// A block's fields, the values abridge keeps raw as JSON text (`null` is absent).
-struct BlockFields<'a> {
-    kind: Cow<'a, str>,
+pub(super) struct BlockFields<'a> {
+    pub(super) kind: Cow<'a, str>,
     text: Option<Cow<'a, str>>,
     id: Option<Cow<'a, str>>,
     name: Option<Cow<'a, str>>,
     input: Option<&'a str>,
-    tool_use_id: Option<Cow<'a, str>>,
-    content: Option<json::Member<'a>>,
+    pub(super) tool_use_id: Option<Cow<'a, str>>,
+    pub(super) content: Option<json::Member<'a>>,
 }
 
 /// How a block's fields are read: walked, or by serde.
-type ReadBlock = for<'a> fn(&'a str) -> Result<BlockFields<'a>, serde_json::Error>;
+pub(super) type ReadBlock = for<'a> fn(&'a str) -> Result<BlockFields<'a>, serde_json::Error>;
+
+/// A block's fields: walked, or by serde where the walk cannot read it.
+pub(super) fn block(text: &str) -> Result<BlockFields<'_>, serde_json::Error> {
+    walked_block(text).or_else(|_| serde_block(text))
+}
 
 /// One message as a conversation item.
 pub fn item(raw: Raw<'_>) -> Result<Item<'_>, serde_json::Error> {
@@ -188,7 +193,7 @@ fn build<'a>(
 }
 
 /// A tool result's content as text: a string, or text blocks only.
-fn result_text(value: json::Member<'_>, read: ReadBlock) -> Option<Cow<'_, str>> {
+pub(super) fn result_text(value: json::Member<'_>, read: ReadBlock) -> Option<Cow<'_, str>> {
     let raw = value.raw;
     if raw.starts_with('"') {
         return value

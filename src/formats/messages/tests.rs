@@ -215,3 +215,61 @@ proptest::proptest! {
         crate::formats::walk_check::agree(&text, item, item_by_serde)?;
     }
 }
+
+const RESULTS: &str = r#"{"role":"user","content":[
+    {"type":"tool_result","tool_use_id":"toolu_1","content":"long output","is_error":true},
+    {"type":"text","text":"<system-reminder>keep</system-reminder>"},
+    {"type":"tool_result","tool_use_id":"toolu_2","content":[{"type":"text","text":"short"}],"cache_control":{"type":"ephemeral"}},
+    {"type":"tool_result","tool_use_id":"toolu_3","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}}]}]}"#;
+
+#[test]
+fn a_result_block_is_cleared_in_place_and_everything_else_is_kept() {
+    let raw = RawValue::from_string(RESULTS.to_owned()).unwrap();
+    let mut offered = Vec::new();
+    let digest = with_results(Raw::from(&*raw), |id, text| {
+        offered.push((id.to_owned(), text.to_owned()));
+        (id != "toolu_2").then(|| format!("[digest of {id}]"))
+    })
+    .unwrap();
+    // Text results only (the image result is not offered), each with its own call id.
+    assert_eq!(
+        offered,
+        [("toolu_1", "long output"), ("toolu_2", "short")].map(|(a, b)| (a.into(), b.into()))
+    );
+    // Only the first block's content changed, byte for byte everywhere else.
+    assert_eq!(
+        digest.get(),
+        RESULTS.replace(r#""long output""#, r#""[digest of toolu_1]""#)
+    );
+    let d = item(Raw::from(&*digest)).unwrap();
+    assert_eq!(d.results, ["toolu_1", "toolu_2", "toolu_3"]);
+    assert!(same_but_results(Raw::from(&*digest), Raw::from(&*raw)));
+    // Nothing to replace: no digest.
+    assert!(with_results(Raw::from(&*raw), |_, _| None).is_none());
+}
+
+#[test]
+fn only_a_result_blocks_content_may_differ_in_a_digest() {
+    let original = RawValue::from_string(RESULTS.to_owned()).unwrap();
+    let not_a_digest = |changed: String| {
+        let changed = RawValue::from_string(changed).unwrap();
+        !same_but_results(Raw::from(&*changed), Raw::from(&*original))
+    };
+    let cleared = RESULTS.replace(r#""long output""#, r#""[digest]""#);
+    assert!(!not_a_digest(cleared.clone()), "the digest itself");
+    // Another call answered, the error flag dropped, a reminder rewritten, a block
+    // dropped, a result's content that is not a string, another role.
+    assert!(not_a_digest(cleared.replace("toolu_1", "toolu_9")));
+    assert!(not_a_digest(cleared.replace(r#","is_error":true"#, "")));
+    assert!(not_a_digest(cleared.replace(">keep<", ">other<")));
+    assert!(not_a_digest(cleared.replace(
+        r#"{"type":"text","text":"<system-reminder>keep</system-reminder>"},"#,
+        ""
+    )));
+    assert!(not_a_digest(
+        RESULTS.replace(r#""long output""#, r#"[{"type":"text","text":"x"}]"#)
+    ));
+    assert!(not_a_digest(
+        cleared.replace(r#""role":"user""#, r#""role":"assistant""#)
+    ));
+}

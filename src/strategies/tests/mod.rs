@@ -3,6 +3,7 @@
 //! compaction, reading a plan back); the tests are in the topic modules below.
 
 mod final_turn;
+mod messages;
 mod plans;
 mod properties;
 mod settings;
