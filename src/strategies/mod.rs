@@ -1,8 +1,7 @@
 //! Compaction strategies: given a conversation that no longer fits, which messages to
-//! replace and with what. Pure: no I/O, no clock, no randomness. The one thing that needs
-//! the network, the summariser LLM of [`Strategy::Structured`] and
-//! [`Strategy::LlmReplace`], is passed in as an async function, so everything here runs
-//! in tests without one.
+//! replace and with what. Pure: no I/O, no clock, no randomness. The summariser LLM of
+//! [`Strategy::Structured`] and [`Strategy::LlmReplace`], the one thing that needs the
+//! network, is passed in as an async function: everything here runs in tests without it.
 //!
 //! # The shape of every plan
 //!
@@ -18,13 +17,11 @@
 //!   `through` with only the results the model has acted on since digested: the ask,
 //!   every call and the newest exchange stay as they came (see [`Layout::clearable`];
 //!   `recency` clears as it fills its kept end, `deterministic` only as far as it takes
-//!   to fit, `clear`; a summary falls back to `recency` there). When nothing but the
-//!   head precedes the final turn, a plan only clears inside it (`clear::only`): no
-//!   marker, the range starting at a turn boundary in the turn;
+//!   to fit, `clear`; a summary falls back to `recency` there; with nothing but the
+//!   head before the final turn, a plan only clears in it, `clear::only`);
 //! - both cuts (before `head` and after `through`) are at turn boundaries (below);
 //! - copies of original messages inside the replacement keep every field they had
-//!   (digests change only `content`, or a Messages `tool_result` block's), and keep
-//!   tool calls and their results together;
+//!   (digests change only a result's content), and keep calls and results together;
 //! - text abridge writes itself (markers, summaries) starts with [`FRAME`]: it says it
 //!   is reference material about the earlier conversation, not instructions.
 //!
