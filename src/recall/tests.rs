@@ -185,4 +185,7 @@ fn a_result_cleared_inside_the_final_turn_is_recalled_whole() {
     assert!(port.contains("[m4 tool result call_1]"), "{port}");
     assert!(port.contains("staging listens on port 6543"), "{port}");
     assert!(!port.contains("Find where staging listens"), "{port}");
+    // By the id its digest names (see `recency::digest`).
+    let by_id = corpus.answer(r#"{"id": "m4"}"#, 8000, &words);
+    assert!(by_id.contains("staging listens on port 6543"), "{by_id}");
 }

@@ -195,7 +195,7 @@ pub(super) fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)
     }
     let line = |id: Option<&str>, text: &str| {
         let chars = text.chars().count();
-        (chars > limit).then(|| digest_line(ctx.layout.call_answered(k, id), m, text, chars))
+        (chars > limit).then(|| digest_line((k, m), ctx.layout.call_answered(k, id), text, chars))
     };
     let raw = ctx.input.format.digest(m, line)?;
     let tokens = ctx
@@ -206,10 +206,16 @@ pub(super) fn digest(ctx: &Ctx<'_, '_>, k: usize) -> Option<(Box<RawValue>, u64)
     Some((raw, tokens))
 }
 
-/// The digest of `text`, the output of `call` (or of the function `m` names), `chars`
-/// characters long: what was called on what, how much it returned, its exit status and
-/// first line, redacted (the digest is stored).
-fn digest_line(call: Option<&ToolCall<'_>>, m: &Item<'_>, text: &str, chars: usize) -> String {
+/// The digest of `text`, `chars` characters long, an output of message `k`, `m`: of
+/// `call` (or of the function `m` names). What was called on what, how much it
+/// returned, the id recall reads it back by (`m12`, as [`span_ids`] names messages), its
+/// exit status and first line, redacted (the digest is stored).
+fn digest_line(
+    (k, m): (usize, &Item<'_>),
+    call: Option<&ToolCall<'_>>,
+    text: &str,
+    chars: usize,
+) -> String {
     let name = match (call, &m.name) {
         (Some(c), _) => c.name.to_string(),
         (None, Some(n)) => n.to_string(),
@@ -220,9 +226,11 @@ fn digest_line(call: Option<&ToolCall<'_>>, m: &Item<'_>, text: &str, chars: usi
         .map(|(key, value)| format!("{key}={}", quoted(&value)))
         .unwrap_or_default();
     let mut line = format!(
-        "[abridge: tool output elided] {name}({argument}) returned {} characters in {} lines",
+        "[abridge: tool output elided] {name}({argument}) returned {} characters in {} lines \
+         ({})",
         thousands(chars),
         thousands(text.lines().count()),
+        span_ids(k, 1),
     );
     if let Some(status) = exit_status(text) {
         line.push_str(&format!(", exit status {status}"));

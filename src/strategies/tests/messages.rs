@@ -61,7 +61,7 @@ fn a_claude_code_final_turn_over_the_budget_has_its_bulky_results_cleared_block_
             .collect();
         let sent = &out[out.len() - (msgs.len() - ask)..];
         let mut cleared = 0;
-        for (sent, original) in sent.iter().zip(&msgs[ask..]) {
+        for (i, (sent, original)) in sent.iter().zip(&msgs[ask..]).enumerate() {
             if sent == original {
                 continue;
             }
@@ -77,6 +77,11 @@ fn a_claude_code_final_turn_over_the_budget_has_its_bulky_results_cleared_block_
                 "{text}"
             );
             assert!(text.contains("exit status 1"), "{text}");
+            // It names the message recall reads it back by.
+            assert!(
+                text.contains(&format!("lines (m{})", ask + i + 1)),
+                "{text}"
+            );
             assert_eq!(s[1], o[1]);
             assert_eq!(s[2], o[2]);
             cleared += 1;
