@@ -315,15 +315,61 @@ async fn one_abridge_serves_an_openai_and_an_anthropic_upstream() {
 /// alternation, calls answered in the next message) takes every request.
 #[tokio::test]
 async fn a_claude_code_turn_longer_than_the_threshold_is_compacted_by_clearing_results() {
-    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
-    let mut cfg = config(&provider.url(), Strategy::Recency);
-    cfg.compaction.background = false;
-    let proxy = Proxy::start_with(cfg).await;
+    let (provider, proxy) = long_turn_setup().await;
     let mut agent = ClaudeAgent::new(&proxy, "sk-ant-long-turn");
     agent.turn(1).await;
     let ask = json!({"role": "user", "content": [{"type": "text",
         "text": "Run every test suite and fix what fails (ticket ABC-9)."}]});
     agent.messages.push(ask.clone());
+    let messages = long_turn(&provider, &mut agent).await;
+    let at = messages
+        .iter()
+        .position(|m| *m == ask)
+        .expect("the ask as it came");
+    let turn = &agent.messages[agent.messages.iter().position(|m| *m == ask).unwrap()..];
+    assert!(cleared(&messages[at..], turn) >= 4);
+    assert!(
+        !messages[at + 2].to_string().contains("zanzibar"),
+        "the first cleared"
+    );
+}
+
+/// A session of one ask (as many Claude Code sessions are): nothing but the head
+/// precedes the final turn, so nothing can be elided, and the turn's results are cleared
+/// alone — no marker, every message sent, the ask and the environment first as they came.
+#[tokio::test]
+async fn a_session_of_one_ask_is_compacted_by_clearing_its_results_alone() {
+    let (provider, proxy) = long_turn_setup().await;
+    let mut agent = ClaudeAgent::new(&proxy, "sk-ant-one-ask");
+    agent.messages.truncate(2);
+    let messages = long_turn(&provider, &mut agent).await;
+    assert_eq!(
+        messages.len(),
+        agent.messages.len(),
+        "every message is sent"
+    );
+    assert_eq!(messages[..2], agent.messages[..2]);
+    assert!(
+        !Value::from(messages.clone())
+            .to_string()
+            .contains("[abridge: reference material"),
+        "no marker: nothing is elided"
+    );
+    assert!(cleared(&messages[2..], &agent.messages[2..]) >= 4);
+}
+
+async fn long_turn_setup() -> (FakeProvider, Proxy) {
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let mut cfg = config(&provider.url(), Strategy::Recency);
+    cfg.compaction.background = false;
+    let proxy = Proxy::start_with(cfg).await;
+    (provider, proxy)
+}
+
+/// Eight tool rounds of the agent's final turn, each sent; then the last request, which
+/// must be compacted under the threshold with the recall tool offered. What the
+/// provider got last.
+async fn long_turn(provider: &FakeProvider, agent: &mut ClaudeAgent) -> Vec<Value> {
     let mut compacted = 0;
     for round in 1..=8 {
         let answer = agent.send(false).await;
@@ -353,22 +399,26 @@ async fn a_claude_code_turn_longer_than_the_threshold_is_compacted_by_clearing_r
         .parse()
         .unwrap();
     assert!(after <= THRESHOLD, "{after} over the threshold");
-    let messages = sent(&provider).last().unwrap().json()["messages"]
-        .as_array()
-        .unwrap()
-        .clone();
-    let at = messages
-        .iter()
-        .position(|m| *m == ask)
-        .expect("the ask as it came");
-    let turn = &agent.messages[agent.messages.iter().position(|m| *m == ask).unwrap()..];
+    let request = sent(provider).last().unwrap().json();
+    // What was cleared is condensed: the recall tool reads it back.
+    let tools = request["tools"].to_string();
+    assert!(tools.contains("abridge_recall"), "{tools}");
+    let messages = request["messages"].as_array().unwrap().clone();
     assert_eq!(
-        messages.len() - at,
-        turn.len(),
-        "no message of the turn left out"
+        messages.last(),
+        agent.messages.last(),
+        "the newest results whole"
     );
+    messages
+}
+
+/// How many of `turn`'s messages were sent (`sent`, in order, one for one) with their
+/// bulky Bash output cleared — and only that: the call it answers, its error flag, the
+/// short Read result and the reminder as they came.
+fn cleared(sent: &[Value], turn: &[Value]) -> usize {
+    assert_eq!(sent.len(), turn.len(), "no message of the turn left out");
     let mut cleared = 0;
-    for (sent, original) in messages[at..].iter().zip(turn) {
+    for (sent, original) in sent.iter().zip(turn) {
         if sent == original {
             continue;
         }
@@ -387,17 +437,5 @@ async fn a_claude_code_turn_longer_than_the_threshold_is_compacted_by_clearing_r
         );
         cleared += 1;
     }
-    assert!(cleared >= 4, "{cleared} results cleared");
-    assert_eq!(
-        messages.last(),
-        agent.messages.last(),
-        "the newest results whole"
-    );
-    assert!(
-        !messages[at + 2].to_string().contains("zanzibar"),
-        "the first cleared"
-    );
-    // What was cleared is condensed: the recall tool reads it back.
-    let tools = sent(&provider).last().unwrap().json()["tools"].clone();
-    assert!(tools.to_string().contains("abridge_recall"), "{tools}");
+    cleared
 }
