@@ -9,6 +9,7 @@
 //! put back once the budget refills, with the conversation's latest request by then.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
@@ -37,6 +38,8 @@ pub(super) struct Background {
     /// conversation (at most `capacity`).
     waiting: Mutex<HashMap<Fingerprint, Followup>>,
     capacity: usize,
+    /// Usage records being written to the store ([`Compactor::record`]).
+    recording: AtomicUsize,
 }
 
 impl Background {
@@ -48,11 +51,17 @@ impl Background {
             pending: Mutex::new(HashSet::new()),
             waiting: Mutex::new(HashMap::new()),
             capacity: capacity.max(1),
+            recording: AtomicUsize::new(0),
         }
     }
 
     pub(super) fn pending(&self) -> usize {
         lock(&self.pending).len()
+    }
+
+    /// No job queued, running or waiting, and no usage record being written.
+    pub(super) fn settled(&self) -> bool {
+        self.pending() == 0 && self.recording.load(Ordering::SeqCst) == 0
     }
 }
 
@@ -85,12 +94,14 @@ impl Compactor {
         };
         let touch_index = now_ms().saturating_sub(followup.last_seen_ms) >= INDEX_REFRESH_MS;
         let (conversation, replaces) = (followup.conversation, followup.replaces);
+        self.background.recording.fetch_add(1, Ordering::SeqCst);
         runtime.spawn(async move {
             // Failures are counted and logged by the store.
             let _ = me
                 .store
                 .record_usage(&conversation, (usage, &entry), replaces, touch_index)
                 .await;
+            me.background.recording.fetch_sub(1, Ordering::SeqCst);
         });
         // Prepare the next checkpoint once over the soft threshold, or when the next
         // two turns at this history's pace would cross the hard one — where it will be

@@ -135,6 +135,13 @@ impl Compactor {
         self.background.pending()
     }
 
+    /// Nothing in flight: no background compaction queued, running or waiting, and no
+    /// usage record being written (what `abridge replay` waits for between turns, so the
+    /// next turn is decided on everything the last one left).
+    pub fn settled(&self) -> bool {
+        self.background.settled()
+    }
+
     /// plan: decides (off the async workers for a large request) and carries the
     /// decision out (see [`decide`]).
     pub async fn plan(&self, turn: &Turn<'_, '_>, reason: Reason) -> Decision {

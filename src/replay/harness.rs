@@ -30,6 +30,8 @@ pub(super) struct Harness {
     client: Client<HttpConnector, Full<Bytes>>,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Answers that carried usage: abridge reads each one's after the client has it.
+    answered: std::sync::atomic::AtomicU64,
 }
 
 /// What abridge answered a turn.
@@ -87,6 +89,7 @@ impl Harness {
             client: Client::builder(TokioExecutor::new()).build_http(),
             stop,
             server,
+            answered: Default::default(),
         })
     }
 
@@ -124,20 +127,30 @@ impl Harness {
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if body.get("usage").is_some_and(Value::is_object) {
+            self.answered
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         Ok(Answer {
             status,
             compacted,
             reason,
             note,
-            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            body,
         })
     }
 
-    /// Lets background compactions finish before the next turn, as a user's think time
-    /// would (at most a few seconds).
+    /// Lets abridge finish with the last turn before the next, as a user's think time
+    /// would (at most a few seconds): the usage of every answer read and recorded (the
+    /// client can have the last bytes before the relay sees the end), and background
+    /// compactions done. Without it, whether the next turn saw the last one's usage or
+    /// checkpoint depended on the machine's load, and so did the figures.
     pub async fn wait_idle(&self) {
+        let answered = self.answered.load(std::sync::atomic::Ordering::SeqCst);
         for _ in 0..500 {
-            if self.state.compactor().pending_jobs() == 0 {
+            let reported = self.state.stats().snapshot().usage_reports;
+            if reported >= answered && self.state.compactor().settled() {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
