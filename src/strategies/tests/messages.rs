@@ -34,6 +34,17 @@ fn claude_turn(rounds: usize, chars: usize) -> Vec<Value> {
     m
 }
 
+/// The messages `plan` forwards as digests, in order.
+fn digested(plan: &Plan) -> Vec<usize> {
+    plan.origin
+        .iter()
+        .filter_map(|o| match *o {
+            Origin::Digest(k) => Some(k),
+            _ => None,
+        })
+        .collect()
+}
+
 fn claude_body(messages: &[Value]) -> String {
     json!({"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": messages}).to_string()
 }
@@ -107,14 +118,7 @@ fn bulky_results_before_the_final_turn_are_digested_in_the_kept_part() {
     let plan = run(Strategy::Recency, &input, &Settings::default(), echo).unwrap();
     validate(&messages, &plan).unwrap();
     assert!(plan.tokens_after <= budget, "{plan:?}");
-    let digests: Vec<usize> = plan
-        .origin
-        .iter()
-        .filter_map(|o| match *o {
-            Origin::Digest(k) => Some(k),
-            _ => None,
-        })
-        .collect();
+    let digests = digested(&plan);
     assert!(!digests.is_empty(), "{plan:?}");
     for k in digests {
         assert!(messages[k].is_result(), "m{k}");
@@ -154,14 +158,7 @@ fn a_session_of_one_ask_is_compacted_by_clearing_alone() {
         let out = forwarded_json(&messages, &plan);
         assert_eq!(out.len(), msgs.len(), "every message is sent");
         assert_eq!(out[0], msgs[0], "the ask as it came");
-        let cleared: Vec<usize> = plan
-            .origin
-            .iter()
-            .filter_map(|o| match *o {
-                Origin::Digest(k) => Some(k),
-                _ => None,
-            })
-            .collect();
+        let cleared = digested(&plan);
         // The oldest first, only as many as it takes.
         assert!((1..7).contains(&cleared.len()), "{cleared:?}");
         assert_eq!(
