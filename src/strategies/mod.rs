@@ -466,7 +466,7 @@ pub enum Origin {
     Authored,
     /// A byte-identical copy of `messages[i]`.
     Verbatim(usize),
-    /// `messages[i]` (a tool result) with only its `content` replaced by a digest.
+    /// `messages[i]` (a tool result) with only its output replaced by a digest.
     Digest(usize),
 }
 
