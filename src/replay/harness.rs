@@ -144,8 +144,8 @@ impl Harness {
     /// Lets abridge finish with the last turn before the next, as a user's think time
     /// would (at most a few seconds): the usage of every answer read and recorded (the
     /// client can have the last bytes before the relay sees the end), and background
-    /// compactions done. Without it, whether the next turn saw the last one's usage or
-    /// checkpoint depended on the machine's load, and so did the figures.
+    /// compactions done. Waiting for background jobs alone, a busy machine could let
+    /// the next turn be decided before the last one's usage was recorded.
     pub async fn wait_idle(&self) {
         let answered = self.answered.load(std::sync::atomic::Ordering::SeqCst);
         for _ in 0..500 {
