@@ -432,8 +432,15 @@ fn relayed(state: &AppState, upstream: Upstream, watch: Watch, on_done: OnDone) 
 /// with the usage the provider reported, in the conversation's account (store,
 /// anti-thrash, background build).
 fn record(state: &AppState, outcome: &Outcome, followup: Option<Followup>, billing: &Billing) {
+    account(state, outcome, followup, billing);
+    // Counted once the conversation's record is under way: whoever sees the report
+    // counted sees the record in flight (`Compactor::settled`).
+    state.stats().outcome(outcome, billing.compacted.is_some());
+}
+
+/// The usage the provider reported, if any: in the totals and the conversation's account.
+fn account(state: &AppState, outcome: &Outcome, followup: Option<Followup>, billing: &Billing) {
     let Some(usage) = outcome.usage else {
-        state.stats().outcome(outcome, billing.compacted.is_some());
         return;
     };
     tracing::debug!(
@@ -460,7 +467,4 @@ fn record(state: &AppState, outcome: &Outcome, followup: Option<Followup>, billi
             .compactor()
             .record(followup, usage.prompt_tokens, entry);
     }
-    // Counted once the conversation's record is under way: whoever sees the report
-    // counted sees the record in flight (`Compactor::settled`).
-    state.stats().outcome(outcome, billing.compacted.is_some());
 }

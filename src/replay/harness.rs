@@ -1,7 +1,10 @@
 //! abridge serving on loopback for one input of `abridge replay`: the real request path,
 //! with the run's configuration, in front of the simulated provider ([`Simulated`]); a
-//! client that sends the input's turns; and the wait for background compactions between
-//! turns, as a user's think time would allow.
+//! client that sends the input's turns; and the wait, between turns, for abridge to finish
+//! with the last one (its usage recorded, background compactions done), as a user's think
+//! time would allow.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -31,7 +34,7 @@ pub(super) struct Harness {
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     /// Answers that carried usage: abridge reads each one's after the client has it.
-    answered: std::sync::atomic::AtomicU64,
+    answered: AtomicU64,
 }
 
 /// What abridge answered a turn.
@@ -129,8 +132,7 @@ impl Harness {
             .to_bytes();
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         if body.get("usage").is_some_and(Value::is_object) {
-            self.answered
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.answered.fetch_add(1, Ordering::SeqCst);
         }
         Ok(Answer {
             status,
@@ -147,7 +149,7 @@ impl Harness {
     /// compactions done. Waiting for background jobs alone, a busy machine could let
     /// the next turn be decided before the last one's usage was recorded.
     pub async fn wait_idle(&self) {
-        let answered = self.answered.load(std::sync::atomic::Ordering::SeqCst);
+        let answered = self.answered.load(Ordering::SeqCst);
         for _ in 0..500 {
             let reported = self.state.stats().snapshot().usage_reports;
             if reported >= answered && self.state.compactor().settled() {

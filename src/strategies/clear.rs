@@ -68,8 +68,8 @@ pub(super) fn only(ctx: &Ctx<'_, '_>, requested: Strategy) -> Result<Plan, Canno
     let (budget, layout) = (ctx.input.budget, &ctx.layout);
     let n = layout.len();
     let mut total = ctx.estimator().per_request() + ctx.cost(0..n);
-    let head = (layout.sys..n)
-        .find(|&k| layout.cut_ok[k])
+    let head = layout
+        .clear_only_start()
         .ok_or(CannotCompact::NothingToReplace)?;
     let (mut first, mut last) = (None, None);
     for k in head..layout.clear_end {

@@ -16,6 +16,9 @@ use super::{
     recency,
 };
 
+/// A tool result as `recency` digests it, and its tokens.
+pub(crate) type Digest = (Box<RawValue>, u64);
+
 /// How much of the end a strategy keeps verbatim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tail {
@@ -41,9 +44,9 @@ pub(crate) struct Ctx<'i, 'a> {
     /// `OnceLock`, not `OnceCell`: the context lives across the summariser's `.await`,
     /// and the request path needs that future to be `Send`.
     costs: Vec<OnceLock<u64>>,
-    /// Estimated tokens of each tool result as `recency` digests it (`None`: too short
-    /// to digest, or not a result), on first use.
-    digests: Vec<OnceLock<Option<u64>>>,
+    /// Each tool result as `recency` digests it, and its tokens (`None`: too short to
+    /// digest, or not a result), on first use: sized first, copied into the plan later.
+    digests: Vec<OnceLock<Option<Digest>>>,
     /// The earliest possible head and the latest possible start of the kept end.
     h_min: usize,
     t_min: usize,
@@ -82,7 +85,7 @@ impl<'i, 'a> Ctx<'i, 'a> {
         // head): a plan may still clear results inside it (see `clear::only`).
         let (h_min, t_min, clear_only) = match layout.smallest() {
             Some((h_min, t_min)) => (h_min, t_min, false),
-            None if layout.may_clear_only() => (layout.sys, layout.sys, true),
+            None if layout.clear_only_start().is_some() => (layout.sys, layout.sys, true),
             None => return Err(CannotCompact::NothingToReplace),
         };
         // A checkpoint that cleared results of the final turn is not taken as the next
@@ -161,7 +164,14 @@ impl<'i, 'a> Ctx<'i, 'a> {
     /// Tokens of tool result `k` as `recency` digests it; `None` when it is not one it
     /// digests (see `recency::digest`).
     pub fn digest_cost(&self, k: usize) -> Option<u64> {
-        *self.digests[k].get_or_init(|| recency::digest(self, k).map(|(_, tokens)| tokens))
+        self.digested(k).map(|&(_, tokens)| tokens)
+    }
+
+    /// Tool result `k` as `recency` digests it, and its tokens (see [`Self::digest_cost`]).
+    pub fn digested(&self, k: usize) -> Option<&Digest> {
+        self.digests[k]
+            .get_or_init(|| recency::digest(self, k))
+            .as_ref()
     }
 
     /// Tokens of message `k` when every result of the final turn the model has acted on

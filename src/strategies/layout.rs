@@ -140,13 +140,14 @@ impl<'m, 'a> Layout<'m, 'a> {
         self.messages.len()
     }
 
-    /// Whether a plan that only clears inside the final turn can start after the head:
-    /// a result it may clear follows a turn boundary at or after the head's end.
-    pub fn may_clear_only(&self) -> bool {
-        let Some(first) = (self.sys..self.len()).find(|&k| self.cut_ok[k]) else {
-            return false;
-        };
-        (first..self.clear_end).any(|k| self.clearable(k))
+    /// Where a plan that only clears inside the final turn may start at the earliest:
+    /// the first turn boundary at or after the head's end, when a result it may clear
+    /// follows it (`None`: no such plan).
+    pub fn clear_only_start(&self) -> Option<usize> {
+        let first = (self.sys..self.len()).find(|&k| self.cut_ok[k])?;
+        (first..self.clear_end)
+            .any(|k| self.clearable(k))
+            .then_some(first)
     }
 
     /// The edges of the smallest plan: the end of the earliest possible head and the

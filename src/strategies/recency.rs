@@ -154,7 +154,8 @@ fn index_budget(ctx: &Ctx<'_, '_>) -> u64 {
 }
 
 /// `messages[range]` as a replacement carries them: each one `digested` says, and
-/// [`digest`] can, as its digest, the others copied as they came.
+/// [`digest`] can, as its digest (made once per compaction, see `Ctx::digested`), the
+/// others copied as they came.
 pub(super) fn copies(
     ctx: &Ctx<'_, '_>,
     range: std::ops::RangeInclusive<usize>,
@@ -164,8 +165,8 @@ pub(super) fn copies(
     range
         .zip(messages)
         .map(
-            |(k, message)| match digested(k).then(|| digest(ctx, k)).flatten() {
-                Some((raw, _)) => (raw, Origin::Digest(k)),
+            |(k, message)| match digested(k).then(|| ctx.digested(k)).flatten() {
+                Some((raw, _)) => (raw.clone(), Origin::Digest(k)),
                 None => (copy(message), Origin::Verbatim(k)),
             },
         )

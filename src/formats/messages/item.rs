@@ -34,7 +34,7 @@ struct Block<'a> {
     #[serde(borrow, default)]
     tool_use_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub(super) content: Option<Raw<'a>>,
+    content: Option<Raw<'a>>,
 }
 
 /// A block's fields, the values abridge keeps raw as JSON text (`null` is absent).

@@ -32,12 +32,10 @@ pub fn with_results(
         let Ok(b) = block(element.get()) else {
             continue;
         };
-        let (Some(id), Some(value)) = (b.tool_use_id, b.content) else {
+        let (true, Some(id), Some(value)) = (b.kind == "tool_result", b.tool_use_id, b.content)
+        else {
             continue;
         };
-        if b.kind != "tool_result" {
-            continue;
-        }
         let span = span_of(whole.as_bytes(), value.raw)?;
         let Some(text) = result_text(value, block) else {
             continue;
