@@ -49,6 +49,13 @@ pub(super) struct Answer {
 }
 
 impl Harness {
+    /// The hard threshold abridge applies to `model` (the run's `--threshold`, else its
+    /// share of the model's window).
+    pub fn threshold(&self, model: &str) -> u64 {
+        let provider = crate::headers::Provider::Main;
+        self.state.compactor().threshold(provider, model, None)
+    }
+
     /// abridge with `config`, its upstream the simulated provider (counting as `scale`
     /// says: see `provider::count`), its store in-process, admin off; requests of
     /// `format` go to its route.

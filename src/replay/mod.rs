@@ -228,6 +228,10 @@ pub struct Spend {
     /// Of which the requests' histories (see [`cache::history`]): the most any
     /// compaction could save.
     pub history_micros: f64,
+    /// Of which the histories of the requests that were, as the client sent them, over
+    /// the run's threshold: the most a compaction at that threshold could save (about:
+    /// abridge decides on its own prediction of a request's size).
+    pub over_threshold_micros: f64,
     pub forwarded_micros: f64,
     pub summary_micros: f64,
     pub summary_calls: u64,
@@ -259,6 +263,7 @@ impl Spend {
         self.direct_micros += other.direct_micros;
         self.simulated_direct_micros += other.simulated_direct_micros;
         self.history_micros += other.history_micros;
+        self.over_threshold_micros += other.over_threshold_micros;
         self.forwarded_micros += other.forwarded_micros;
         self.summary_micros += other.summary_micros;
         self.summary_calls += other.summary_calls;

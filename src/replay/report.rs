@@ -76,6 +76,9 @@ pub struct Conversation {
     /// its requests paid for their histories, beyond the head and before their own
     /// turn (the simulation's, as net saved is).
     pub at_most_percent: Option<f64>,
+    /// Of it, what the requests over the threshold (as the client sent them) paid for
+    /// their histories: the most a compaction at this threshold could have saved.
+    pub at_most_here_percent: Option<f64>,
     /// Against the bill the file recorded: replay's count of what the client sent over
     /// the recording, less one, in percent; the worst single request's; the share of
     /// the recorded prompt read from the provider's cache; tokens added to each
@@ -145,6 +148,7 @@ impl Conversation {
             net_saved_usd: usd(net),
             net_saved_percent: spend.percent_of_direct(net),
             at_most_percent: spend.percent_of_direct(spend.history_micros),
+            at_most_here_percent: spend.percent_of_direct(spend.over_threshold_micros),
             count_error_percent: c.error().map(|e| 100.0 * e),
             worst_request_error_percent: c.error().map(|_| 100.0 * c.worst),
             recorded_cache_read_share: c.cached_share(),
@@ -197,8 +201,10 @@ pub struct Figures {
     pub summary_usd: Option<f64>,
     pub net_saved_usd: Option<f64>,
     pub net_saved_percent: Option<f64>,
-    /// The most any compaction could have saved (see [`Conversation`]).
+    /// The most any compaction could have saved, and one at this threshold (see
+    /// [`Conversation`]).
     pub at_most_percent: Option<f64>,
+    pub at_most_here_percent: Option<f64>,
     pub summary_calls: u64,
     /// The summaries' input and output tokens.
     pub summary_tokens: u64,
@@ -282,6 +288,7 @@ impl Figures {
             net_saved_usd: usd(net),
             net_saved_percent: spend.percent_of_direct(net),
             at_most_percent: spend.percent_of_direct(spend.history_micros),
+            at_most_here_percent: spend.percent_of_direct(spend.over_threshold_micros),
             summary_calls: spend.summary_calls,
             summary_tokens: spend.summary_tokens,
             count_error_percent: calibration.error().map(|e| 100.0 * e),
@@ -345,7 +352,7 @@ pub fn text(figures: &[Figures]) -> String {
 fn conversations(figures: &[Figures]) -> String {
     // The header in the lines' own widths, so each title stands over its column.
     let mut out = format!(
-        "\n{:<14} {:<36} {:>9}  {:>11}  {:>12}  {:>15}  {:>9}  {:>7}  {:>13}  {:>11}\n",
+        "\n{:<14} {:<36} {:>9}  {:>11}  {:>12}  {:>15}  {:>9}  {:>7}  {:>12}  {:>13}  {:>11}\n",
         "strategy",
         "conversation",
         "requests",
@@ -354,6 +361,7 @@ fn conversations(figures: &[Figures]) -> String {
         "through abridge",
         "net saved",
         "at most",
+        "at threshold",
         "count vs bill",
         "cache reads"
     );
@@ -367,7 +375,7 @@ fn conversations(figures: &[Figures]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:<14} {:<36} {:>9}  {:>11}  {:>12}  {:>15}  {:>9}  {:>7}  {:>13}  {:>11}",
+                "{:<14} {:<36} {:>9}  {:>11}  {:>12}  {:>15}  {:>9}  {:>7}  {:>12}  {:>13}  {:>11}",
                 f.strategy.to_string(),
                 c.name.chars().take(36).collect::<String>(),
                 c.requests,
@@ -376,6 +384,7 @@ fn conversations(figures: &[Figures]) -> String {
                 usd(c.cost_through_usd),
                 net,
                 percent(c.at_most_percent),
+                percent(c.at_most_here_percent),
                 pct(c.count_error_percent),
                 match (c.recorded_cache_read_share, c.simulated_cache_read_share) {
                     (Some(r), Some(s)) => format!("{:.0}% ({:.0}%)", 100.0 * r, 100.0 * s),
@@ -396,7 +405,7 @@ fn percent(v: Option<f64>) -> String {
 fn costs(figures: &[Figures]) -> String {
     let mut out = String::from(
         "\nstrategy       cost as sent  through abridge  of which summaries (calls, tokens)  \
-         net saved            at most  every request valid\n",
+         net saved            at most  at threshold  every request valid\n",
     );
     let usd = |v: Option<f64>| {
         v.map_or_else(
@@ -411,7 +420,7 @@ fn costs(figures: &[Figures]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<14} {:>12}  {:>15}  {:>34}  {:<20} {:>7}  {}",
+            "{:<14} {:>12}  {:>15}  {:>34}  {:<20} {:>7}  {:>12}  {}",
             f.strategy.to_string(),
             usd(f.cost_direct_usd),
             usd(f.cost_through_usd),
@@ -423,6 +432,7 @@ fn costs(figures: &[Figures]) -> String {
             ),
             net,
             percent(f.at_most_percent),
+            percent(f.at_most_here_percent),
             if f.all_valid { "yes" } else { "NO" },
         );
     }

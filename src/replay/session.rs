@@ -76,6 +76,7 @@ pub async fn replay(
     horizons.carry_into(harness.horizons());
     let mut run = Run {
         price: harness.prices.of(&model),
+        threshold: harness.threshold(&model),
         harness,
         input,
         count: &provider::count(&estimator, scale),
@@ -121,6 +122,8 @@ struct Run<'a> {
     input: &'a Input,
     count: &'a dyn Fn(&Value) -> u64,
     price: Option<crate::prices::Price>,
+    /// The hard threshold abridge applies to the input's model.
+    threshold: u64,
     /// The client's requests sent as they were, on the same model of the cache.
     direct: cache::Cache,
     /// The tokens of the client's previous request (0 before the first).
@@ -150,7 +153,8 @@ impl Run<'_> {
             .unwrap_or_default();
         let history = cache::history(simulated, self.direct.head(), self.previous);
         self.previous = simulated.input;
-        self.price_one(bill, (simulated, history), reported);
+        let over = simulated.input > self.threshold;
+        self.price_one(bill, (simulated, history, over), reported);
         let mut turn = Turn {
             status: answer.status,
             compacted: answer.compacted,
@@ -186,10 +190,16 @@ impl Run<'_> {
 
     /// One request's cost: as sent (the recorded `bill`, else the `simulated` count and
     /// cache), as sent by the simulation, of which its history (see
-    /// [`cache::history`]), and as forwarded (`reported`). The answer's length is the
-    /// model's whatever abridge sent: as recorded, on every side.
-    fn price_one(&mut self, bill: Option<Tokens>, simulated: (Tokens, Tokens), reported: Tokens) {
-        let (simulated, history) = simulated;
+    /// [`cache::history`]; `over`: the request was over the threshold), and as
+    /// forwarded (`reported`). The answer's length is the model's whatever abridge sent:
+    /// as recorded, on every side.
+    fn price_one(
+        &mut self,
+        bill: Option<Tokens>,
+        simulated: (Tokens, Tokens, bool),
+        reported: Tokens,
+    ) {
+        let (simulated, history, over) = simulated;
         let Some(price) = self.price else { return };
         let output = bill.map_or(provider::REPLY_TOKENS, |b| b.output);
         let simulated = Tokens {
@@ -199,6 +209,9 @@ impl Run<'_> {
         self.spend.direct_micros += price.micros(bill.unwrap_or(simulated));
         self.spend.simulated_direct_micros += price.micros(simulated);
         self.spend.history_micros += price.micros(history);
+        if over {
+            self.spend.over_threshold_micros += price.micros(history);
+        }
         self.spend.forwarded_micros += price.micros(Tokens { output, ..reported });
     }
 }

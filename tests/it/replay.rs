@@ -497,6 +497,10 @@ fn real_sessions_replay_as_sent_and_within_five_percent_of_their_bill() {
             c["at_most_percent"].as_f64().unwrap(),
         );
         assert!(net <= at_most && at_most < 100.0, "{c}");
+        // Nor, near enough, more than the requests over the threshold paid for theirs:
+        // below it abridge forwards what the client sent.
+        let here = c["at_most_here_percent"].as_f64().unwrap();
+        assert!(here <= at_most && net <= here + 0.5, "{c}");
     }
     let by_name = |name: &str| {
         *billed
@@ -519,6 +523,9 @@ fn real_sessions_replay_as_sent_and_within_five_percent_of_their_bill() {
     assert!(sonnet["compactions"].as_u64().unwrap() >= 1, "{sonnet}");
     let at_most = sonnet["at_most_percent"].as_f64().unwrap();
     assert!(at_most > 5.0 && at_most < 60.0, "{sonnet}");
+    // Its first requests are under the threshold, with a history of their own.
+    let here = sonnet["at_most_here_percent"].as_f64().unwrap();
+    assert!(here > 1.0 && here < at_most, "{sonnet}");
     let codex = by_name("yoavf-gpt5codex-pomodoro.jsonl");
     assert_eq!(codex["requests"], 21, "{codex}");
     assert!(
