@@ -83,15 +83,15 @@ impl Prepared {
 }
 
 /// The recall tool `request` gets once compacted (or from the first, see
-/// [`crate::recall::Tool::always`]), if any: recall is on, compaction acts,
+/// [`crate::recall::Tool::always`] and [`RecallOffer`]), if any: recall is on, compaction acts,
 /// the client did not turn recall off, the request lets the model choose its tools and
 /// asks for one answer, the provider has not lately refused the tool for the same
 /// tenant (`payer`; see [`crate::tenants`]), and there is room for one more tool (named
 /// apart from a client's own tool of the same name: see [`crate::recall::Tool`]).
 fn recall_tool(
     state: &AppState,
-    controls: &Controls,
-    request: &Request,
+    (controls, request): (&Controls, &Request),
+    (provider, model): (Provider, &str),
     payer: Option<identity::Fingerprint>,
 ) -> Option<crate::recall::Tool> {
     let config = state.config();
@@ -102,13 +102,24 @@ fn recall_tool(
         && request.lets_the_model_choose_tools()
         && !request.asks_several_answers()
         && !payer.is_some_and(|p| state.tenants().refuses_recall(p));
+    if !wanted {
+        return None;
+    }
     let tools = request.tools().map(crate::json::Raw::get);
-    // `recall.offer = "always"`: an agent's requests carry it from the first, unless
-    // this one says compaction is off.
-    let always = config.recall.offer == RecallOffer::Always && controls.compact != Compact::Off;
-    wanted
-        .then(|| crate::recall::Tool::for_request(request.format(), tools, always))
-        .flatten()
+    // An agent's requests carry it from the first (`always`, or `auto` for a
+    // conversation that starts at half the operator's threshold or more), unless this
+    // one says compaction is off.
+    let always = controls.compact != Compact::Off
+        && match config.recall.offer {
+            RecallOffer::Always => true,
+            RecallOffer::Compacted => false,
+            RecallOffer::Auto => {
+                let threshold = state.compactor().threshold(provider, model, payer);
+                config.compaction.threshold_tokens > 0
+                    && crate::compactor::opening(request).saturating_mul(2) >= threshold
+            }
+        };
+    crate::recall::Tool::for_request(request.format(), tools, always)
 }
 
 /// Parses, identifies and loads. A body abridge does not understand is handed back,
@@ -205,8 +216,11 @@ pub async fn prepare_parsed(
     Prepared {
         recall_tool: recall_tool(
             state,
-            &controls,
-            &request,
+            (&controls, &request),
+            (
+                provider,
+                azure::model_of(request.model(), deployment.as_ref()),
+            ),
             identified.as_ref().map(|i| i.payer),
         ),
         request,

@@ -3,7 +3,7 @@
 //! it gets and of what it carries beside its items (tools, system), and the calibration
 //! that turns an estimate into the provider's count and back. Pure: no I/O.
 
-use crate::conversation::Item;
+use crate::conversation::{Item, Role};
 use crate::formats::Format;
 use crate::store::{Checkpoint, Piece, Usage};
 use crate::strategies;
@@ -36,6 +36,30 @@ pub fn essential(turn: &Turn<'_, '_>) -> u64 {
     };
     strategies::essential(&input, &settings)
         .unwrap_or_else(|| estimator.messages(turn.messages) + estimator.per_request())
+}
+
+/// abridge's estimate (cheap: [`crate::tokens::approx_text`]) of how every request of
+/// `request`'s conversation starts: what it carries beside its items (tools, system),
+/// its leading system messages and the first item after them. Later requests only
+/// append, so each request of a conversation gives about the same figure; it decides
+/// whether the recall tool is offered from the first request (`recall.offer = "auto"`).
+pub fn opening(request: &crate::formats::Request) -> u64 {
+    let items = request.items();
+    let first = items
+        .iter()
+        .position(|m| !matches!(m.role, Role::System | Role::Developer))
+        .map_or(items.len(), |k| k + 1);
+    let later: u64 = items[first..]
+        .iter()
+        .map(|m| crate::tokens::approx_text(m.raw.get()))
+        .sum();
+    let withheld = request
+        .withheld()
+        .map_or(0, |w| crate::tokens::approx_text(w.get()));
+    std::str::from_utf8(request.body())
+        .map_or(0, crate::tokens::approx_text)
+        .saturating_sub(withheld)
+        .saturating_sub(later)
 }
 
 /// abridge's estimate of what it adds to a compacted request of `turn`: the recall
@@ -226,4 +250,65 @@ pub fn scaled(estimate: u64, ratio: f64) -> u64 {
 /// A provider count in abridge's units.
 pub fn unscaled(tokens: u64, ratio: f64) -> u64 {
     (tokens as f64 / ratio) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use serde_json::{Value, json};
+
+    use crate::formats::{Format, Request};
+
+    fn parsed(format: Format, body: &Value) -> Request {
+        Request::parse(format, Bytes::from(body.to_string())).unwrap()
+    }
+
+    #[test]
+    fn a_conversations_opening_is_what_its_requests_all_start_with() {
+        let system = "You are a careful coding agent; keep every change small. ".repeat(200);
+        let ask = "Fix the failing test in the parser module. ".repeat(20);
+        let result = "error[E0308]: mismatched types in src/parse.rs ".repeat(100);
+        let tools = json!([{"name": "Bash", "description": "Runs a command. ".repeat(50),
+            "input_schema": {"type": "object"}}]);
+        let mut messages = vec![json!({"role": "user", "content": ask})];
+        let first = json!({"model": "m", "system": system, "tools": tools,
+            "max_tokens": 100, "messages": messages});
+        let opening = super::opening(&parsed(Format::Messages, &first));
+        // The system prompt, the tools and the ask: each some hundreds of tokens.
+        let parts = [system.as_str(), &tools.to_string(), &ask]
+            .map(crate::tokens::approx_text)
+            .iter()
+            .sum::<u64>();
+        assert!(
+            opening >= parts && opening <= parts + 50,
+            "{opening} of {parts}"
+        );
+        // Later requests append rounds: the same opening, within a separator or two.
+        for round in 0..5 {
+            messages.push(json!({"role": "assistant", "content": [{"type": "tool_use",
+                "id": format!("t{round}"), "name": "Bash", "input": {"command": "make"}}]}));
+            messages.push(json!({"role": "user", "content": [{"type": "tool_result",
+                "tool_use_id": format!("t{round}"), "content": result}]}));
+        }
+        let later = json!({"model": "m", "system": system, "tools": tools,
+            "max_tokens": 100, "messages": messages});
+        let again = super::opening(&parsed(Format::Messages, &later));
+        assert!(opening.abs_diff(again) <= 10, "{opening} then {again}");
+
+        // On chat, the leading system messages and the first message after them.
+        let chat = |messages: &[Value]| {
+            let body = json!({"model": "m", "messages": messages});
+            super::opening(&parsed(Format::Chat, &body))
+        };
+        let head = [
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": ask}),
+        ];
+        let mut longer = head.to_vec();
+        longer.push(json!({"role": "assistant", "content": result}));
+        longer.push(json!({"role": "user", "content": "And the next one?"}));
+        let (short, long) = (chat(&head), chat(&longer));
+        assert!(short >= parts - crate::tokens::approx_text(&tools.to_string()));
+        assert!(short.abs_diff(long) <= 10, "{short} then {long}");
+    }
 }

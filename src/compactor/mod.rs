@@ -57,6 +57,7 @@ const SIZE_NO_PRICE: &str = "size-no-price";
 use background::Background;
 use build::Attempt;
 use decide::{Action, Decided, scaled};
+pub use estimate::opening;
 pub use ring::CompactionEvent;
 use ring::Ring;
 use summariser::Summariser;

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 pub struct RecallConfig {
     /// Add the tool to compacted requests abridge can serve it for.
     pub enabled: bool,
-    /// Which requests get the tool: only compacted ones (`"compacted"`, the default),
-    /// or every request of an agent — one that carries tools of its own — from its
-    /// conversation's first (`"always"`; see [`Offer`]).
+    /// Which requests get the tool: every request of an agent — one that carries tools
+    /// of its own — from its conversation's first when the conversation starts at half
+    /// its threshold or more (`"auto"`, the default), only compacted ones
+    /// (`"compacted"`), or every request of an agent (`"always"`; see [`Offer`]).
     pub offer: Offer,
     /// Longest answer to one call, in tokens.
     pub max_tokens: u64,
@@ -43,11 +44,22 @@ pub struct RecallConfig {
 /// a conversation's first request, the tool is part of the prefix the provider has
 /// cached all along, and the first compaction rewrites only what follows the head; every
 /// request pays for the tool's ~220 tokens instead, read from the cache.
+///
+/// Which is cheaper depends on the conversation: the rewrite costs its start (what the
+/// break makes the provider write again) once, if it is ever compacted; the tool costs
+/// its tokens on every request, compacted or not. A conversation that starts at half its
+/// threshold or more (Claude Code's 40–47 K tokens of tools, system and first message
+/// against a threshold of 60,000) is nearly sure to be compacted and its start is large:
+/// `auto` offers it the tool from the first. One that starts small pays little for the
+/// rewrite and may never be compacted: `auto` adds the tool when it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Offer {
-    /// Only to compacted requests (and those carrying a compaction abridge served).
+    /// From the first request of an agent's conversation that starts at half its
+    /// threshold or more (see [`Offer`]); else as [`Offer::Compacted`].
     #[default]
+    Auto,
+    /// Only to compacted requests (and those carrying a compaction abridge served).
     Compacted,
     /// To every request that carries tools of its own and lets the model choose them.
     Always,
@@ -57,7 +69,7 @@ impl Default for RecallConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            offer: Offer::Compacted,
+            offer: Offer::Auto,
             max_tokens: 2000,
             max_rounds: 3,
             max_calls_per_answer: 8,

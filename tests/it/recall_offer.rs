@@ -1,4 +1,5 @@
-//! `recall.offer = "always"`: an agent's requests (tools of their own) carry the
+//! `recall.offer = "always"` (and `"auto"`, the default, for a conversation that starts
+//! at half its threshold or more): an agent's requests (tools of their own) carry the
 //! `abridge_recall` tool from their conversation's first, so the compaction that would
 //! have added it leaves the provider's cached head as it is. A call before anything is
 //! condensed is answered so, and never reaches the client; requests without tools of
@@ -156,25 +157,71 @@ async fn an_agents_requests_carry_the_tool_from_the_first_and_an_early_call_is_a
     assert_eq!(tool_names(&sent[before + 1].json()), ["run"]);
 }
 
-/// The usage the answer to the request that first compacted a long agent conversation
-/// reported (chat completions, OpenAI's automatic prefix caching), with `offer`.
-async fn first_compaction_usage(offer: RecallOffer) -> Value {
+/// A long agent conversation (chat completions, OpenAI's automatic prefix caching) at a
+/// threshold of 4,000 tokens, its system prompt `head` sentences long, with `offer`:
+/// the tools its first request was forwarded with, and the usage the answer to the
+/// request that first compacted it reported.
+async fn first_compaction(offer: RecallOffer, head: usize) -> (Vec<String>, Value) {
     let provider = FakeProvider::start(Behavior::default()).await.unwrap();
     let cfg = compacting(&provider.url(), Strategy::Recency, 4000);
     let proxy = Proxy::start_with(offering(cfg, offer)).await;
     // An agent's head: a long system prompt, read from the cache on every request.
-    let system = "You are a careful coding agent; keep every change small and tested. ".repeat(90);
+    let system =
+        "You are a careful coding agent; keep every change small and tested. ".repeat(head);
     let mut messages = vec![json!({"role": "system", "content": system})];
     let result = "fn check() -> u32 { let value = compute(input) + offset; value } ".repeat(20);
     for n in 1..30 {
         let ask = format!("Step {n}: fix the failing check in the module and keep it small.");
         for (headers, body) in turn(&proxy, ("fake-model", &mut messages), (&ask, &result)).await {
             if headers["x-abridge-compacted"] == "true" {
-                return body["usage"].clone();
+                let first = tool_names(&provider.requests()[0].json());
+                return (first, body["usage"].clone());
             }
         }
     }
     panic!("{offer:?}: never compacted");
+}
+
+async fn first_compaction_usage(offer: RecallOffer) -> Value {
+    first_compaction(offer, 90).await.1
+}
+
+/// What the usage of a first compaction says the provider read from its cache, checked
+/// to be some of the prompt and not all of it.
+fn cached(usage: &Value) -> u64 {
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached < usage["prompt_tokens"].as_u64().unwrap(), "{usage}");
+    cached
+}
+
+#[tokio::test]
+async fn by_default_a_conversation_that_starts_at_half_its_threshold_carries_the_tool_from_the_first()
+ {
+    assert_eq!(Config::default().recall.offer, RecallOffer::Auto);
+    // A head of ~2,600 tokens against a threshold of 4,000: offered from the first
+    // request, so the first compaction reads the head from the cache.
+    let (first, usage) = first_compaction(RecallOffer::Auto, 160).await;
+    assert_eq!(first, ["run", "abridge_recall"]);
+    assert!(cached(&usage) >= 2048, "{usage}");
+    // A head of ~1,500: the first requests go as the client sent them; the compaction
+    // adds the tool and the provider reads nothing from its cache.
+    let (first, usage) = first_compaction(RecallOffer::Auto, 90).await;
+    assert_eq!(first, ["run"]);
+    assert_eq!(cached(&usage), 0, "{usage}");
+
+    // Under the default threshold (three quarters of an 8,000-token window here), whether
+    // crossing it compacts is the cost policy's call: a ~3,600-token start goes without
+    // the tool until a compaction adds it.
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let cfg = crate::cost::windowed(&provider, 8000);
+    let proxy = Proxy::start_with(offering(cfg, RecallOffer::Auto)).await;
+    let system = "You are a careful coding agent; keep every change small and tested. ".repeat(220);
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    let ask = ("Step 1: fix the failing check.", "ok");
+    turn(&proxy, ("gpt-5", &mut messages), ask).await;
+    assert_eq!(tool_names(&provider.requests()[0].json()), ["run"]);
 }
 
 #[tokio::test]
@@ -188,14 +235,7 @@ async fn the_first_compaction_reads_the_head_from_the_cache_when_the_tool_was_of
     );
     // Offered all along, the start is the same: the head is read from the cache.
     let offered = first_compaction_usage(RecallOffer::Always).await;
-    let cached = offered["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap();
-    assert!(cached >= 1024, "{offered}");
-    assert!(
-        cached < offered["prompt_tokens"].as_u64().unwrap(),
-        "{offered}"
-    );
+    assert!(cached(&offered) >= 1024, "{offered}");
 }
 
 /// What the cost model weighed for a conversation over gpt-5's threshold (its window
