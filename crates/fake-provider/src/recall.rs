@@ -1,9 +1,11 @@
 //! The fake model's use of a proxy's `abridge_recall` tool, the way a model uses it:
-//! asked about something no longer in its context (a word of the question of at least
-//! four letters, not a common one, that appears nowhere else in the request), it calls
-//! the tool with those words as its `query`; given the tool's result, it answers from it
-//! (the result's line that names most of the question's words). It never calls the
-//! tool for anything else, and its other tool calls are made with the client's tools.
+//! asked a question (the ask has a `?`) about something no longer in its context (a word
+//! of the question of at least four letters, not a common one, that appears nowhere else
+//! in the request), it calls the tool with those words as its `query` — an instruction
+//! full of new words (an agent's first ask) is work to do, not something to look up;
+//! given the tool's result, it answers from it (the result's line that names most of the
+//! question's words). It never calls the tool for anything else, and its other tool
+//! calls are made with the client's tools.
 
 /// The tool's name.
 pub const NAME: &str = "abridge_recall";
@@ -57,7 +59,7 @@ pub fn decide(question: &str, context: &str, results: &[String], callable: bool)
             None => "I could not find that in the earlier conversation.".to_owned(),
         }));
     }
-    if !callable {
+    if !callable || !question.contains('?') {
         return None;
     }
     let context: std::collections::HashSet<String> = words(context).collect();
@@ -136,6 +138,11 @@ mod tests {
             None
         );
         assert_eq!(decide("Which port?", context, &[], false), None);
+        assert_eq!(
+            decide("Review the staging database module.", context, &[], true),
+            None,
+            "an instruction is not a question"
+        );
         let result =
             "[abridge_recall: …]\n[m2 user]\nThe staging database listens on port 6543.".to_owned();
         assert_eq!(
