@@ -74,7 +74,8 @@ pub enum Why {
     Window,
     /// Over the operator's `threshold_tokens`: a bound they chose.
     Threshold,
-    /// Over the threshold, and compacting pays before the window forces it.
+    /// Over the threshold, or past the soft one under it, and compacting pays before
+    /// the window forces it.
     Pays,
     /// The provider's cache had expired: compacting now costs nearly nothing more.
     CacheCold,

@@ -13,7 +13,8 @@
 //! Under `compaction.policy = "cost"` (with a price for the model: [`Economics`]) a
 //! request over the threshold is compacted only when [`cost::judge`] says so — the
 //! window needs it, the operator's threshold says so, or it pays at the provider's
-//! prices — and a cold cache can make it compact earlier; it then aims deep
+//! prices — and past the soft threshold it compacts earlier where that pays (a cold
+//! cache makes it pay at once); it then aims deep
 //! (`compaction.target_ratio` of the threshold), so one checkpoint serves many requests.
 //!
 //! Predicted tokens are the provider's own count for this history's last request,
@@ -225,9 +226,24 @@ pub fn items_budget(turn: &Turn<'_, '_>, budget: u64, ratio: f64) -> u64 {
 /// where the size policy aims (`growth`: the history's, for [`target`]). So on a small
 /// window nothing changes.
 pub fn deep(config: &CompactionConfig, threshold: u64, growth: u64) -> u64 {
+    let (size, deep) = aims(config, threshold, growth);
+    size.min(deep)
+}
+
+/// Whether [`deep`] goes deeper than the size policy would (the window is large enough).
+pub fn deepens(config: &CompactionConfig, threshold: u64, growth: u64) -> bool {
+    let (size, deep) = aims(config, threshold, growth);
+    deep < size
+}
+
+/// Where the size policy aims, and where the cost policy would aim below it.
+fn aims(config: &CompactionConfig, threshold: u64, growth: u64) -> (u64, u64) {
     let soft = ((threshold as f64) * config.soft_ratio) as u64;
     let deep = ((threshold as f64) * config.target_ratio) as u64;
-    target(config, threshold, soft, growth).min(deep.max(DEEP_FLOOR))
+    (
+        target(config, threshold, soft, growth),
+        deep.max(DEEP_FLOOR),
+    )
 }
 
 /// The fewest tokens a deep compaction leaves (see [`deep`]).
@@ -254,6 +270,7 @@ fn weigh(
         fits: e.window.saturating_sub(e.window / 50).max(threshold),
         must: e.window.saturating_sub(e.window / 10).max(threshold),
         early: decided.soft,
+        deep: deepens(config, threshold, decided.growth),
     };
     // Far from every bound (and from being near one in two requests): nothing to weigh,
     // and no checkpoint to build ahead.
@@ -536,6 +553,24 @@ pub fn applicable(c: &Checkpoint, messages: &[Item<'_>]) -> bool {
         && messages
             .get(through + 1)
             .is_some_and(|m| !matches!(m.role, Role::Tool | Role::Function))
+}
+
+impl Decided<'_> {
+    /// The request as the client sent it (the provider's count), for the horizon (see
+    /// [`super::horizon`]): as predicted when it goes as sent; compacted, the client's
+    /// last request the usage record counted, grown by a turn (abridge sees the whole
+    /// history still); [`super::horizon::FAR`] when the record does not know it.
+    pub fn as_the_client_sent(&self) -> u64 {
+        let compacted = self.active.is_some() || !matches!(self.action, Action::Forward);
+        match self.usage {
+            _ if !compacted => self.predicted,
+            Some(u) if u.client_tokens > 0 => u
+                .client_tokens
+                .saturating_add(self.growth)
+                .max(self.predicted),
+            _ => super::horizon::FAR,
+        }
+    }
 }
 
 impl Decision {

@@ -66,6 +66,7 @@ const OPUS_BOUNDS: cost::Bounds = cost::Bounds {
     fits: 196_000,
     must: 180_000,
     early: 105_000,
+    deep: true,
 };
 
 #[test]
@@ -555,4 +556,69 @@ fn a_new_ask_takes_the_reasoning_it_drops_off_the_prediction() {
         (tokens, appended),
         (10_000 + added - reasoning, added - reasoning)
     );
+}
+
+#[test]
+fn the_horizon_sees_a_compacted_conversation_as_the_client_sent_it() {
+    let forwarded = Decided {
+        action: Action::Forward,
+        threshold: 60_000,
+        soft: 42_000,
+        predicted: 50_000,
+        head_tokens: 0,
+        appended: 0,
+        growth: 2_000,
+        pace: 2_000,
+        ratio: 1.0,
+        usage: Some(Usage {
+            client_tokens: 150_000,
+            ..usage_at(48_000)
+        }),
+        active: None,
+        deepest: None,
+        scheduled: None,
+        why: None,
+        expects: true,
+        figures: None,
+    };
+    // Sent as it came: its size.
+    assert_eq!(forwarded.as_the_client_sent(), 50_000);
+    // Compacted: the client's last request as its record counted it, grown by a turn.
+    let compacted = Decided {
+        action: Action::Compact {
+            budget: 20_000,
+            trigger: crate::outcome::Trigger::Threshold,
+        },
+        ..forwarded
+    };
+    assert_eq!(compacted.as_the_client_sent(), 152_000);
+    // Not known: past every bound.
+    let unknown = Decided {
+        usage: Some(usage_at(48_000)),
+        ..compacted
+    };
+    assert_eq!(unknown.as_the_client_sent(), crate::compactor::horizon::FAR);
+    let unrecorded = Decided {
+        usage: None,
+        ..compacted
+    };
+    assert_eq!(
+        unrecorded.as_the_client_sent(),
+        crate::compactor::horizon::FAR
+    );
+}
+
+/// The cost policy cuts deeper than the size policy only where the window leaves room
+/// for it: at a 4,000- or 16,000-token threshold it aims where the size policy does.
+#[test]
+fn a_deep_cut_needs_a_large_window() {
+    let config = CompactionConfig::default();
+    assert!(!deepens(&config, 4_000, 300));
+    assert!(!deepens(&config, 16_000, 300));
+    assert_eq!(
+        deep(&config, 16_000, 300),
+        target(&config, 16_000, 11_200, 300)
+    );
+    assert!(deepens(&config, 60_000, 300));
+    assert!(deep(&config, 60_000, 300) < target(&config, 60_000, 42_000, 300));
 }

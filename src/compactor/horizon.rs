@@ -1,11 +1,13 @@
 //! Where a tenant's conversations on a model end, for the cost policy's horizon: the
-//! largest request each of its latest conversations reached while abridge had not
-//! compacted it. An agent that compacts itself (Claude Code, Codex) or a user who runs
-//! `/compact` ends a conversation near the same size every time; a compaction abridge
-//! makes just before that point pays for a future the conversation will not have (see
-//! [`super::cost`]). A conversation abridge compacted went on past where it was
-//! compacted, to an end not seen here: it counts as one that reached the window
-//! ([`FAR`]), so compacting never teaches abridge to stop compacting. Learned in memory
+//! largest request each of its latest conversations reached, as the client sent it. An
+//! agent that compacts itself (Claude Code, Codex) or a user who runs `/compact` ends a
+//! conversation near the same size every time; a compaction abridge makes just before
+//! that point pays for a future the conversation will not have (see [`super::cost`]). A
+//! conversation abridge compacted still sends its whole history, so its end is seen too
+//! (the caller says how large its requests are as the client sent them); one whose size
+//! is not known counts as one that reached the window ([`FAR`]). Compacting never
+//! teaches abridge to stop compacting: a compacted conversation that goes on is seen
+//! going on. Learned in memory
 //! per replica (lost on a restart: the decision's default applies until it is learned
 //! again, see `super::decide`), bounded: [`TENANTS`] tenants (the least recent
 //! forgotten first), [`MODELS`] models each (a tenant's own least recent forgotten: one
@@ -54,8 +56,8 @@ struct Tenant {
 type Latest = VecDeque<(Fingerprint, u64)>;
 
 impl Horizons {
-    /// `conversation` of `tenant` on `model` sends a request of `tokens` (as forwarded;
-    /// [`FAR`] once abridge compacts it).
+    /// `conversation` of `tenant` on `model` sends a request of `tokens` (as the client
+    /// sent it; [`FAR`] when abridge compacted it and does not know that size).
     pub fn see(
         &self,
         (tenant, model): (Fingerprint, &str),

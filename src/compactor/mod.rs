@@ -245,12 +245,7 @@ impl Compactor {
         });
         drop(permit);
         if let Some((tenant, conversation)) = asker.filter(|_| reason == Reason::Request) {
-            let compacted = decided.active.is_some() || !matches!(decided.action, Action::Forward);
-            let size = if compacted {
-                horizon::FAR
-            } else {
-                decided.predicted
-            };
+            let size = decided.as_the_client_sent();
             self.horizons.see((tenant, turn.model), conversation, size);
         }
         decision.carry(&decided, turn);

@@ -2,7 +2,8 @@
 //! proxy, against the fake provider with its prompt cache (OpenAI's automatic prefix
 //! caching on chat): a conversation over its threshold with little ahead of it is left
 //! alone and told why; the window compacts it whatever it costs; a conversation resumed
-//! after its cache expired is compacted, since that costs nearly nothing more; an
+//! after its cache expired is compacted, since that costs nearly nothing more; a long
+//! one is compacted before its threshold where the requests ahead pay it back; an
 //! operator's own threshold is a bound, compacted whatever it costs; and a long agent
 //! session costs less through abridge than sent as it is (15 % less when written,
 //! priced from the fake's own usage reports).
@@ -232,6 +233,47 @@ async fn the_admin_api_shows_what_the_cost_model_weighed_for_a_compaction() {
     assert!(back <= m["remaining_requests"].as_u64().unwrap(), "{m}");
     assert_eq!(m["cache"], "cold");
     assert!(m["since_last_request_secs"].as_f64().unwrap() >= 0.5, "{m}");
+}
+
+#[tokio::test]
+async fn a_long_conversation_is_compacted_before_its_threshold_where_that_pays() {
+    // A 40,000-token window: the default threshold 30,000, the soft one 21,000, and
+    // (nothing learned yet) a conversation expected to go on to 33,000. A long document
+    // and then many short questions: by the soft threshold the conversation has made
+    // about fifty requests, growing ~150 tokens each, so it is expected to make fifty
+    // more, which pay a rewrite back.
+    let provider = FakeProvider::start(Behavior::default()).await.unwrap();
+    let proxy = Proxy::start_with(windowed(&provider, 40_000)).await;
+    let mut messages = opening(900);
+    let mut last_prompt = 0;
+    for n in 1..150 {
+        messages
+            .push(json!({"role": "user", "content": format!("Question {n}: what fails first?")}));
+        let answer = client()
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth("sk-cost")
+            .json(&json!({"model": "gpt-5", "messages": messages}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        let headers = answer.headers().clone();
+        let body: Value = answer.json().await.unwrap();
+        messages.push(body["choices"][0]["message"].clone());
+        crate::common::agent::idle(&proxy).await;
+        if headers["x-abridge-compacted"] == "true" {
+            // Warm, past the soft threshold and well under the threshold.
+            assert_eq!(headers["x-abridge-reason"], "pays");
+            assert!(
+                last_prompt > 20_000 && last_prompt < 25_000,
+                "compacted after a request of {last_prompt} tokens"
+            );
+            assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() < 20_000);
+            return;
+        }
+        last_prompt = body["usage"]["prompt_tokens"].as_u64().unwrap();
+    }
+    panic!("never compacted; the last request was {last_prompt} tokens");
 }
 
 #[tokio::test]

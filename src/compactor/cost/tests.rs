@@ -38,6 +38,7 @@ const BOUNDS: Bounds = Bounds {
     fits: 196_000,
     must: 180_000,
     early: 52_500,
+    deep: true,
 };
 
 const NONE: Summary = Summary {
@@ -125,6 +126,49 @@ fn on_a_cold_cache_a_compaction_costs_nearly_nothing_more() {
 }
 
 #[test]
+fn under_the_threshold_a_deep_cut_is_made_where_it_pays() {
+    let bounds = BOUNDS;
+    let judge = |o: Outlook, b: &Bounds, r: &Rates| judge(&o, b, r, 30_000, NONE);
+    // Under the threshold, past the soft one: compacted when it pays — a cold cache
+    // makes it pay at once, a warm one over the requests to come — and else nothing.
+    let under = Outlook {
+        prompt: 60_000,
+        ..outlook(20, false)
+    };
+    assert_eq!(judge(under, &bounds, &SONNET), Some(Why::Pays));
+    let ending = Outlook {
+        remaining: 2,
+        ..under
+    };
+    assert_eq!(judge(ending, &bounds, &SONNET), None, "{ending:?}");
+    let cold = Outlook {
+        cold: true,
+        ..ending
+    };
+    assert_eq!(judge(cold, &bounds, &SONNET), Some(Why::CacheCold));
+    let small = Outlook {
+        prompt: 40_000,
+        ..cold
+    };
+    assert_eq!(
+        judge(small, &bounds, &SONNET),
+        None,
+        "under the soft threshold"
+    );
+    // …and only where the cut is deep: a shallow one would be made again a few requests
+    // later (a small window: nothing is weighed early).
+    let shallow = Bounds {
+        deep: false,
+        ..bounds
+    };
+    assert_eq!(judge(cold, &shallow, &SONNET), None, "a shallow cut, early");
+    assert_eq!(
+        judge(outlook(1, true), &shallow, &SONNET),
+        Some(Why::CacheCold)
+    );
+}
+
+#[test]
 fn the_judge_compacts_for_the_window_the_operator_and_the_money_only() {
     let bounds = BOUNDS;
     let judge = |o: Outlook, b: &Bounds, r: &Rates| judge(&o, b, r, 30_000, NONE);
@@ -136,26 +180,6 @@ fn the_judge_compacts_for_the_window_the_operator_and_the_money_only() {
     assert_eq!(
         judge(outlook(1, true), &bounds, &SONNET),
         Some(Why::CacheCold)
-    );
-    // Under the threshold: nothing, unless the cache is cold and it pays.
-    let under = Outlook {
-        prompt: 60_000,
-        ..outlook(20, false)
-    };
-    assert_eq!(judge(under, &bounds, &SONNET), None);
-    let cold = Outlook {
-        cold: true,
-        ..under
-    };
-    assert_eq!(judge(cold, &bounds, &SONNET), Some(Why::CacheCold));
-    let small = Outlook {
-        prompt: 40_000,
-        ..cold
-    };
-    assert_eq!(
-        judge(small, &bounds, &SONNET),
-        None,
-        "under the soft threshold"
     );
     // The window: whatever it costs.
     let full = Outlook {
