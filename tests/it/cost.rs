@@ -56,6 +56,12 @@ pub(super) fn opening(words: usize) -> Vec<Value> {
 
 /// Sends `messages` once; the answer's compaction header, reason and reply.
 async fn send(proxy: &Proxy, messages: &[Value]) -> (bool, Option<String>, Value) {
+    let (compacted, reason, body) = answer(proxy, messages).await;
+    (compacted, reason, body["choices"][0]["message"].clone())
+}
+
+/// Sends `messages` once; the answer's compaction header, reason and whole body.
+async fn answer(proxy: &Proxy, messages: &[Value]) -> (bool, Option<String>, Value) {
     let answer = client()
         .post(proxy.url("/v1/chat/completions"))
         .bearer_auth("sk-cost")
@@ -69,17 +75,30 @@ async fn send(proxy: &Proxy, messages: &[Value]) -> (bool, Option<String>, Value
         .headers()
         .get("x-abridge-reason")
         .map(|v| v.to_str().unwrap().to_owned());
-    let body: Value = answer.json().await.unwrap();
-    (compacted, reason, body["choices"][0]["message"].clone())
+    (compacted, reason, answer.json().await.unwrap())
 }
 
 /// One turn: the client's message, the answer appended; what abridge said of it.
 async fn turn(proxy: &Proxy, messages: &mut Vec<Value>, n: usize) -> (bool, Option<String>) {
-    messages.push(json!({"role": "user", "content": format!("Question {n}: what fails first?")}));
-    let (compacted, reason, reply) = send(proxy, messages).await;
-    messages.push(reply);
-    crate::common::agent::idle(proxy).await;
+    let (compacted, reason, _) = sized_turn(proxy, messages, n).await;
     (compacted, reason)
+}
+
+/// [`turn`], and the prompt tokens the provider reported for it.
+async fn sized_turn(
+    proxy: &Proxy,
+    messages: &mut Vec<Value>,
+    n: usize,
+) -> (bool, Option<String>, u64) {
+    messages.push(json!({"role": "user", "content": format!("Question {n}: what fails first?")}));
+    let (compacted, reason, body) = answer(proxy, messages).await;
+    messages.push(body["choices"][0]["message"].clone());
+    crate::common::agent::idle(proxy).await;
+    (
+        compacted,
+        reason,
+        body["usage"]["prompt_tokens"].as_u64().unwrap(),
+    )
 }
 
 #[tokio::test]
@@ -247,31 +266,18 @@ async fn a_long_conversation_is_compacted_before_its_threshold_where_that_pays()
     let mut messages = opening(900);
     let mut last_prompt = 0;
     for n in 1..150 {
-        messages
-            .push(json!({"role": "user", "content": format!("Question {n}: what fails first?")}));
-        let answer = client()
-            .post(proxy.url("/v1/chat/completions"))
-            .bearer_auth("sk-cost")
-            .json(&json!({"model": "gpt-5", "messages": messages}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(answer.status(), 200);
-        let headers = answer.headers().clone();
-        let body: Value = answer.json().await.unwrap();
-        messages.push(body["choices"][0]["message"].clone());
-        crate::common::agent::idle(&proxy).await;
-        if headers["x-abridge-compacted"] == "true" {
+        let (compacted, reason, prompt) = sized_turn(&proxy, &mut messages, n).await;
+        if compacted {
             // Warm, past the soft threshold and well under the threshold.
-            assert_eq!(headers["x-abridge-reason"], "pays");
+            assert_eq!(reason.as_deref(), Some("pays"));
             assert!(
                 last_prompt > 20_000 && last_prompt < 25_000,
                 "compacted after a request of {last_prompt} tokens"
             );
-            assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() < 20_000);
+            assert!(prompt < 20_000, "compacted to {prompt} tokens");
             return;
         }
-        last_prompt = body["usage"]["prompt_tokens"].as_u64().unwrap();
+        last_prompt = prompt;
     }
     panic!("never compacted; the last request was {last_prompt} tokens");
 }
