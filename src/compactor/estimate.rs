@@ -49,17 +49,25 @@ pub fn opening(request: &crate::formats::Request) -> u64 {
         .iter()
         .position(|m| !matches!(m.role, Role::System | Role::Developer))
         .map_or(items.len(), |k| k + 1);
-    let later: u64 = items[first..]
-        .iter()
-        .map(|m| crate::tokens::approx_text(m.raw.get()))
-        .sum();
-    let withheld = request
-        .withheld()
-        .map_or(0, |w| crate::tokens::approx_text(w.get()));
-    std::str::from_utf8(request.body())
+    let leading: u64 = items[..first].iter().map(approx_item).sum();
+    estimated_beside(request.body(), request.withheld(), items) + leading
+}
+
+/// abridge's own estimate of what a request carries beside its `items`: the body's less
+/// its items' and less what it withholds (not forwarded). Linear in the body.
+fn estimated_beside(
+    body: &[u8],
+    withheld: Option<crate::json::Raw<'_>>,
+    items: &[Item<'_>],
+) -> u64 {
+    let body = std::str::from_utf8(body)
         .map_or(0, crate::tokens::approx_text)
-        .saturating_sub(withheld)
-        .saturating_sub(later)
+        .saturating_sub(withheld.map_or(0, |w| crate::tokens::approx_text(w.get())));
+    body.saturating_sub(items.iter().map(approx_item).sum())
+}
+
+fn approx_item(m: &Item<'_>) -> u64 {
+    crate::tokens::approx_text(m.raw.get())
 }
 
 /// abridge's estimate of what it adds to a compacted request of `turn`: the recall
@@ -113,15 +121,7 @@ pub fn to_record(turn: &Turn<'_, '_>) -> Option<u64> {
 /// the items as estimated (a server that does not count tools).
 fn work_out(turn: &Turn<'_, '_>) -> Beside {
     let withheld = turn.request.and_then(|r| r.withheld());
-    let body = std::str::from_utf8(turn.body)
-        .map_or(0, crate::tokens::approx_text)
-        .saturating_sub(withheld.map_or(0, |w| crate::tokens::approx_text(w.get())));
-    let items: u64 = turn
-        .messages
-        .iter()
-        .map(|m| crate::tokens::approx_text(m.raw.get()))
-        .sum();
-    let estimated = body.saturating_sub(items);
+    let estimated = estimated_beside(turn.body, withheld, turn.messages);
     let as_estimated = Beside {
         tokens: estimated,
         learned: false,
