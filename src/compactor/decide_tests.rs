@@ -1,18 +1,9 @@
-//! Tests of the decision: targets, growth, calibration, what abridge adds.
+//! Tests of the decision: growth, calibration, what abridge adds, and how a decided
+//! request is seen by the horizon.
 
 use super::*;
+use crate::compactor::turn::Record;
 use crate::formats::Format;
-
-#[test]
-fn the_target_leaves_room_for_the_growth_within_what_is_left() {
-    let config = CompactionConfig::default();
-    // Slow chat: the soft headroom (30 %) is the room.
-    assert_eq!(target(&config, 10_000, 7_000, 100), 7_000);
-    // 20 % a turn: room for three turns.
-    assert_eq!(target(&config, 10_000, 7_000, 2_000), 4_000);
-    // Faster than a third of the threshold a turn: as low as it goes.
-    assert_eq!(target(&config, 10_000, 7_000, 5_000), 0);
-}
 
 #[test]
 fn growth_counts_a_burst_at_once_and_a_lull_slowly() {
@@ -40,109 +31,6 @@ fn the_pace_is_the_slower_of_the_turn_and_the_growth_remembered() {
     assert_eq!(pace(Some(&usage(1_200)), 3_058, 1), 1_200, "a burst");
     assert_eq!(pace(Some(&usage(2_000)), 1_300, 1), 300, "a lull");
     assert_eq!(pace(Some(&usage(2_000)), 1_900, 3), 300, "a stale report");
-}
-
-/// What a build ahead is weighed with: Claude Opus 4.5's prices a token (millionths of
-/// a dollar), a 200,000-token window, a summarising strategy, nothing learned.
-fn opus() -> Economics {
-    Economics {
-        rates: cost::Rates {
-            input: 5.0,
-            cached: 0.5,
-            write: 6.25,
-            output: 25.0,
-        },
-        window: 200_000,
-        summarises: true,
-        now_ms: 0,
-        ends: Vec::new(),
-    }
-}
-
-/// The default threshold of a 200,000-token window, and where the window compacts.
-const OPUS_BOUNDS: cost::Bounds = cost::Bounds {
-    threshold: 150_000,
-    chosen: false,
-    fits: 196_000,
-    must: 180_000,
-    early: 105_000,
-    deep: true,
-};
-
-#[test]
-fn a_burst_does_not_make_a_threshold_look_near() {
-    // Where the tenant's conversations went on past the window's bound (abridge
-    // compacted them), a summary at the threshold pays at 500 tokens a request, in a
-    // conversation of 60 requests: 60 expected there, and it pays back within half
-    // of them (at 1,000 a request, 30, it would pay back only after 20: no build ahead).
-    let b = OPUS_BOUNDS;
-    let e = Economics {
-        ends: vec![crate::compactor::horizon::FAR],
-        ..opus()
-    };
-    // 110,000 tokens, 32,000 of them the latest turn's (a pasted log).
-    let outlook = cost::Outlook {
-        prompt: 110_000,
-        head: 0,
-        growth: 500,
-        remaining: 20,
-        cold: false,
-    };
-    assert!(
-        expects(&e, (&outlook, &b), (60, 32_000, false), 60_000),
-        "at the burst's pace the threshold is two requests away"
-    );
-    // Its pace is 1,200 a request: the threshold is 34 requests away.
-    assert!(!expects(&e, (&outlook, &b), (60, 1_200, false), 60_000));
-    let near = cost::Outlook {
-        prompt: 145_000,
-        ..outlook
-    };
-    assert!(expects(&e, (&near, &b), (60, 1_200, false), 60_000));
-    // A history's first growth is trusted for two requests: 64,000 tokens.
-    let first = cost::Outlook {
-        prompt: 80_000,
-        ..outlook
-    };
-    assert!(!expects(&e, (&first, &b), (60, 32_000, true), 60_000));
-    assert!(expects(&e, (&first, &b), (60, 32_000, false), 60_000));
-}
-
-#[test]
-fn over_the_threshold_where_compacting_does_not_pay_nothing_is_built_for_later() {
-    let (e, b) = (opus(), OPUS_BOUNDS);
-    // 162,000 tokens at 600 a request, 80 made: 5 requests left before the horizon.
-    let outlook = cost::Outlook {
-        prompt: 162_000,
-        head: 0,
-        growth: 600,
-        remaining: cost::remaining(80, 162_000, 600, 165_000),
-        cold: false,
-    };
-    let target = 60_000;
-    let now = summary(&e, target, outlook.prompt);
-    assert_eq!(
-        cost::judge(&outlook, &b, &e.rates, target, now),
-        Some(Why::NotWorthIt)
-    );
-    assert!(!expects(&e, (&outlook, &b), (80, 600, false), target));
-    // Just under the threshold, slower, with more of the conversation ahead (50
-    // requests there), it would pay back within half of them.
-    let under = cost::Outlook {
-        prompt: 149_000,
-        growth: 300,
-        remaining: cost::remaining(80, 149_000, 300, 165_000),
-        ..outlook
-    };
-    assert!(expects(&e, (&under, &b), (80, 300, false), target));
-    // At 600 a request, 25 there: it would not pay back within half of them, so
-    // nothing is built ahead (the crossing request is weighed on its own).
-    let faster = cost::Outlook {
-        prompt: 149_000,
-        remaining: cost::remaining(80, 149_000, 600, 165_000),
-        ..outlook
-    };
-    assert!(!expects(&e, (&faster, &b), (80, 600, false), target));
 }
 
 fn usage_at(tokens: u64) -> Usage {
@@ -606,19 +494,4 @@ fn the_horizon_sees_a_compacted_conversation_as_the_client_sent_it() {
         unrecorded.as_the_client_sent(),
         crate::compactor::horizon::FAR
     );
-}
-
-/// The cost policy cuts deeper than the size policy only where the window leaves room
-/// for it: at a 4,000- or 16,000-token threshold it aims where the size policy does.
-#[test]
-fn a_deep_cut_needs_a_large_window() {
-    let config = CompactionConfig::default();
-    assert!(!deepens(&config, 4_000, 300));
-    assert!(!deepens(&config, 16_000, 300));
-    assert_eq!(
-        deep(&config, 16_000, 300),
-        target(&config, 16_000, 11_200, 300)
-    );
-    assert!(deepens(&config, 60_000, 300));
-    assert!(deep(&config, 60_000, 300) < target(&config, 60_000, 42_000, 300));
 }

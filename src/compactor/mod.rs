@@ -2,8 +2,10 @@
 //! "this is what to forward", and after the response, what to remember.
 //!
 //! - [`decide`] — the decision, pure: forward, apply a prepared checkpoint, or compact
-//!   now to a budget (prediction, target, calibration); [`cost`], whether a compaction
-//!   pays; [`horizon`], where a tenant's conversations end, which bounds what it can.
+//!   now to a budget (prediction, calibration), said in a [`decided::Decided`];
+//!   [`aim`], where a compaction aims; [`weigh`], what the cost policy weighs for a
+//!   request; [`cost`], whether a compaction pays; [`horizon`], where a tenant's
+//!   conversations end, which bounds what it can.
 //! - [`Compactor::plan`] — the short async shell that carries a decision out.
 //! - [`build`] — running a strategy, single-flight, saving the checkpoint.
 //! - [`background`] — recording usage and the background builds.
@@ -19,10 +21,12 @@
 //! a plan that cannot get under the threshold — each leaves the request forwarded as
 //! well as can be, and says so in the report.
 
+mod aim;
 mod background;
 mod build;
 pub mod cost;
 pub mod decide;
+mod decided;
 mod estimate;
 mod growth;
 pub mod horizon;
@@ -33,6 +37,7 @@ mod ring;
 pub mod summariser;
 mod summary_wire;
 mod turn;
+mod weigh;
 mod window;
 
 use std::sync::Arc;
