@@ -113,10 +113,13 @@ fn recall_tool(
         && match config.recall.offer {
             RecallOffer::Always => true,
             RecallOffer::Compacted => false,
+            // Only an agent's (tools of its own) gets it early: the opening, a pass over
+            // the body, is worked out for nothing else.
             RecallOffer::Auto => {
-                let threshold = state.compactor().threshold(provider, model, payer);
-                config.compaction.threshold_tokens > 0
-                    && crate::compactor::opening(request).saturating_mul(2) >= threshold
+                tools.is_some()
+                    && config.compaction.threshold_tokens > 0
+                    && crate::compactor::opening(request).saturating_mul(2)
+                        >= state.compactor().threshold(provider, model, payer)
             }
         };
     crate::recall::Tool::for_request(request.format(), tools, always)
