@@ -479,7 +479,7 @@ impl Corpus {
 /// A corpus indexed once, for `abridge replay`, which asks a query per identifier.
 pub struct Searcher<'c> {
     corpus: &'c Corpus,
-    index: rank::Index,
+    index: rank::Index<'c>,
 }
 
 impl Searcher<'_> {

@@ -1,16 +1,20 @@
 //! Okapi BM25 over the condensed passages: which ones a recall query is about. Terms are
 //! runs of letters and digits, lower-cased (so `PROJ-1234` is `proj` and `1234`, as in a
 //! query that names it); one pass over the passages' text, linear in their size. A
-//! passage that holds the whole query as written (case aside: a path, an id, a command)
-//! ranks above every passage that holds only its terms.
+//! passage that holds the whole query (a path, an id, a command) ranks above every
+//! passage that holds only its terms, and one that holds it as written, case and all
+//! (`Not Found`, not `not found`), above one that holds it in another case.
 
 use std::collections::HashMap;
 
 /// BM25's term-frequency saturation and length normalisation, the usual values.
 const K1: f64 = 1.2;
 const B: f64 = 0.75;
-/// What holding the whole query adds: more than any passage's BM25 score can be.
+/// What holding the whole query adds: more than any passage's BM25 score can be; twice
+/// that for holding it as written.
 const EXACT: f64 = 1.0e6;
+/// The shortest query held whole that counts (`$0`, `5%`): two characters.
+const SHORTEST_PHRASE: usize = 2;
 
 /// The terms of `text`.
 pub fn terms(text: &str) -> impl Iterator<Item = String> + '_ {
@@ -50,9 +54,8 @@ pub fn rank(passages: &[&str], query: &str) -> Vec<usize> {
     let n = passages.len() as f64;
     let average = (lengths.iter().sum::<f64>() / n).max(1.0);
     let idf: Vec<f64> = containing.iter().map(|&c| idf(n, f64::from(c))).collect();
-    let phrase = query.trim().to_lowercase();
-    let exact =
-        |p: usize| phrase.chars().count() >= 3 && passages[p].to_lowercase().contains(&phrase);
+    let phrase = Phrase::of(query);
+    let exact = |p: usize| phrase.bonus(passages[p], &passages[p].to_lowercase());
     let scored = counts
         .iter()
         .enumerate()
@@ -62,10 +65,38 @@ pub fn rank(passages: &[&str], query: &str) -> Vec<usize> {
                 .iter()
                 .map(|(&i, &tf)| bm25(idf[i], tf, lengths[p] / average))
                 .sum::<f64>();
-            (p, if exact(p) { score + EXACT } else { score })
+            (p, score + exact(p))
         })
         .collect();
     best_first(scored)
+}
+
+/// A query as a whole, for the bonus a passage that holds it gets.
+struct Phrase<'q> {
+    cased: &'q str,
+    lower: String,
+}
+
+impl<'q> Phrase<'q> {
+    fn of(query: &'q str) -> Self {
+        let cased = query.trim();
+        Self {
+            cased,
+            lower: cased.to_lowercase(),
+        }
+    }
+
+    /// What a passage (`text`, and it lower-cased) gets for holding the query whole:
+    /// `2 × EXACT` as written, `EXACT` in another case, nothing otherwise.
+    fn bonus(&self, text: &str, lower: &str) -> f64 {
+        if self.cased.chars().count() < SHORTEST_PHRASE || !lower.contains(&self.lower) {
+            0.0
+        } else if text.contains(self.cased) {
+            2.0 * EXACT
+        } else {
+            EXACT
+        }
+    }
 }
 
 /// A term's inverse document frequency among `n` passages, `containing` of which hold it.
@@ -87,18 +118,19 @@ fn best_first(mut scored: Vec<(usize, f64)>) -> Vec<usize> {
 }
 
 /// The passages indexed once for many queries (`abridge replay` asks one per
-/// identifier): each passage's text lower-cased and its length in terms, and for each
-/// term the passages that hold it and how often. A query then costs the postings of its
-/// terms, not a pass over the passages; it ranks as [`rank`] does.
-pub struct Index {
+/// identifier): each passage's text (borrowed) and lower-cased and its length in terms,
+/// and for each term the passages that hold it and how often. A query then costs the
+/// postings of its terms, not a pass over the passages; it ranks as [`rank`] does.
+pub struct Index<'t> {
+    texts: Vec<&'t str>,
     lower: Vec<String>,
     lengths: Vec<f64>,
     average: f64,
     postings: HashMap<String, Vec<(usize, u32)>>,
 }
 
-impl Index {
-    pub fn new(passages: &[&str]) -> Self {
+impl<'t> Index<'t> {
+    pub fn new(passages: &[&'t str]) -> Self {
         let mut postings: HashMap<String, Vec<(usize, u32)>> = HashMap::new();
         let mut lengths = Vec::with_capacity(passages.len());
         for (p, passage) in passages.iter().enumerate() {
@@ -115,6 +147,7 @@ impl Index {
         }
         let n = passages.len().max(1) as f64;
         Self {
+            texts: passages.to_vec(),
             lower: passages.iter().map(|p| p.to_lowercase()).collect(),
             average: (lengths.iter().sum::<f64>() / n).max(1.0),
             lengths,
@@ -137,13 +170,10 @@ impl Index {
                 *scores.entry(p).or_default() += bm25(idf, tf, self.lengths[p] / self.average);
             }
         }
-        let phrase = query.trim().to_lowercase();
+        let phrase = Phrase::of(query);
         let scored = scores
             .into_iter()
-            .map(|(p, score)| {
-                let exact = phrase.chars().count() >= 3 && self.lower[p].contains(&phrase);
-                (p, if exact { score + EXACT } else { score })
-            })
+            .map(|(p, score)| (p, score + phrase.bonus(self.texts[p], &self.lower[p])))
             .collect();
         best_first(scored)
     }
@@ -169,6 +199,8 @@ mod tests {
             "/srv/app",
             "nothing here",
             "billing service",
+            "Billing Service",
+            "$0",
         ] {
             assert_eq!(index.rank(query), rank(&passages, query), "{query}");
         }
@@ -194,5 +226,25 @@ mod tests {
             "the fix is in src/module_7/parser.rs",
         ];
         assert_eq!(rank(&paths, "src/module_7/parser.rs")[0], 1);
+    }
+
+    #[test]
+    fn the_query_as_written_ranks_above_it_in_another_case() {
+        let passages = [
+            "The page said Not Found.",
+            "not found: not found, not found again, the file was not found",
+            "run it as `$0 --help`; the script prints usage",
+            "status 0: zero files, 0 errors, 0 warnings",
+        ];
+        let ranked = rank(&passages, "Not Found");
+        assert_eq!(
+            ranked[..2],
+            [0, 1],
+            "as written first, then in another case"
+        );
+        assert_eq!(rank(&passages, "not found")[0], 1);
+        // Two characters held whole count: `$0` is not the `0` of a status line.
+        assert_eq!(rank(&passages, "$0")[0], 2);
+        assert_eq!(rank(&passages, "0")[0], 3, "one character is only a term");
     }
 }
