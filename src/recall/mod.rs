@@ -34,6 +34,7 @@
 //! follow-up request.
 
 pub mod archive;
+mod parts;
 pub mod rank;
 pub mod stream;
 pub mod wire;
@@ -554,7 +555,7 @@ pub fn readable(m: &Item<'_>) -> String {
 
 /// Message `message` of `source`, rendered as `text`, onto `passages` in parts.
 fn push(passages: &mut Vec<Passage>, (source, message): (Source, usize), text: &str) {
-    let pieces = split(text);
+    let pieces = parts::split(text, PART_CHARS);
     let parts = pieces.len();
     passages.extend(pieces.into_iter().enumerate().map(|(k, text)| Passage {
         source,
@@ -563,27 +564,6 @@ fn push(passages: &mut Vec<Passage>, (source, message): (Source, usize), text: &
         parts,
         text,
     }));
-}
-
-/// `text` in passages of at most [`PART_CHARS`] characters, cut at a line end where one
-/// is near.
-fn split(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while rest.chars().count() > PART_CHARS {
-        let limit = rest
-            .char_indices()
-            .nth(PART_CHARS)
-            .map_or(rest.len(), |(i, _)| i);
-        let cut = rest[..limit]
-            .rfind('\n')
-            .filter(|&n| n > limit / 2)
-            .map_or(limit, |n| n + 1);
-        out.push(rest[..cut].to_owned());
-        rest = &rest[cut..];
-    }
-    out.push(rest.to_owned());
-    out
 }
 
 #[cfg(test)]
