@@ -95,9 +95,10 @@ const RULES: &[(&str, &str, Check)] = &[
         REDACTED,
         Check::Always,
     ),
-    // Authorization credentials, when the word after the scheme looks like one.
+    // Authorization credentials, when the word after the scheme, on its line, looks like
+    // one (a path on the line after "expired token" is not).
     (
-        r"(?i)\b(?:bearer|basic|token)\s+(?P<s>[A-Za-z0-9._~+/=_-]{8,})",
+        r"(?i)\b(?:bearer|basic|token)[ \t]+(?P<s>[A-Za-z0-9._~+/=_-]{8,})",
         REDACTED,
         Check::LooksSecret,
     ),
@@ -288,6 +289,7 @@ mod tests {
             "A token: estimation of the budget.",
             "Cookies are nice; the cookie jar is empty.",
             "Use the signature (sig) parameter.",
+            "description: Invalid or expired token\n\n  /auth/email/resend-verification:",
         ] {
             assert!(matches!(redact(text), Cow::Borrowed(_)), "{text}");
         }

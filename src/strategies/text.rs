@@ -125,9 +125,16 @@ fn path_patterns() -> &'static [Regex] {
     })
 }
 
-/// File-path mentions in `s`, in order, each once (URLs are not paths). Linear in `s`:
-/// the matches of one pattern never overlap, so a match is checked against the URLs and
-/// the earlier pattern's paths by binary search.
+/// The longest file name most file systems allow, and the longest path Linux takes, in
+/// bytes: a longer "name" between slashes, or a longer "path", is data (base64 has
+/// slashes), not a path.
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4096;
+
+/// File-path mentions in `s`, in order, each once (URLs are not paths; nor is a run with a
+/// name over [`NAME_MAX`] between its slashes or over [`PATH_MAX`] in all, such as an
+/// image in base64). Linear in `s`: the matches of one pattern never overlap, so a match
+/// is checked against the URLs and the earlier pattern's paths by binary search.
 pub fn paths(s: &str) -> Vec<&str> {
     let urls: Vec<(usize, usize)> = url_pattern()
         .find_iter(s)
@@ -146,7 +153,10 @@ pub fn paths(s: &str) -> Vec<&str> {
                 continue;
             }
             spans.push((a, b));
-            if seen.insert(text) {
+            if text.len() <= PATH_MAX
+                && text.split('/').all(|part| part.len() <= NAME_MAX)
+                && seen.insert(text)
+            {
                 found.push((a, text));
             }
         }
@@ -379,6 +389,12 @@ mod tests {
             paths("see https://x.io/a/b.rs then a/b.rs and a/b.rs"),
             vec!["a/b.rs"]
         );
+        // Base64 has slashes; a name longer than a file system allows is not a path, and
+        // nothing inside it is one either.
+        let image = format!("data /9j/4AAQSkZJRg/{}/2wBD and src/x.rs", "A".repeat(300));
+        assert_eq!(paths(&image), vec!["src/x.rs"]);
+        let image = format!("data /9j/{} and src/x.rs", "4AAQSkZJRg/".repeat(400));
+        assert_eq!(paths(&image), vec!["src/x.rs"]);
     }
 
     #[test]
