@@ -44,8 +44,13 @@ pub struct Turn {
     pub kept_identifiers: f64,
     /// At an input's final turn: the share of the history's identifiers either present in
     /// what was forwarded or returned by an `abridge_recall` query for it.
+    /// Secrets recall never returns are left out of that share: the history's
+    /// identifiers that recall's redaction took (a password in a URL, a value assigned
+    /// to `api_key`), counted here.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recallable_identifiers: Option<f64>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub withheld_identifiers: usize,
 }
 
 /// One conversation's figures under one strategy.
@@ -178,8 +183,10 @@ pub struct Figures {
     pub stable_prefix_share: f64,
     /// At each input's final turn, averaged over inputs.
     pub final_identifier_share: f64,
-    /// The same, counting what a recall query returns too.
+    /// The same, counting what a recall query returns too (secrets aside).
     pub final_recallable_share: f64,
+    /// The secrets left out of that share, over the inputs' final turns.
+    pub final_withheld_identifiers: usize,
     /// The first refusal: its conversation, request and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_refusal: Option<String>,
@@ -276,6 +283,10 @@ impl Figures {
                     .filter_map(|r| r.turns.last().and_then(|t| t.recallable_identifiers))
                     .collect::<Vec<_>>(),
             ),
+            final_withheld_identifiers: counted
+                .iter()
+                .filter_map(|r| r.turns.last().map(|t| t.withheld_identifiers))
+                .sum(),
             first_refusal: replayed
                 .iter()
                 .find_map(|r| Some(format!("{}, {}", r.name, r.refusal()?))),
@@ -298,6 +309,10 @@ impl Figures {
             series: all,
         }
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The mean of shares (1 for none).
@@ -341,6 +356,14 @@ pub fn text(figures: &[Figures]) -> String {
                 out,
                 "{}: a provider would refuse {why}; that conversation is left out of the figures",
                 f.strategy
+            );
+        }
+        if f.final_withheld_identifiers > 0 {
+            let _ = writeln!(
+                out,
+                "{}: {} identifiers recall withholds as secrets (or beside one) are not in its \
+                 recallable share",
+                f.strategy, f.final_withheld_identifiers
             );
         }
     }

@@ -179,6 +179,7 @@ impl Run<'_> {
                 }),
             kept_identifiers: 1.0,
             recallable_identifiers: None,
+            withheld_identifiers: 0,
         };
         if n + 1 == input.len() {
             let client = Request::parse(format, sent.bytes).ok();
@@ -229,6 +230,11 @@ fn finals(
     turn.kept_identifiers = share(&ids, |id| sent.contains(id));
     let recall = Recallable::of(client, forwarded, max_tokens);
     let searcher = recall.corpus.searcher();
+    // What recall withholds (redacted as, or beside, a secret) counts for neither side.
+    let (withheld, ids): (Vec<String>, Vec<String>) = ids
+        .into_iter()
+        .partition(|id| !sent.contains(id.as_str()) && recall.withholds(id));
+    turn.withheld_identifiers = withheld.len();
     turn.recallable_identifiers = Some(share(&ids, |id| {
         sent.contains(id) || recall.returns(&searcher, id)
     }));
@@ -243,11 +249,14 @@ fn share(ids: &[String], found: impl Fn(&str) -> bool) -> f64 {
 }
 
 /// What an `abridge_recall` query returns from the messages of a request (its bytes)
-/// that were not forwarded, within `recall.max_tokens`.
+/// that were not forwarded, within `recall.max_tokens`; and those messages' text as the
+/// client sent them and as recall keeps them, secrets redacted.
 struct Recallable {
     corpus: crate::recall::Corpus,
     estimator: crate::tokens::Estimator,
     max_tokens: u64,
+    plain: String,
+    redacted: String,
 }
 
 impl Recallable {
@@ -255,22 +264,37 @@ impl Recallable {
         let sent: std::collections::HashSet<&str> = forwarded
             .map(|f| f.messages.iter().map(String::as_str).collect())
             .unwrap_or_default();
-        let (corpus, model) = match client {
+        let (corpus, model, plain, redacted) = match client {
             Some(request) => {
                 let items = request.items();
                 // The newest is forwarded whatever its breakpoint mark.
                 let last = items.len().saturating_sub(1);
-                let condensed = (0..last).filter(|&i| !sent.contains(items[i].raw.get()));
-                let corpus = crate::recall::Corpus::of_messages(items, condensed);
-                (corpus, request.model().to_owned())
+                let condensed: Vec<usize> = (0..last)
+                    .filter(|&i| !sent.contains(items[i].raw.get()))
+                    .collect();
+                let corpus = crate::recall::Corpus::of_messages(items, condensed.iter().copied());
+                let texts = |read: fn(&crate::conversation::Item<'_>) -> String| -> String {
+                    condensed.iter().map(|&i| read(&items[i]) + "\n").collect()
+                };
+                let plain = texts(crate::recall::readable);
+                let redacted = texts(crate::recall::readable_redacted);
+                (corpus, request.model().to_owned(), plain, redacted)
             }
-            None => (crate::recall::Corpus::default(), String::new()),
+            None => Default::default(),
         };
         Self {
             corpus,
             estimator: crate::tokens::Estimator::for_model(&model),
             max_tokens,
+            plain,
+            redacted,
         }
+    }
+
+    /// Whether recall withholds `id`: it is in the condensed messages as sent, but not
+    /// as recall keeps them (a secret, or a word the redaction took with one).
+    fn withholds(&self, id: &str) -> bool {
+        self.plain.contains(id) && !self.redacted.contains(id)
     }
 
     /// Whether a query for `id` returns it (`searcher`: this corpus indexed).

@@ -49,6 +49,7 @@ mod recall_stream;
 mod redis_support;
 mod redis_tls;
 mod replay;
+mod replay_identifiers;
 mod request_ids;
 mod responses;
 mod responses_websocket;
