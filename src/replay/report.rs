@@ -43,12 +43,13 @@ pub struct Turn {
     /// Share of the history's identifiers present in what was forwarded.
     pub kept_identifiers: f64,
     /// At an input's final turn: the share of the history's identifiers either present in
-    /// what was forwarded or returned by an `abridge_recall` query for it.
-    /// Secrets recall never returns are left out of that share: the history's
-    /// identifiers that recall's redaction took (a password in a URL, a value assigned
-    /// to `api_key`), counted here.
+    /// what was forwarded or returned by an `abridge_recall` query for it, those recall
+    /// withholds left out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recallable_identifiers: Option<f64>,
+    /// At an input's final turn: the history's identifiers, not forwarded, that recall
+    /// withholds — its redaction took them (a password in a URL, a value assigned to
+    /// `api_key`), as the archive never stores a secret.
     #[serde(skip_serializing_if = "is_zero")]
     pub withheld_identifiers: usize,
 }
@@ -361,8 +362,8 @@ pub fn text(figures: &[Figures]) -> String {
         if f.final_withheld_identifiers > 0 {
             let _ = writeln!(
                 out,
-                "{}: {} identifiers recall withholds as secrets (or beside one) are not in its \
-                 recallable share",
+                "{}: identifiers recall withholds as secrets (or beside one), not in its \
+                 recallable share: {}",
                 f.strategy, f.final_withheld_identifiers
             );
         }
