@@ -94,6 +94,13 @@ impl Compactor {
         };
         let touch_index = now_ms().saturating_sub(followup.last_seen_ms) >= INDEX_REFRESH_MS;
         let (conversation, replaces) = (followup.conversation, followup.replaces);
+        // Prepare the next checkpoint once over the soft threshold, or when the next
+        // two turns at this history's pace would cross the hard one — where it will be
+        // used (the cost policy may expect the conversation to go on uncompacted).
+        let soon = reported.saturating_add(followup.growth.saturating_mul(2)) > followup.threshold;
+        let near = reported > followup.soft || soon;
+        let job = (self.config.background && followup.active && followup.expects && near)
+            .then_some(followup);
         self.background.recording.fetch_add(1, Ordering::SeqCst);
         runtime.spawn(async move {
             // Failures are counted and logged by the store.
@@ -101,16 +108,15 @@ impl Compactor {
                 .store
                 .record_usage(&conversation, (usage, &entry), replaces, touch_index)
                 .await;
+            // Queued once the record is written, so the job loads what this request
+            // left: queued beside the write, a job could load the conversation before
+            // it, and build from the request before (replay's figures varied from run to
+            // run with which came first).
+            if let Some(job) = job {
+                me.queue_job(job);
+            }
             me.background.recording.fetch_sub(1, Ordering::SeqCst);
         });
-        // Prepare the next checkpoint once over the soft threshold, or when the next
-        // two turns at this history's pace would cross the hard one — where it will be
-        // used (the cost policy may expect the conversation to go on uncompacted).
-        let soon = reported.saturating_add(followup.growth.saturating_mul(2)) > followup.threshold;
-        let near = reported > followup.soft || soon;
-        if self.config.background && followup.active && followup.expects && near {
-            self.queue_job(followup);
-        }
     }
 
     fn queue_job(&self, followup: Followup) {
@@ -317,4 +323,75 @@ impl Compactor {
 /// A std mutex around plain data; never held across an `.await`.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::formats::{Format, Request};
+
+    fn fingerprint(digit: char) -> Fingerprint {
+        Fingerprint::from_hex(&digit.to_string().repeat(64)).unwrap()
+    }
+
+    /// A request near its threshold whose next checkpoint is to be built ahead.
+    fn followup(conversation: Fingerprint) -> Followup {
+        let body = serde_json::json!({
+            "model": "gpt-4o",
+            "messages": [{"role": "user", "content": "Fix the importer in src/import.rs."}],
+        });
+        let request = Request::parse(Format::Chat, bytes::Bytes::from(body.to_string())).unwrap();
+        Followup {
+            conversation,
+            messages: 1,
+            prefix: fingerprint('b'),
+            applied: None,
+            threshold: 1_000,
+            soft: 500,
+            active: true,
+            strategy: crate::strategies::Strategy::Recency,
+            replaces: None,
+            growth: 100,
+            head_tokens: 0,
+            appended: 0,
+            beside: 0,
+            previous: None,
+            last_seen_ms: 0,
+            expects: true,
+            verdict: Default::default(),
+            request: Arc::new(request),
+            prefixes: vec![fingerprint('b')],
+            credentials: Default::default(),
+            deployment: None,
+            provider: Default::default(),
+            recall_tool: false,
+            recall_always: false,
+            payer: fingerprint('c'),
+            held: None,
+        }
+    }
+
+    /// The job a request queues loads what that request left: it is queued once the
+    /// request's usage is written, not beside the write (a job that loaded first built
+    /// from the request before, and replay's figures varied from run to run).
+    #[tokio::test] // One thread: the write runs only when the test awaits.
+    async fn a_job_is_queued_once_its_requests_usage_is_written() {
+        let state = crate::state::AppState::new(crate::config::Config::default()).unwrap();
+        let compactor = state.compactor();
+        let conversation = fingerprint('a');
+        compactor.record(followup(conversation), 900, Entry::default());
+        assert_eq!(compactor.background.pending(), 0, "queued before the write");
+        assert!(!compactor.settled(), "the write is in flight");
+        for _ in 0..100 {
+            if compactor.background.pending() == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(compactor.background.pending(), 1, "queued after the write");
+        let loaded = state.store().load(&conversation).await.unwrap();
+        assert_eq!(loaded.usage.first().map(|u| u.tokens), Some(900));
+    }
 }
