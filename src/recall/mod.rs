@@ -467,6 +467,13 @@ impl Corpus {
         (out, returned)
     }
 
+    /// The passages' text, joined: the condensed messages as recall keeps them (labelled,
+    /// secrets redacted), for `abridge replay` to tell a withheld identifier from a lost
+    /// one.
+    pub fn joined(&self) -> String {
+        self.passages.iter().map(|p| p.text.as_str()).collect()
+    }
+
     /// The passages indexed for many queries (see [`Searcher`]).
     pub fn searcher(&self) -> Searcher<'_> {
         let texts: Vec<&str> = self.passages.iter().map(|p| p.text.as_str()).collect();

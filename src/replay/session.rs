@@ -273,11 +273,12 @@ impl Recallable {
                     .filter(|&i| !sent.contains(items[i].raw.get()))
                     .collect();
                 let corpus = crate::recall::Corpus::of_messages(items, condensed.iter().copied());
-                let texts = |read: fn(&crate::conversation::Item<'_>) -> String| -> String {
-                    condensed.iter().map(|&i| read(&items[i]) + "\n").collect()
-                };
-                let plain = texts(crate::recall::readable);
-                let redacted = texts(crate::recall::readable_redacted);
+                let plain = condensed
+                    .iter()
+                    .map(|&i| crate::recall::readable(&items[i]) + "\n")
+                    .collect();
+                // The redacted text is the corpus's own, not redacted again.
+                let redacted = corpus.joined();
                 (corpus, request.model().to_owned(), plain, redacted)
             }
             None => Default::default(),
