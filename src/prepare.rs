@@ -85,9 +85,10 @@ impl Prepared {
 /// The recall tool `request` gets once compacted (or from the first, see
 /// [`crate::recall::Tool::always`] and [`RecallOffer`]), if any: recall is on,
 /// compaction acts, the client did not turn recall off, the request lets the model
-/// choose its tools and asks for one answer, the provider has not lately refused the tool for the same
-/// tenant (`payer`; see [`crate::tenants`]), and there is room for one more tool (named
-/// apart from a client's own tool of the same name: see [`crate::recall::Tool`]).
+/// choose its tools and asks for one answer, the provider has not lately refused the
+/// tool for the same tenant (`payer`; see [`crate::tenants`]), and there is room for one
+/// more tool (named apart from a client's own tool of the same name: see
+/// [`crate::recall::Tool`]).
 fn recall_tool(
     state: &AppState,
     (controls, request): (&Controls, &Request),
